@@ -1,0 +1,49 @@
+"""The one path from a file to a checked plan, shared by validate, plan, up and export."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from .errors import CheckFailed
+from .plan.rehearse import rehearsal_plan
+from .plan.spec import Plan
+from .topology.checks import Finding, Severity, run_checks
+from .topology.load import LoadedTopology, load_topology
+
+
+@dataclass(frozen=True)
+class LoadedPlan:
+    plan: Plan
+    loaded: LoadedTopology
+    findings: tuple[Finding, ...]
+
+    @property
+    def source(self) -> Path:
+        return self.loaded.source
+
+    @property
+    def redact(self) -> Callable[[str], str]:
+        return self.loaded.redact
+
+    def report(self) -> str:
+        return "\n".join(f.format(self.loaded) for f in self.findings)
+
+
+def check_file(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedTopology, list[Finding], Plan | None]:
+    loaded = load_topology(path, sets)
+    findings, plan = run_checks(loaded)
+    return loaded, findings, plan
+
+
+def load_plan(path: str | Path, sets: Iterable[str] = (), rehearse: bool = False, strict: bool = False) -> LoadedPlan:
+    """Load, check and plan a topology file. Raises TopologyError (exit 2) or CheckFailed (exit 1)."""
+    loaded, findings, plan = check_file(path, sets)
+    stop = [f for f in findings if f.severity is Severity.ERROR or strict]
+    if stop or plan is None:
+        raise CheckFailed("\n".join(f.format(loaded) for f in findings))
+    if rehearse:
+        plan = rehearsal_plan(loaded.topology, sys.executable)
+    return LoadedPlan(plan, loaded, tuple(findings))

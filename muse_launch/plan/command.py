@@ -1,0 +1,22 @@
+"""`kind: command` roles: a whole argv with {port}, {host} and {gpus} placeholders."""
+
+from __future__ import annotations
+
+from .render import Context, Instance, Rendered
+from .spec import Probe, ProbeKind
+
+DEFAULT_LAUNCHER: tuple[str, ...] = ()
+
+
+def render(inst: Instance, ctx: Context) -> Rendered:
+    values = {"port": "" if inst.port is None else str(inst.port), "host": inst.bind,
+              "gpus": ",".join(map(str, inst.gpus))}
+    args = tuple(_fill(a, values) for a in inst.role.command or ())
+    probe = Probe(ProbeKind.TCP, timeout=600.0) if inst.port else Probe(ProbeKind.PROCESS)
+    return Rendered(args, {"http": inst.port} if inst.port else {}, probe)
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    for key, value in values.items():
+        arg = arg.replace("{" + key + "}", value)
+    return arg

@@ -1,0 +1,101 @@
+"""What an engine renderer receives and returns. Engines are renderers: role + wiring in, argv out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+
+from ..topology.hardware import HardwareProfile
+from ..topology.model import Role, Topology
+from .spec import Probe
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A referenced instance as its dependents see it."""
+
+    name: str
+    url: str
+    engine: str
+    bootstrap_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One role instance: a replica, or one node rank of a multi-node role."""
+
+    name: str
+    role_name: str
+    role: Role
+    kind: str
+    engine: str
+    model: str | None
+    gpus: tuple[int, ...]
+    host: str  # advertised address
+    bind: str  # listen address
+    port: int | None
+    bootstrap_port: int | None = None
+    encoder_bootstrap_port: int | None = None
+    side_channel_port: int | None = None
+    metrics_port: int | None = None
+    node: str | None = None
+    node_rank: int = 0
+    nnodes: int = 1
+    dist_init_host: str | None = None  # rank 0's address, for --dist-init-addr / --master-addr
+    dist_init_port: int | None = None
+    replica: int | None = None
+    replicas: int = 1
+    # Wiring, resolved from references.
+    encoders: tuple[Upstream, ...] = ()
+    prefill: tuple[Upstream, ...] = ()
+    decode: tuple[Upstream, ...] = ()
+    workers: tuple[Upstream, ...] = ()
+
+    @property
+    def url(self) -> str | None:
+        return f"http://{self.host}:{self.port}" if self.port else None
+
+    @property
+    def serves_http(self) -> bool:
+        return self.port is not None and self.node_rank == 0
+
+
+@dataclass(frozen=True)
+class Context:
+    topology: Topology
+    profile: HardwareProfile
+    launcher: tuple[str, ...]  # already resolved: role's, topology's, or the engine's default
+
+
+@dataclass(frozen=True)
+class Rendered:
+    args: tuple[str, ...]
+    ports: Mapping[str, int]
+    probe: Probe
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+class Renderer(Protocol):
+    DEFAULT_LAUNCHER: tuple[str, ...]
+
+    def render(self, inst: Instance, ctx: Context) -> Rendered: ...
+
+
+def opt(flag: str, value: object | None) -> tuple[str, ...]:
+    """`--flag value`, or nothing when value is None."""
+    return () if value is None else (flag, str(value))
+
+
+def last_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value a parser would keep for `flag` (its last occurrence), `--flag=v` too."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)

@@ -1,0 +1,243 @@
+"""Read a topology file: YAML with line numbers, `${env:NAME}` secrets, `--set` overrides."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import TopologyError
+from .model import Topology
+
+Path_ = tuple[str | int, ...]
+ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+REDACTED = "***"
+
+
+@dataclass(frozen=True)
+class LoadedTopology:
+    topology: Topology
+    source: Path
+    lines: Mapping[Path_, int] = field(default_factory=dict)
+    secrets: frozenset[str] = frozenset()
+
+    def line_of(self, path: Path_) -> int | None:
+        """The line of the deepest part of `path` that appears in the file."""
+        for end in range(len(path), -1, -1):
+            line = self.lines.get(tuple(path[:end]))
+            if line is not None:
+                return line
+        return None
+
+    def where(self, path: Path_) -> str:
+        line = self.line_of(path)
+        return f"{self.source}:{line}" if line else str(self.source)
+
+    def redact(self, text: str) -> str:
+        for secret in sorted(self.secrets, key=len, reverse=True):
+            text = text.replace(secret, REDACTED)
+        return text
+
+
+def dotted(path: Iterable[str | int]) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
+                  environ: Mapping[str, str] | None = None) -> LoadedTopology:
+    path = Path(source)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
+    return parse_topology(text, path, sets, os.environ if environ is None else environ)
+
+
+def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
+                   environ: Mapping[str, str] = {}) -> LoadedTopology:
+    data, lines = _read_yaml(text, path)
+    problems: list[str] = []
+    for assignment in sets:
+        problem = _apply_set(data, assignment)
+        if problem:
+            problems.append(problem)
+    secrets: set[str] = set()
+    data = _substitute_env(data, (), environ, secrets, problems, path, lines)
+    if problems:
+        raise TopologyError(problems)
+    try:
+        topology = Topology.model_validate(data)
+    except ValidationError as exc:
+        raise TopologyError(_explain(exc, data, path, lines)) from None
+    return LoadedTopology(topology, path, lines, frozenset(s for s in secrets if s))
+
+
+def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise TopologyError([f"{where}: not valid YAML: {problem}"]) from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise TopologyError([f"{path}:1: a topology file is a mapping with version, name, hardware and roles"])
+    lines: dict[Path_, int] = {(): 1}
+    duplicates: list[str] = []
+    _record_lines(node, (), lines, duplicates, path)
+    if duplicates:
+        raise TopologyError(duplicates)
+    return data, lines
+
+
+def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key == "<<":
+                continue
+            if key in seen:
+                duplicates.append(f"{path}:{key_node.start_mark.line + 1}: {dotted(at + (key,))}: "
+                                  f"key given twice; keep one")
+            seen.add(key)
+            lines[at + (key,)] = key_node.start_mark.line + 1
+            _record_lines(value_node, at + (key,), lines, duplicates, path)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            lines[at + (index,)] = item.start_mark.line + 1
+            _record_lines(item, at + (index,), lines, duplicates, path)
+
+
+def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key:
+        return f"--set {assignment}: write KEY=VALUE, e.g. --set roles.prefill.mem_fraction=0.75"
+    parts = key.split(".")
+    target: Any = data
+    for part in parts[:-1]:
+        if not isinstance(target, dict) or part not in target:
+            return f"--set {assignment}: {key} does not name a key of the file (no {part!r})"
+        target = target[part]
+    if not isinstance(target, dict):
+        return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"
+    try:
+        target[parts[-1]] = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        target[parts[-1]] = raw
+    return None
+
+
+def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
+                    problems: list[str], path: Path, lines: Mapping[Path_, int]) -> Any:
+    if isinstance(value, dict):
+        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines) for i, v in enumerate(value)]
+    if not isinstance(value, str) or "${env:" not in value:
+        return value
+
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in environ:
+            line = lines.get(at) or lines.get(at[:-1])
+            problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; "
+                            f"export {name}=... before running muse-launch")
+            return ""
+        secrets.add(environ[name])
+        return environ[name]
+
+    return ENV_REF.sub(replace, value)
+
+
+def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int]) -> list[str]:
+    out: list[str] = []
+    seen: set[Path_] = set()
+    for error in exc.errors(include_url=False):
+        loc = _data_path(error["loc"], data)
+        if loc in seen:
+            continue  # a union reports each alternative: the first says enough
+        seen.add(loc)
+        line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
+        where = f"{path}:{line}" if line else str(path)
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            key = str(loc[-1])
+            valid = sorted(_model_at(loc[:-1]).model_fields)
+            near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
+            out.append(f"{where}: {dotted(loc)}: unknown key {key!r}; {hint}")
+        elif kind == "missing":
+            out.append(f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}")
+        else:
+            message = error["msg"].removeprefix("Value error, ")
+            out.append(f"{where}: {dotted(loc) or '(top level)'}: {message}")
+    return out
+
+
+def _data_path(loc: tuple[Any, ...], data: Any) -> Path_:
+    """Drop pydantic's union/validator tags from an error location, keeping real keys."""
+    out: list[str | int] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            out.append(part)
+            node = node[part]
+        elif isinstance(node, dict) and isinstance(part, str) and not _is_tag(part):
+            out.append(part)  # a missing or unknown key
+            node = None
+    return tuple(out)
+
+
+def _is_tag(part: str) -> bool:
+    return "[" in part or part in ("int", "str", "float", "bool", "list", "dict")
+
+
+def _model_at(loc: Path_) -> type[BaseModel]:
+    model: type[BaseModel] = Topology
+    pending_map = False
+    for part in loc:
+        if pending_map:
+            pending_map = False
+            continue
+        annotation = model.model_fields[str(part)].annotation if str(part) in model.model_fields else None
+        inner = _model_in(annotation)
+        if inner is None:
+            return model
+        model, pending_map = inner
+    return model
+
+
+def _model_in(annotation: Any) -> tuple[type[BaseModel], bool] | None:
+    """The model inside an annotation, and whether a mapping key comes before it."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is dict and args:
+        found = _model_in(args[1])
+        return (found[0], True) if found else None
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            found = _model_in(arg)
+            if found:
+                return found
+    return None

@@ -1,0 +1,213 @@
+"""The topology file's schema (SPEC section 2): frozen pydantic models, unknown keys rejected."""
+
+from __future__ import annotations
+
+import signal as signal_module
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .hardware import PROFILES
+
+RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
+WORKER_KINDS = ("encoder", "prefill", "decode", "worker")
+WORKER_ENGINES = ("sglang", "vllm")
+ROUTER_ENGINES = ("sglang-router", "smg", "vllm-router")
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+
+
+def _scalar_to_str(value: Any) -> Any:
+    # YAML turns `true` and `8` into bool and int; environment and argv want the text.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ReadyProbe(Strict):
+    """`ready:` override: exactly one of http, tcp, log."""
+
+    http: str | None = Field(None, description="path polled with GET, e.g. /health")
+    status: int = 200
+    tcp: bool = False
+    log: str | None = Field(None, description="regex searched in the role's log")
+    timeout: float | None = Field(None, gt=0, description="seconds before the role counts as failed")
+    interval: float = Field(0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ReadyProbe:
+        chosen = [k for k, on in (("http", self.http), ("tcp", self.tcp), ("log", self.log)) if on]
+        if len(chosen) != 1:
+            raise ValueError("give exactly one of http: /path, tcp: true or log: REGEX")
+        if self.http is not None and not self.http.startswith("/"):
+            raise ValueError(f"http path must start with '/', e.g. /{self.http}")
+        return self
+
+
+class StopConfig(Strict):
+    signal: str = "SIGTERM"
+    grace: float = Field(30.0, ge=0)
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
+        if not hasattr(signal_module, name):
+            raise ValueError(f"unknown signal {value!r}; use e.g. SIGTERM or SIGINT")
+        return name
+
+
+class RestartConfig(Strict):
+    policy: Literal["no", "on-failure"] = "on-failure"
+    max: int = Field(3, ge=0)
+
+
+class RehearseConfig(Strict):
+    ready_after: float | None = Field(None, ge=0, description="simulated start-up time in seconds")
+
+
+class NodeConfig(Strict):
+    address: str
+
+
+PortSpec = int | list[int]
+
+
+class Role(Strict):
+    kind: RoleKind
+    engine: str | None = Field(None, description="sglang | vllm | sglang-router | smg | vllm-router")
+    model: str | None = None
+    gpus: list[int] | str | None = Field(None, description="GPU indices, e.g. [0, 1] or '0-3'")
+    port: PortSpec | None = None
+    host: str | None = None
+    bind: str | None = None
+    tp: int | None = Field(None, ge=1)
+    ep: int | None = Field(None, ge=1)
+    dp: int | None = Field(None, ge=1)
+    pp: int | None = Field(None, ge=1)
+    mem_fraction: float | None = Field(None, gt=0, le=1)
+    transfer_backend: str | None = None
+    bootstrap_port: PortSpec | None = None
+    encoders: list[str] = []
+    encoder_bootstrap_port: PortSpec | None = None
+    encoder_transfer_backend: str | None = None
+    kv_cache_dtype: str | None = None
+    page_size: int | None = Field(None, ge=1)
+    kv_transfer_config: dict[str, Any] | None = Field(None, description="vLLM: extra fields of --kv-transfer-config")
+    side_channel_port: PortSpec | None = Field(None, description="vLLM NIXL side channel / connector port")
+    prefill: list[str] = []
+    decode: list[str] = []
+    workers: list[str] = []
+    metrics_port: PortSpec | None = Field(None, description="router Prometheus port (default: port + 21000)")
+    after: list[str] = []
+    replicas: int = Field(1, ge=1)
+    nodes: list[str] = []
+    dist_init_port: int | None = None
+    launcher: list[str] | None = None
+    command: list[str] | None = None
+    ready: ReadyProbe | None = None
+    stop: StopConfig = StopConfig()
+    restart: RestartConfig = RestartConfig()
+    rehearse: RehearseConfig = RehearseConfig()
+    env: dict[str, str] = {}
+    args: list[str] = []
+
+    _stringify = field_validator("args", "launcher", "command", mode="before")(
+        lambda v: [_scalar_to_str(x) for x in v] if isinstance(v, list) else v
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        return {k: _scalar_to_str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_list(cls, value: list[int] | str | None) -> list[int] | None:
+        if value is None or isinstance(value, list):
+            if value is not None and any(g < 0 for g in value):
+                raise ValueError("GPU indices start at 0")
+            return value
+        out: list[int] = []
+        for part in str(value).split(","):
+            lo, _, hi = part.strip().partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                raise ValueError(f"cannot read GPUs {value!r}; write [0, 1, 2, 3] or '0-3'")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+        return out
+
+    @model_validator(mode="after")
+    def _kind_rules(self) -> Role:
+        if self.kind == "command" and not self.command:
+            raise ValueError("a command role needs command: [program, arg, ...]")
+        if self.kind != "command" and self.command:
+            raise ValueError("command: is only for kind: command; use launcher: to change the program")
+        if self.kind == "router" and self.engine is not None and self.engine not in ROUTER_ENGINES:
+            raise ValueError(f"router engine must be one of {', '.join(ROUTER_ENGINES)}")
+        if self.kind in WORKER_KINDS and self.engine is not None and self.engine not in WORKER_ENGINES:
+            raise ValueError(f"worker engine must be one of {', '.join(WORKER_ENGINES)}")
+        if self.replicas > 1 and self.nodes:
+            raise ValueError("replicas and nodes cannot be combined; give each replica its own role")
+        return self
+
+    @property
+    def references(self) -> dict[str, list[str]]:
+        return {"encoders": self.encoders, "prefill": self.prefill, "decode": self.decode,
+                "workers": self.workers, "after": self.after}
+
+
+class Topology(Strict):
+    version: Literal[1]
+    name: str = Field(pattern=NAME_PATTERN, description="deployment name (run directory, `down NAME`)")
+    description: str = ""
+    hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
+    model: str | None = None
+    engine: Literal["sglang", "vllm"] = "sglang"
+    host: str = "127.0.0.1"
+    bind: str | None = None
+    env: dict[str, str] = {}
+    args: list[str] = []
+    launcher: list[str] | None = Field(None, description="default program for engine workers")
+    nodes: dict[str, NodeConfig] = {}
+    rehearse: RehearseConfig = RehearseConfig()
+    roles: dict[str, Role] = Field(min_length=1)
+
+    _stringify = field_validator("args", "launcher", mode="before")(
+        lambda v: [_scalar_to_str(x) for x in v] if isinstance(v, list) else v
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        return {k: _scalar_to_str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
+    @field_validator("hardware")
+    @classmethod
+    def _known_hardware(cls, value: str) -> str:
+        if value not in PROFILES:
+            raise ValueError(f"unknown hardware {value!r}; one of: {', '.join(PROFILES)}")
+        return value
+
+    @field_validator("roles")
+    @classmethod
+    def _role_names(cls, roles: dict[str, Role]) -> dict[str, Role]:
+        import re
+
+        for name in roles:
+            if not re.match(r"^[a-z][a-z0-9_-]*$", name):
+                raise ValueError(f"role name {name!r}: use lowercase letters, digits, '-' and '_'")
+        return roles
+
+    def role_engine(self, role: Role) -> str:
+        if role.engine:
+            return role.engine
+        if role.kind == "router":
+            return "sglang-router"
+        if role.kind == "command":
+            return "command"
+        return self.engine
