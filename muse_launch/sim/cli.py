@@ -1,0 +1,65 @@
+"""``python -m muse_launch.sim --engine sglang|vllm [options] -- <engine args>``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from .config import ArgvError, parse_engine_args, startup_errors
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m muse_launch.sim",
+        description="Rehearsal engine: speaks the SGLang / vLLM HTTP protocol and wires itself "
+                    "to its peers like the real engine, without a GPU.  Everything after '--' "
+                    "is the real engine's argv (after 'sglang serve' / 'vllm serve').")
+    p.add_argument("--engine", required=True, choices=("sglang", "vllm"))
+    p.add_argument("--ready-after", type=float, default=2.0, metavar="SECONDS",
+                   help="seconds before /health turns 200 (default 2.0)")
+    p.add_argument("--state-dir", default=None, metavar="DIR",
+                   help="where the tiny local model directory is created (default: a temp "
+                        "dir removed at exit)")
+    p.add_argument("--kv-timeout", type=float, default=3.0, metavar="SECONDS",
+                   help="how long a KV hand-off waits for the other side (default 3.0)")
+    p.add_argument("--itl", type=float, default=0.002, metavar="SECONDS",
+                   help="delay between streamed chunks (default 0.002)")
+    p.add_argument("--loopback", action="store_true",
+                   help="bind every listener to 127.0.0.1 whatever --host says")
+    return p
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, engine_args = split_argv(argv)
+    ns, unknown = build_parser().parse_known_args(own)
+    engine_args = unknown + engine_args
+    try:
+        cfg = parse_engine_args(ns.engine, engine_args)
+    except ArgvError as e:
+        print(f"usage error: {e}", file=sys.stderr, flush=True)
+        return 2
+    from .engine import SimEngine, serve  # aiohttp import only when actually serving
+    engine = SimEngine(cfg, ready_after=ns.ready_after, state_dir=ns.state_dir,
+                       kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)
+    errs = startup_errors(cfg)
+    if errs:
+        for e in errs:
+            engine.log(f"ERROR: {e}")
+        return 1
+    try:
+        return asyncio.run(serve(engine))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

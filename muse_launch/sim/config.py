@@ -1,0 +1,373 @@
+"""Parse the argv a real engine would receive into a :class:`SimConfig`.
+
+Only the flags the rehearsal engine acts on are read (``parse_known_args``); every other
+flag of ``sglang serve`` / ``vllm serve`` is accepted and ignored, so the exact command
+line of a GPU deployment can be replayed unchanged.  Where the real engine refuses a
+combination at start-up, :func:`startup_errors` reports it so the simulator exits 1 too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+SGLANG_VERSION = "0.5.23"
+VLLM_VERSION = "0.33.0"
+
+# Choices as SGLang 0.5.23 declares them (ENGINE-FACTS).
+SGLANG_DISAGG_MODES = ("null", "prefill", "decode")
+SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
+SGLANG_ENCODER_TRANSFER_BACKENDS = ("auto", "zmq_to_scheduler", "zmq_to_tokenizer", "mooncake")
+
+# KV connectors vLLM registers; the ones with a hand-off the simulator models are first.
+VLLM_MODELLED_CONNECTORS = ("NixlConnector", "MooncakeConnector", "ExampleConnector",
+                            "SharedStorageConnector")
+VLLM_OTHER_CONNECTORS = ("LMCacheConnectorV1", "MultiConnector", "OffloadingConnector",
+                         "P2pNcclConnector", "MoRIIOConnector", "LMCacheMPConnector",
+                         "DecodeBenchConnector", "NixlPullConnector", "NixlPushConnector")
+
+DEFAULT_CONTEXT_LENGTH = 1048576  # Muse Spark Open: 1M-token context
+
+
+class ArgvError(Exception):
+    """The engine's own parser would reject this argv (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ArgvError(f"{self.prog}: error: {message}")
+
+
+def _bool_flag(p: argparse.ArgumentParser, *names: str, dest: str) -> None:
+    p.add_argument(*names, dest=dest, action="store_true", default=False)
+
+
+@dataclass
+class SimConfig:
+    engine: str                          # "sglang" | "vllm"
+    argv: list[str]
+    model: str                           # model path / HF id as given
+    served_model_names: list[str]
+    host: str
+    port: int
+    tokenizer: str | None = None
+    tp_size: int = 1
+    ep_size: int = 1
+    dp_size: int = 1
+    pp_size: int = 1
+    page_size: int | None = None
+    kv_cache_dtype: str = "auto"
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    is_embedding: bool = False
+    # SGLang PD / EPD
+    disaggregation_mode: str = "null"
+    transfer_backend: str = "mooncake"
+    bootstrap_port: int = 8998
+    enable_pd_role_switch: bool = False
+    encoder_only: bool = False
+    language_only: bool = False
+    encoder_urls: list[str] = field(default_factory=list)
+    encoder_register_urls: list[str] = field(default_factory=list)
+    encoder_bootstrap_port: int = 8997
+    encoder_transfer_backend: str = "auto"
+    # multi-node
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    headless: bool = False
+    # vLLM KV transfer
+    kv_transfer_config: dict[str, Any] | None = None
+    ignored: list[str] = field(default_factory=list)
+
+    # ----- derived -----
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @property
+    def kv_connector(self) -> str | None:
+        return (self.kv_transfer_config or {}).get("kv_connector")
+
+    @property
+    def kv_role(self) -> str | None:
+        return (self.kv_transfer_config or {}).get("kv_role")
+
+    @property
+    def kv_extra(self) -> dict[str, Any]:
+        return (self.kv_transfer_config or {}).get("kv_connector_extra_config") or {}
+
+    @property
+    def role(self) -> str:
+        """A short label for logs: encoder, prefill, decode, pd, worker."""
+        if self.engine == "sglang":
+            if self.encoder_only:
+                return "encoder"
+            if self.disaggregation_mode in ("prefill", "decode"):
+                return self.disaggregation_mode
+            return "language" if self.language_only else "worker"
+        role = self.kv_role
+        return {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "pd"}.get(
+            role or "", "worker")
+
+    @property
+    def advertised_host(self) -> str:
+        """The address peers use to reach this server (a wildcard bind means loopback here)."""
+        if self.host in ("", "0.0.0.0", "::", "[::]"):
+            return "127.0.0.1"
+        return self.host
+
+    @property
+    def resolved_encoder_transfer_backend(self) -> str:
+        b = self.encoder_transfer_backend or "auto"
+        return "zmq_to_scheduler" if b == "auto" else b
+
+    @property
+    def binds_kv_bootstrap(self) -> bool:
+        """SGLang 0.5.23: the KV bootstrap server runs on a prefill (or any PD role with
+        --enable-pd-role-switch), never on a plain decode."""
+        if self.engine != "sglang" or self.node_rank > 0:
+            return False
+        if self.disaggregation_mode == "prefill":
+            return True
+        return self.enable_pd_role_switch and self.disaggregation_mode == "decode"
+
+    @property
+    def binds_encoder_bootstrap(self) -> bool:
+        return self.engine == "sglang" and self.language_only and self.node_rank == 0
+
+    @property
+    def vllm_is_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def vllm_is_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
+    def nixl_side_channel(self) -> tuple[str, int] | None:
+        if self.engine != "vllm" or self.kv_connector not in (
+                "NixlConnector", "NixlPullConnector", "NixlPushConnector"):
+            return None
+        host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
+        base = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        return host, base
+
+    @property
+    def mooncake_bootstrap(self) -> tuple[str, int] | None:
+        if (self.engine != "vllm" or self.kv_connector != "MooncakeConnector"
+                or not self.vllm_is_producer):
+            return None
+        return self.host or "0.0.0.0", int(os.environ.get("VLLM_MOONCAKE_BOOTSTRAP_PORT", "8998"))
+
+    @property
+    def shared_storage_path(self) -> str | None:
+        if self.engine != "vllm" or self.kv_connector not in ("ExampleConnector",
+                                                              "SharedStorageConnector"):
+            return None
+        return str(self.kv_extra.get("shared_storage_path", "/tmp"))
+
+    @property
+    def dist_init(self) -> tuple[str, int] | None:
+        if self.nnodes <= 1 or not self.dist_init_addr:
+            return None
+        host, _, port = self.dist_init_addr.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port)
+
+    @property
+    def serves_http(self) -> bool:
+        """vLLM --headless and node ranks > 0 of vLLM serve no API; SGLang ranks > 0 serve
+        only a dummy health endpoint on the same port."""
+        if self.engine == "vllm":
+            return not (self.headless or self.node_rank > 0)
+        return True
+
+
+def _split_urls(values: list[str] | None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        out.extend(u for u in v.replace(",", " ").split() if u)
+    return out
+
+
+def parse_sglang(argv: list[str]) -> SimConfig:
+    p = _Parser(prog="sglang serve", add_help=False, allow_abbrev=False)
+    p.add_argument("--model-path", "--model", dest="model_path")
+    p.add_argument("--tokenizer-path", dest="tokenizer_path")
+    p.add_argument("--served-model-name", dest="served_model_name")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int,
+                   default=1)
+    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int,
+                   default=1)
+    p.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int,
+                   default=1)
+    p.add_argument("--pp-size", "--pipeline-parallel-size", "--pp", dest="pp_size", type=int,
+                   default=1)
+    p.add_argument("--page-size", dest="page_size", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    p.add_argument("--context-length", dest="context_length", type=int, default=None)
+    p.add_argument("--reasoning-parser", dest="reasoning_parser")
+    p.add_argument("--tool-call-parser", dest="tool_call_parser")
+    _bool_flag(p, "--is-embedding", dest="is_embedding")
+    p.add_argument("--disaggregation-mode", dest="disaggregation_mode", default="null",
+                   choices=SGLANG_DISAGG_MODES)
+    p.add_argument("--disaggregation-transfer-backend", dest="transfer_backend",
+                   default="mooncake", choices=SGLANG_TRANSFER_BACKENDS)
+    p.add_argument("--disaggregation-bootstrap-port", dest="bootstrap_port", type=int,
+                   default=8998)
+    _bool_flag(p, "--enable-pd-role-switch", dest="enable_pd_role_switch")
+    _bool_flag(p, "--encoder-only", dest="encoder_only")
+    _bool_flag(p, "--language-only", dest="language_only")
+    p.add_argument("--encoder-urls", dest="encoder_urls", nargs="+", default=[])
+    p.add_argument("--encoder-register-urls", dest="encoder_register_urls", nargs="+",
+                   default=[])
+    p.add_argument("--encoder-bootstrap-port", dest="encoder_bootstrap_port", type=int,
+                   default=8997)
+    p.add_argument("--encoder-transfer-backend", dest="encoder_transfer_backend",
+                   default="auto", choices=SGLANG_ENCODER_TRANSFER_BACKENDS)
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
+    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    ns, rest = p.parse_known_args(argv)
+    if not ns.model_path:
+        raise ArgvError("sglang serve: error: the following arguments are required: "
+                        "--model-path")
+    served = ns.served_model_name or ns.model_path
+    return SimConfig(
+        engine="sglang", argv=list(argv), model=ns.model_path, served_model_names=[served],
+        host=ns.host, port=ns.port, tokenizer=ns.tokenizer_path, tp_size=ns.tp_size,
+        ep_size=ns.ep_size, dp_size=ns.dp_size, pp_size=ns.pp_size, page_size=ns.page_size,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        context_length=ns.context_length or DEFAULT_CONTEXT_LENGTH,
+        reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser,
+        is_embedding=ns.is_embedding, disaggregation_mode=ns.disaggregation_mode,
+        transfer_backend=ns.transfer_backend, bootstrap_port=ns.bootstrap_port,
+        enable_pd_role_switch=ns.enable_pd_role_switch, encoder_only=ns.encoder_only,
+        language_only=ns.language_only, encoder_urls=_split_urls(ns.encoder_urls),
+        encoder_register_urls=_split_urls(ns.encoder_register_urls),
+        encoder_bootstrap_port=ns.encoder_bootstrap_port,
+        encoder_transfer_backend=ns.encoder_transfer_backend, nnodes=ns.nnodes,
+        node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, ignored=rest)
+
+
+def parse_vllm(argv: list[str]) -> SimConfig:
+    args = list(argv)
+    if args and args[0] == "serve":  # tolerate "vllm serve ..." passed whole
+        args = args[1:]
+    positional_model = None
+    if args and not args[0].startswith("-"):
+        positional_model, args = args[0], args[1:]
+    p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
+    p.add_argument("--model", dest="model")
+    p.add_argument("--tokenizer", dest="tokenizer")
+    p.add_argument("--served-model-name", dest="served_model_name", nargs="+")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--tensor-parallel-size", "-tp", dest="tp_size", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", dest="pp_size", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", dest="dp_size", type=int, default=1)
+    _bool_flag(p, "--enable-expert-parallel", "-ep", dest="enable_expert_parallel")
+    p.add_argument("--block-size", dest="block_size", type=int, default=None)
+    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    p.add_argument("--max-model-len", dest="max_model_len", type=str, default=None)
+    p.add_argument("--reasoning-parser", dest="reasoning_parser")
+    p.add_argument("--tool-call-parser", dest="tool_call_parser")
+    _bool_flag(p, "--enable-auto-tool-choice", dest="enable_auto_tool_choice")
+    p.add_argument("--kv-transfer-config", dest="kv_transfer_config")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
+    p.add_argument("--master-addr", dest="master_addr", default="127.0.0.1")
+    p.add_argument("--master-port", dest="master_port", type=int, default=29501)
+    _bool_flag(p, "--headless", dest="headless")
+    ns, rest = p.parse_known_args(args)
+    model = ns.model or positional_model
+    if ns.model and positional_model and ns.model != positional_model:
+        raise ArgvError("vllm serve: error: model given both positionally and with --model")
+    if not model:
+        model = "Qwen/Qwen3-0.6B"  # vLLM's own default model
+    kvc = None
+    if ns.kv_transfer_config:
+        try:
+            kvc = json.loads(ns.kv_transfer_config)
+        except json.JSONDecodeError as e:
+            raise ArgvError(f"vllm serve: error: argument --kv-transfer-config: invalid "
+                            f"JSON ({e})") from None
+        if not isinstance(kvc, dict):
+            raise ArgvError("vllm serve: error: argument --kv-transfer-config: expected a "
+                            "JSON object")
+    max_len = DEFAULT_CONTEXT_LENGTH
+    if ns.max_model_len:
+        s = ns.max_model_len.strip().lower()
+        mult = {"k": 1000, "m": 1000000}.get(s[-1:], 1)
+        try:
+            max_len = int(float(s[:-1] if mult > 1 else s) * mult)
+        except ValueError:
+            raise ArgvError(f"vllm serve: error: argument --max-model-len: invalid value "
+                            f"{ns.max_model_len!r}") from None
+    served = ns.served_model_name or [model]
+    ep = ns.tp_size * ns.dp_size if ns.enable_expert_parallel else 1
+    dist = f"{ns.master_addr}:{ns.master_port}" if ns.nnodes > 1 else None
+    return SimConfig(
+        engine="vllm", argv=list(argv), model=model, served_model_names=list(served),
+        host=ns.host if ns.host is not None else "0.0.0.0", port=ns.port,
+        tokenizer=ns.tokenizer, tp_size=ns.tp_size, ep_size=ep, dp_size=ns.dp_size,
+        pp_size=ns.pp_size, page_size=ns.block_size, kv_cache_dtype=ns.kv_cache_dtype,
+        context_length=max_len, reasoning_parser=ns.reasoning_parser,
+        tool_call_parser=ns.tool_call_parser,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice, nnodes=ns.nnodes,
+        node_rank=ns.node_rank, dist_init_addr=dist, headless=ns.headless,
+        kv_transfer_config=kvc, ignored=rest)
+
+
+def parse_engine_args(engine: str, argv: list[str]) -> SimConfig:
+    if engine == "sglang":
+        return parse_sglang(argv)
+    if engine == "vllm":
+        return parse_vllm(argv)
+    raise ArgvError(f"unknown engine {engine!r} (expected sglang or vllm)")
+
+
+def startup_errors(cfg: SimConfig) -> list[str]:
+    """Start-up rules the real engine enforces (it exits non-zero on these)."""
+    errs: list[str] = []
+    if cfg.engine == "sglang":
+        if cfg.encoder_only and cfg.language_only:
+            errs.append("--encoder-only and --language-only cannot be used together")
+        if cfg.encoder_only and cfg.disaggregation_mode in ("prefill", "decode"):
+            errs.append("--encoder-only cannot be combined with --disaggregation-mode "
+                        f"{cfg.disaggregation_mode}")
+        if cfg.encoder_urls and not cfg.language_only:
+            errs.append("--encoder-urls requires --language-only")
+        if cfg.encoder_register_urls and not cfg.encoder_only:
+            errs.append("--encoder-register-urls requires --encoder-only")
+        if cfg.nnodes > 1 and not cfg.dist_init_addr:
+            errs.append("--dist-init-addr is required when --nnodes > 1")
+        if not 0 <= cfg.node_rank < max(cfg.nnodes, 1):
+            errs.append(f"--node-rank {cfg.node_rank} out of range for --nnodes {cfg.nnodes}")
+    else:
+        kvc = cfg.kv_transfer_config
+        if kvc is not None:
+            conn = kvc.get("kv_connector")
+            if conn and not kvc.get("kv_role"):
+                errs.append("Please specify kv_role when kv_connector is set, supported "
+                            "roles are ['kv_producer', 'kv_consumer', 'kv_both']")
+            if kvc.get("kv_role") and kvc["kv_role"] not in ("kv_producer", "kv_consumer",
+                                                             "kv_both"):
+                errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
+                            "['kv_producer', 'kv_consumer', 'kv_both']")
+            if conn and conn not in VLLM_MODELLED_CONNECTORS + VLLM_OTHER_CONNECTORS \
+                    and not kvc.get("kv_connector_module_path"):
+                errs.append(f"Unsupported connector type: {conn}")
+        if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
+            errs.append("When `--enable-auto-tool-choice` is set, `--tool-call-parser` "
+                        "must be set as well")
+        if not 0 <= cfg.node_rank < max(cfg.nnodes, 1):
+            errs.append(f"--node-rank {cfg.node_rank} out of range for --nnodes {cfg.nnodes}")
+    return errs
