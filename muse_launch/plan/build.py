@@ -85,7 +85,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
             Instance(name=f"{name}@{node}", host=addresses[rank], bind=role.bind or topology.bind or addresses[rank],
                      gpus=gpus, port=_port(role.port, 0), node=node, node_rank=rank, nnodes=len(role.nodes),
                      dist_init_host=addresses[0], dist_init_port=role.dist_init_port or DEFAULT_DIST_INIT_PORT,
-                     bootstrap_port=_port(role.bootstrap_port, 0, _default_bootstrap(role)),
+                     bootstrap_port=_port(role.bootstrap_port, 0, _default_bootstrap(role, engine)),
                      encoder_bootstrap_port=_port(role.encoder_bootstrap_port, 0,
                                                   DEFAULT_ENCODER_BOOTSTRAP_PORT if language else None),
                      side_channel_port=_port(role.side_channel_port, 0),
@@ -101,7 +101,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
         out.append(Instance(
             name=f"{name}-{i}" if role.replicas > 1 else name, host=host, bind=bind,
             gpus=gpus[i * share:(i + 1) * share], port=port,
-            bootstrap_port=_port(role.bootstrap_port, i, _default_bootstrap(role)),
+            bootstrap_port=_port(role.bootstrap_port, i, _default_bootstrap(role, engine, i)),
             encoder_bootstrap_port=_port(role.encoder_bootstrap_port, i,
                                          DEFAULT_ENCODER_BOOTSTRAP_PORT + i if language else None),
             side_channel_port=_port(role.side_channel_port, i),
@@ -111,8 +111,9 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
     return out
 
 
-def _default_bootstrap(role: Role) -> int | None:
-    return DEFAULT_BOOTSTRAP_PORT if role.kind == "prefill" and role.engine != "vllm" else None
+def _default_bootstrap(role: Role, engine: str, replica: int = 0) -> int | None:
+    """SGLang prefills bind a KV bootstrap port; replicas step from the default like explicit ports."""
+    return DEFAULT_BOOTSTRAP_PORT + replica if role.kind == "prefill" and engine == "sglang" else None
 
 
 def _port(spec: int | list[int] | None, index: int, default: int | None = None) -> int | None:
