@@ -62,29 +62,50 @@ def _ready_hint(spec: LaunchSpec) -> str:
     return f"{spec.probe.kind.value} probe passes"
 
 
+HF_CACHE_MOUNT = "~/.cache/huggingface:/root/.cache/huggingface"  # unquoted: the shell expands ~
+VLLM_ENTRYPOINT = ("vllm", "serve")  # the vLLM images' entrypoint
+
+
 def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
+    """`docker run` lines with the cookbook's and the recipe's images, on the host network the
+    cookbook's EPD example shares; GPUs are picked inside the container by the visible-devices
+    variable, so the same indices as `plan` apply."""
     profile = PROFILES[topology.hardware]
     waves = _wave_of(plan)
     out = [f"# {plan.name}: docker run lines, host network, in start order"]
     for spec in plan.specs:
-        out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind})")
-        image = profile.vllm_image if spec.engine in ("vllm", "vllm-router") else profile.sglang_image
-        if spec.engine == "command" or image is None:
-            out.append("# runs on the host (no image for it): " + " ".join(shlex.quote(redact(a)) for a in spec.argv))
+        where = f", on {spec.node} ({spec.host})" if spec.node else ""
+        out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}")
+        image = _image(spec, profile)
+        if image is None:
+            out.append(f"# no image ships {spec.argv[0] if spec.argv else spec.engine}: run it on the host")
+            env = " ".join(shlex.quote(f"{k}={redact(v)}") for k, v in spec.env.items())
+            out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
             continue
         argv = list(spec.argv)
-        docker = ["docker", "run", "-d", "--name", f"{plan.name}-{spec.name}".replace("@", "-"),
-                  "--network", "host", "--ipc", "host", "--shm-size", "32g"]
-        if spec.gpus:
-            docker += list(profile.docker_gpu_args)
-        for key, value in spec.env.items():
-            docker += ["-e", f"{key}={redact(value)}"]
-        docker += ["-v", "~/.cache/huggingface:/root/.cache/huggingface"]
-        if spec.engine == "vllm" and argv[:2] == ["vllm", "serve"]:
-            argv = argv[2:]  # the vLLM image's entrypoint is `vllm serve`
-        elif spec.engine in ("vllm", "vllm-router"):
-            docker += ["--entrypoint", argv[0]]
-            argv = argv[1:]
-        docker.append(image)
-        out.append(_wrapped(tuple(docker + argv), redact))
+        options = [f"docker run -d --name {shlex.quote((plan.name + '-' + spec.name).replace('@', '-'))}",
+                   "--network host --ipc host --shm-size 32g"]
+        if spec.gpus and profile.docker_gpu_args:
+            options.append(" ".join(profile.docker_gpu_args))
+        if spec.engine == "vllm":
+            options.append("--privileged")  # as the recipe's docker command (NIXL/RDMA devices)
+        options += [f"-e {shlex.quote(f'{k}={redact(v)}')}" for k, v in spec.env.items()]
+        options.append(f"-v {HF_CACHE_MOUNT}")
+        if spec.engine == "vllm":
+            if tuple(argv[:2]) == VLLM_ENTRYPOINT:
+                argv = argv[2:]
+            else:
+                options.append(f"--entrypoint {shlex.quote(argv.pop(0))}")
+        options.append(image)
+        out.append(" \\\n  ".join(options) + (" \\\n  " + _wrapped(tuple(argv), redact) if argv else ""))
     return "\n".join(out)
+
+
+def _image(spec: LaunchSpec, profile) -> str | None:
+    """The image that ships the role's program: the engine's image for this hardware; the SGLang
+    image also carries sglang-router. vllm-router, smg and command roles run on the host."""
+    if spec.engine == "vllm":
+        return profile.vllm_image
+    if spec.engine in ("sglang", "sglang-router"):
+        return profile.sglang_image
+    return None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
+from . import vllm
 from .render import Context, Instance, Rendered, opt
 from .spec import Probe, ProbeKind
 
@@ -20,10 +23,15 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     args: list[str] = []
     if inst.prefill or inst.decode:
         args.append(PD_FLAG[inst.engine])
-        for p in inst.prefill:
+        bootstrap = _prefill_bootstrap_ports(inst, ctx)
+        for p, port in zip(inst.prefill, bootstrap):
             args += ["--prefill", p.url]
-            if inst.engine != "vllm-router":  # vllm-router learns the KV hand-off from the prefill's reply
-                args.append(str(p.bootstrap_port) if p.bootstrap_port else "none")
+            if port or inst.engine != "vllm-router":
+                args.append(str(port) if port else "none")
+        vllm_mooncake = any(ctx.topology.role_engine(r) == "vllm" and vllm.connector_of(r) == "MooncakeConnector"
+                            for r in (ctx.topology.roles[n] for n in inst.role.prefill))
+        if inst.engine == "vllm-router" and vllm_mooncake:
+            args += ["--kv-connector", "mooncake"]
         for d in inst.decode:
             args += ["--decode", d.url]
     elif inst.workers:
@@ -38,3 +46,21 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     ports = {"http": inst.port, "metrics": inst.metrics_port} if inst.metrics_port else {"http": inst.port}
     return Rendered(tuple(args), ports, READY)
 
+
+def _prefill_bootstrap_ports(inst: Instance, ctx: Context) -> list[int | None]:
+    """Each prefill upstream's KV bootstrap port, in order; vLLM has one only with Mooncake (NIXL needs none)."""
+    out: list[int | None] = []
+    upstream = iter(inst.prefill)
+    for name in inst.role.prefill:
+        role = ctx.topology.roles[name]
+        for i in range(1 if role.nodes else role.replicas):
+            p = next(upstream)
+            if ctx.topology.role_engine(role) != "vllm":
+                out.append(p.bootstrap_port)
+            elif vllm.connector_of(role) == "MooncakeConnector":
+                host = urlsplit(p.url).hostname or ""
+                out.append(vllm.mooncake_bootstrap_port(ctx.topology, name, host, i if role.replicas > 1 else None,
+                                                        p.bootstrap_port))
+            else:
+                out.append(None)
+    return out
