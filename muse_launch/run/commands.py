@@ -1,0 +1,154 @@
+"""The runtime's commands: up, down, status, logs, ls. Thin: parse, call the runtime, print."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import httpx
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from muse_launch.core import load_plan
+from muse_launch.errors import UsageError
+from muse_launch.run.down import bring_down, format_report
+from muse_launch.run.lifecycle import DeploymentState
+from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.run.state import RunDir, is_locked, read_state, resolve_name, running_deployments
+from muse_launch.run.status import health_now, observed, status_json, status_table
+from muse_launch.run.up import UpOptions, bring_up
+
+FOLLOW_SECONDS = 0.2
+
+
+def _console() -> Console:
+    """Rich's 80 columns would cut a table piped to a file or grep; a terminal keeps its own width."""
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def up(
+    file: Path = typer.Argument(..., help="topology file"),
+    detach: bool = typer.Option(False, "--detach", "-d", help="return once all roles are ready, leaving a supervisor"),
+    rehearse: bool = typer.Option(False, "--rehearse", help="simulated engines in place of GPU ones, real router"),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="after ready, a role that dies stops everything"),
+    keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
+    only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
+    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+) -> None:
+    """Start a topology in dependency order, each role polled ready, and keep it up."""
+    loaded = load_plan(file, set_, rehearse=rehearse)
+    for finding in loaded.findings:
+        typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
+    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console()))
+
+
+def down(
+    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)"),
+    grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
+                                          "for every role (default: each role's stop.grace)"),
+) -> None:
+    """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
+    report = bring_down(resolve_name(name), grace)
+    for line in format_report(report):
+        typer.echo(line)
+    raise typer.Exit(0 if report.clean else 1)
+
+
+def status(
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
+    watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
+) -> None:
+    """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
+    run_dir = resolve_name(name)
+    console = _console()
+    with httpx.Client() as client:
+        def render() -> str | Table:
+            record = observed(read_state(run_dir))
+            health = health_now(record, run_dir, client)
+            if as_json:
+                return json.dumps(status_json(record, health), indent=None if watch else 2)  # --watch: JSON lines
+            return status_table(record, health)
+
+        def show(rendered: str | Table) -> None:
+            typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)
+
+        if not watch:
+            show(render())
+            return
+        try:
+            if console.is_terminal and not as_json:
+                with Live(render(), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(1.0)
+                        live.update(render(), refresh=True)
+            while True:
+                show(render())
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            raise typer.Exit(0)
+
+
+def logs(
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
+    follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
+    lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
+) -> None:
+    """Role logs, each line prefixed with its role (coloured on a terminal)."""
+    roles = list(roles or [])
+    is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
+    if not is_deployment and len(running_deployments()) == 1:
+        roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
+        name = None
+    run_dir = resolve_name(name)
+    record = read_state(run_dir)
+    known = [r.name for r in record.roles]
+    unknown = [r for r in roles if r not in known]
+    if unknown:
+        raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
+    chosen = roles or known
+    console = _console()
+    printer = RolePrinter(console.file, chosen, colour=console.is_terminal)
+    follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
+    for role in chosen:
+        for text in last_lines(run_dir.log(role), lines):
+            printer.line(role, text)
+    printer.flush()
+    if not follow:
+        return
+    try:
+        while True:
+            follower.print_new(printer)
+            record = read_state(run_dir)
+            if record.state is DeploymentState.STOPPED and not is_locked(run_dir):
+                follower.print_new(printer)
+                return
+            time.sleep(FOLLOW_SECONDS)
+    except KeyboardInterrupt:
+        raise typer.Exit(0)
+
+
+def ls() -> None:
+    """Running deployments."""
+    running = running_deployments()
+    if not running:
+        typer.echo("no deployment is running")
+        return
+    table = Table("name", "state", "roles", "supervisor", "file")
+    for record in map(observed, running):
+        ready = sum(r.state.value == "ready" for r in record.roles)
+        table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
+                      str(record.supervisor.pid) if record.supervisor else "none", record.source)
+    _console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    for command in (up, down, status, logs, ls):
+        app.command()(command)

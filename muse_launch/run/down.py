@@ -1,0 +1,111 @@
+"""`down`: from any shell, with or without a live supervisor. Everything it needs is in state.json
+and in the marker every process of the deployment carries."""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, replace
+
+import psutil
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
+from muse_launch.errors import RuntimeFailure
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.ports import is_listening, port_holder
+from muse_launch.run.process import Marker, StopTarget, is_alive, marked_processes, marked_roles, stop_roles
+from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, read_state, write_state
+
+SUPERVISOR_EXIT_SECONDS = 5.0
+PORTS_CLOSE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class DownReport:
+    name: str
+    seconds: float
+    stopped: tuple[str, ...]  # roles that had a process, in the order they were stopped
+    killed: tuple[str, ...]  # processes that needed SIGKILL
+    survivors: tuple[str, ...]  # alive even after SIGKILL
+    open_ports: tuple[str, ...]  # still accepting connections at the end
+    notes: tuple[str, ...]
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors and not self.open_ports
+
+
+def release_supervisor(record: DeploymentRecord) -> str | None:
+    """Ask a live supervisor to hand the roles over (SIGUSR1) so it restarts nothing while they stop."""
+    proc = record.supervisor.find() if record.supervisor else None
+    if proc is None:
+        return "no supervisor was running" if record.supervisor else None
+    proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
+    while is_alive(proc) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if is_alive(proc):
+        proc.kill()
+        psutil.wait_procs([proc], timeout=SUPERVISOR_EXIT_SECONDS)  # its death frees the lock
+        return f"the supervisor (pid {proc.pid}) did not hand over within {SUPERVISOR_EXIT_SECONDS:g}s; killed it"
+    return None
+
+
+def open_ports(record: DeploymentRecord) -> list[str]:
+    return [
+        f"{role.name} {name} port {port} (held by {port_holder(port)})"
+        for role in record.roles for name, port in role.ports.items()
+        if is_listening(role.probe_host, port)
+    ]
+
+
+def bring_down(run_dir: RunDir, grace: float | None = None) -> DownReport:
+    started = time.monotonic()
+    record = read_state(run_dir)
+    if record is None:
+        raise RuntimeFailure(f"{run_dir.path}: no state.json; nothing to stop")
+    notes = [n for n in [release_supervisor(record)] if n]
+    lock = DeploymentLock(run_dir)
+    try:
+        record = read_state(run_dir)  # the supervisor's last word
+        marker = Marker(record.name, str(run_dir.path))
+        stopped: list[str] = []
+        killed: list[str] = []
+        survivors: list[str] = []
+        for wave in record.stop_waves:
+            targets = [record.role(name).stop_target(grace) for name in wave]
+            stopped += [t.role for t in targets if t.leader or marked_processes(marker, t.role)]
+            report = stop_roles(targets, marker)
+            killed += report.killed
+            survivors += report.survivors
+        # Anything still marked (spawned by a supervisor killed between spawn and its state write).
+        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in marked_roles(marker)], marker)
+        killed += report.killed
+        survivors += report.survivors
+        still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),
+                              retry=retry_if_result(bool), retry_error_callback=lambda s: s.outcome.result())(
+            open_ports, record)
+        final = replace(record, supervisor=None, roles=tuple(
+            replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))
+        write_state(run_dir, final)
+    finally:
+        lock.release()
+    return DownReport(record.name, time.monotonic() - started, tuple(stopped), tuple(killed), tuple(survivors),
+                      tuple(still_open), tuple(notes))
+
+
+def format_report(report: DownReport) -> list[str]:
+    lines = [*report.notes]
+    what = ", ".join(report.stopped) if report.stopped else "nothing was running"
+    lines.append(f"{report.name}: stopped {what} in {report.seconds:.2f}s")
+    if report.killed:
+        lines.append("had to SIGKILL:")
+        lines += [f"  {k}" for k in report.killed]
+    if report.survivors:
+        lines.append("still alive after SIGKILL (uninterruptible; check the GPU driver):")
+        lines += [f"  {s}" for s in report.survivors]
+    if report.open_ports:
+        lines.append("ports still open:")
+        lines += [f"  {p}" for p in report.open_ports]
+    return lines
+

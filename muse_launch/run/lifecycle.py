@@ -1,0 +1,56 @@
+"""Role and deployment states, with the transitions a supervisor may make (after supervisor's states.py)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Iterable
+
+
+class RoleState(str, Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+ALLOWED = {
+    RoleState.PENDING: {RoleState.STARTING, RoleState.FAILED, RoleState.STOPPED},  # failed: could not exec
+    RoleState.STARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPED},
+    RoleState.READY: {RoleState.RESTARTING, RoleState.FAILED, RoleState.STOPPED},
+    RoleState.RESTARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPED},
+    RoleState.FAILED: {RoleState.STOPPED},
+    RoleState.STOPPED: set(),
+}
+
+# States in which the role has (or is about to have) a process of its own.
+LIVE_STATES = frozenset({RoleState.STARTING, RoleState.READY, RoleState.RESTARTING})
+
+
+class InvalidTransition(RuntimeError):
+    pass
+
+
+def transition(current: RoleState, target: RoleState) -> RoleState:
+    if target not in ALLOWED[current]:
+        raise InvalidTransition(f"a role cannot go from {current.value} to {target.value}")
+    return target
+
+
+class DeploymentState(str, Enum):
+    STARTING = "starting"
+    READY = "ready"
+    DEGRADED = "degraded"
+    STOPPED = "stopped"
+
+
+def deployment_state(roles: Iterable[RoleState]) -> DeploymentState:
+    states = list(roles)
+    if not any(s in LIVE_STATES for s in states):
+        return DeploymentState.STOPPED
+    if all(s is RoleState.READY for s in states):
+        return DeploymentState.READY
+    if any(s in (RoleState.FAILED, RoleState.RESTARTING, RoleState.STOPPED) for s in states):
+        return DeploymentState.DEGRADED
+    return DeploymentState.STARTING

@@ -1,0 +1,268 @@
+"""Role processes: each spawned in its own session, and stopped so that nothing of it remains.
+
+Every process of a deployment carries marker variables in its environment, inherited by all
+its descendants. That finds a child which called setsid, or one re-parented to PID 1 after
+its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Protocol
+
+import psutil
+
+from muse_launch.plan.spec import LaunchSpec
+
+MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
+MARKER_ROLE = "MUSE_LAUNCH_ROLE"
+MARKER_RUN_DIR = "MUSE_LAUNCH_RUN_DIR"
+
+POLL_SECONDS = 0.02
+AFTER_KILL_SECONDS = 10.0  # a process in uninterruptible sleep (a GPU driver call) may take a while
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The environment that tags a deployment's processes; the run directory keeps two homes apart."""
+
+    deployment: str
+    run_dir: str
+
+    def env(self, role: str) -> dict[str, str]:
+        return {MARKER_DEPLOYMENT: self.deployment, MARKER_RUN_DIR: self.run_dir, MARKER_ROLE: role}
+
+    def matches(self, environ: Mapping[str, str], role: str | None = None) -> bool:
+        return (
+            environ.get(MARKER_DEPLOYMENT) == self.deployment
+            and environ.get(MARKER_RUN_DIR) == self.run_dir
+            and (role is None or environ.get(MARKER_ROLE) == role)
+        )
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    """A process identified across PID reuse: the same pid with a different start time is someone else."""
+
+    pid: int
+    create_time: float
+
+    def find(self) -> psutil.Process | None:
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) < 0.01 and is_alive(proc):
+                return proc
+        except psutil.Error:
+            pass
+        return None
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """A zombie is dead: it holds no memory, GPU or port, only waits to be reaped."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def describe(proc: psutil.Process) -> str:
+    try:
+        command = " ".join(proc.cmdline()).strip() or proc.name()
+    except psutil.Error:
+        command = "?"
+    return f"pid {proc.pid} ({command[:100]})"
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def marked_processes(marker: Marker, role: str | None = None) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if marker.matches(proc.environ(), role) and is_alive(proc):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def marked_roles(marker: Marker) -> set[str]:
+    roles = set()
+    for proc in marked_processes(marker):
+        try:
+            roles.add(proc.environ()[MARKER_ROLE])
+        except (psutil.Error, KeyError):
+            continue
+    return roles
+
+
+class RoleProcess(Protocol):
+    """What the supervisor needs of a running role (a fake in unit tests)."""
+
+    @property
+    def ref(self) -> ProcessRef: ...
+
+    def poll(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class SpawnedProcess:
+    popen: subprocess.Popen
+    ref: ProcessRef
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+
+class SpawnError(Exception):
+    """The program could not be executed at all (missing, not executable)."""
+
+
+def program_path(program: str, env: Mapping[str, str]) -> str:
+    """A bare name from PATH, else from this interpreter's bin directory: the routers muse-launch
+    depends on live in its venv, which need not be on PATH (`.venv/bin/muse-launch up ...`)."""
+    if os.sep in program or shutil.which(program, path=env.get("PATH")):
+        return program
+    sibling = Path(sys.executable).parent / program
+    return str(sibling) if os.access(sibling, os.X_OK) else program
+
+
+def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -> SpawnedProcess:
+    env = {**os.environ, **spec.env, **marker.env(spec.name)}
+    argv = [program_path(spec.argv[0], env), *spec.argv[1:]]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(log_path, "ab" if append else "wb") as log:
+            popen = subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
+            )
+    except OSError as e:
+        raise SpawnError(f"cannot run {spec.argv[0]!r}: {e.strerror}") from e
+    # Not yet reaped even if it exited already, so its start time is still readable.
+    return SpawnedProcess(popen, ProcessRef(popen.pid, psutil.Process(popen.pid).create_time()))
+
+
+@dataclass(frozen=True)
+class StopTarget:
+    """What stopping a role needs; the state file keeps it, so `down` works without the supervisor."""
+
+    role: str
+    leader: ProcessRef | None
+    signal: str = "SIGTERM"
+    grace: float = 30.0
+
+
+@dataclass(frozen=True)
+class StopReport:
+    killed: tuple[str, ...] = ()  # "role: pid N (command)" for each process that needed SIGKILL
+    survivors: tuple[str, ...] = ()  # still alive after SIGKILL (uninterruptible sleep)
+
+
+@dataclass
+class _Stopping:
+    target: StopTarget
+    processes: list[psutil.Process]
+    deadline: float
+    killed_at: float | None = None
+    killed: list[str] = field(default_factory=list)
+
+
+def role_processes(target: StopTarget, marker: Marker) -> tuple[list[psutil.Process], int | None]:
+    """The role's leader, its process group, its marked processes and all their descendants.
+
+    The group id is returned only when the group is provably the role's (its leader is the one we
+    started, or a marked process is in it), so a recycled group id is never signalled.
+    """
+    found: dict[int, psutil.Process] = {}
+    leader = target.leader.find() if target.leader else None
+    pgid = target.leader.pid if target.leader else None
+    group_is_ours = leader is not None
+    in_group: list[psutil.Process] = []
+    for proc in psutil.process_iter():
+        try:
+            proc_pgid = os.getpgid(proc.pid)
+            if marker.matches(proc.environ(), target.role) and is_alive(proc):
+                found[proc.pid] = proc
+                group_is_ours = group_is_ours or proc_pgid == pgid
+            elif proc_pgid == pgid and is_alive(proc):
+                in_group.append(proc)
+        except (psutil.Error, OSError):
+            continue
+    if leader:
+        found[leader.pid] = leader
+    if group_is_ours:
+        found.update((p.pid, p) for p in in_group)
+    for proc in list(found.values()):
+        try:
+            found.update((c.pid, c) for c in proc.children(recursive=True) if is_alive(c))
+        except psutil.Error:
+            continue
+    return list(found.values()), pgid if group_is_ours else None
+
+
+def _signal(processes: Iterable[psutil.Process], pgid: int | None, sig: signal.Signals) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:  # ESRCH: the group is gone already
+            pass
+    for proc in processes:
+        try:
+            if pgid is not None and os.getpgid(proc.pid) == pgid:
+                continue  # the group signal reached it; a second SIGTERM means "exit now" to some servers
+            proc.send_signal(sig)  # psutil checks the process is still the same one
+        except (psutil.Error, OSError):
+            continue
+
+
+def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None) -> StopReport:
+    """Stop roles together: their stop signal to each group and escaped process, their grace, then SIGKILL.
+
+    Returns once none of their processes is alive; `kill_now` (a second Ctrl-C) cuts the grace short.
+    """
+    now = time.monotonic()
+    stopping = []
+    for target in targets:
+        processes, pgid = role_processes(target, marker)
+        _signal(processes, pgid, signal.Signals[target.signal])
+        stopping.append(_Stopping(target, processes, now + target.grace))
+    killed: list[str] = []
+    survivors: list[str] = []
+    while stopping:
+        now = time.monotonic()
+        for entry in list(stopping):
+            entry.processes = [p for p in entry.processes if is_alive(p)]
+            if not entry.processes:
+                # Look again: a process may have forked while shutting down.
+                entry.processes, _ = role_processes(StopTarget(entry.target.role, None), marker)
+                if not entry.processes:
+                    stopping.remove(entry)
+                    killed += entry.killed
+                continue
+            if entry.killed_at is None and (now >= entry.deadline or (kill_now is not None and kill_now.is_set())):
+                entry.processes, pgid = role_processes(entry.target, marker)
+                entry.killed = [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                _signal(entry.processes, pgid, signal.SIGKILL)
+                entry.killed_at = now
+            elif entry.killed_at is not None and now - entry.killed_at > AFTER_KILL_SECONDS:
+                survivors += [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                killed += entry.killed
+                stopping.remove(entry)
+        time.sleep(POLL_SECONDS)
+    return StopReport(tuple(killed), tuple(survivors))

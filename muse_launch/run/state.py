@@ -1,0 +1,249 @@
+"""A deployment's run directory: state.json (atomic, 0600), one log per role, and the lock
+that makes a second `up` of the same name refuse."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
+from muse_launch.run.probe import connect_host
+from muse_launch.run.process import ProcessRef, StopTarget
+
+
+def state_home() -> Path:
+    return Path(os.environ.get("MUSE_LAUNCH_HOME") or Path.home() / ".local" / "state" / "muse-launch")
+
+
+def now_iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    @classmethod
+    def of(cls, name: str) -> RunDir:
+        return cls(state_home() / name)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "state.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    def log(self, role: str) -> Path:
+        return self.logs / f"{role}.log"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.path / "supervisor.log"
+
+
+@dataclass(frozen=True)
+class RoleRecord:
+    name: str
+    kind: str
+    state: RoleState
+    gpus: tuple[int, ...]
+    url: str | None
+    ports: Mapping[str, int]
+    probe: Probe
+    probe_host: str  # where the supervisor reaches it (the bind address, loopback for 0.0.0.0)
+    stop_signal: str
+    grace: float
+    process: ProcessRef | None = None
+    restarts: int = 0
+    started_at: str | None = None  # of its current process
+    ready_at: str | None = None
+    reason: str | None = None  # why it failed or was restarted: an exit status, a timeout
+
+    @property
+    def live(self) -> bool:
+        return self.state in LIVE_STATES
+
+    def stop_target(self, grace: float | None = None) -> StopTarget:
+        return StopTarget(self.name, self.process, self.stop_signal, self.grace if grace is None else grace)
+
+    def status_dict(self) -> dict[str, Any]:
+        """The role entry of `status --json` (SPEC section 5)."""
+        return {
+            "name": self.name, "kind": self.kind, "state": self.state.value,
+            "pid": self.process.pid if self.process else None,
+            "pgid": self.process.pid if self.process else None,  # started with its own session: pgid == pid
+            "gpus": list(self.gpus), "url": self.url, "ports": dict(self.ports),
+            "restarts": self.restarts, "ready_at": self.ready_at,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.status_dict()
+        out.update(
+            create_time=self.process.create_time if self.process else None,
+            started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
+            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason,
+        )
+        return out
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RoleRecord:
+        p = d["probe"]
+        probe = Probe(ProbeKind(p["kind"]), tuple(p.get("paths", ())), p.get("status", 200), p.get("pattern"),
+                      p["timeout"], p["interval"])
+        process = ProcessRef(d["pid"], d["create_time"]) if d.get("pid") else None
+        return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
+                   d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
+                   d["started_at"], d["ready_at"], d["reason"])
+
+
+@dataclass(frozen=True)
+class DeploymentRecord:
+    name: str
+    source: str  # the topology file it came from
+    stop_waves: tuple[tuple[str, ...], ...]  # reverse dependency order, for `down` without the plan
+    roles: tuple[RoleRecord, ...]
+    supervisor: ProcessRef | None = None
+
+    @property
+    def state(self) -> DeploymentState:
+        return deployment_state(r.state for r in self.roles)
+
+    def role(self, name: str) -> RoleRecord:
+        return next(r for r in self.roles if r.name == name)
+
+    def with_role(self, record: RoleRecord) -> DeploymentRecord:
+        return replace(self, roles=tuple(record if r.name == record.name else r for r in self.roles))
+
+    def status_dict(self) -> dict[str, Any]:
+        """`status --json` (SPEC section 5); supervisor_pid is null once no supervisor runs."""
+        return {
+            "name": self.name, "supervisor_pid": self.supervisor.pid if self.supervisor else None,
+            "state": self.state.value, "roles": [r.status_dict() for r in self.roles],
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "source": self.source, "state": self.state.value,
+            "supervisor_pid": self.supervisor.pid if self.supervisor else None,
+            "supervisor_create_time": self.supervisor.create_time if self.supervisor else None,
+            "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
+        supervisor = ProcessRef(d["supervisor_pid"], d["supervisor_create_time"]) if d.get("supervisor_pid") else None
+        return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
+                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor)
+
+
+def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> DeploymentRecord:
+    """Every role pending; URLs redacted, since a host may come from a secret `${env:...}`."""
+    roles = tuple(
+        RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
+                   s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace)
+        for s in plan.specs
+    )
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles)
+
+
+def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
+    """Readers see the old file or the new one, never half of one."""
+    run_dir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = run_dir.state_file.with_name(f".state.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record.to_json(), f, indent=2)
+    os.replace(tmp, run_dir.state_file)
+
+
+def read_state(run_dir: RunDir) -> DeploymentRecord | None:
+    try:
+        return DeploymentRecord.from_json(json.loads(run_dir.state_file.read_text()))
+    except FileNotFoundError:
+        return None
+
+
+class DeploymentLock:
+    """An flock held by whoever runs the deployment (the supervisor, or `down` while it stops it).
+
+    The kernel drops it when its holder dies, SIGKILL included, so a stale lock cannot exist.
+    """
+
+    def __init__(self, run_dir: RunDir):
+        run_dir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.fd = os.open(run_dir.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            record = read_state(run_dir)
+            holder = f" (supervisor pid {record.supervisor.pid})" if record and record.supervisor else ""
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} is already running{holder}; "
+                f"stop it first with `muse-launch down {run_dir.name}`"
+            ) from None
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def is_locked(run_dir: RunDir) -> bool:
+    try:
+        fd = os.open(run_dir.path / "lock", os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def deployments() -> list[DeploymentRecord]:
+    home = state_home()
+    records = [read_state(RunDir(p)) for p in sorted(home.iterdir())] if home.is_dir() else []
+    return [r for r in records if r is not None]
+
+
+def running_deployments() -> list[DeploymentRecord]:
+    return [r for r in deployments() if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
+
+
+def resolve_name(name: str | None) -> RunDir:
+    """NAME, a topology FILE (its `name:`), or the one deployment running."""
+    if name is None:
+        running = running_deployments()
+        if len(running) != 1:
+            which = ", ".join(r.name for r in running) if running else "none is running"
+            raise UsageError(f"give a deployment name ({which})")
+        return RunDir.of(running[0].name)
+    if Path(name).is_file():
+        # Only the name: a file that no longer passes its checks must still be stoppable.
+        data = yaml.safe_load(Path(name).read_text())
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            raise UsageError(f"{name}: no `name:` in this topology file")
+        name = data["name"]
+    run_dir = RunDir.of(name)
+    if not run_dir.state_file.exists():
+        known = ", ".join(r.name for r in deployments()) or "none"
+        raise UsageError(f"no deployment named {name!r} (known: {known})")
+    return run_dir

@@ -1,0 +1,74 @@
+"""`status`: the recorded state, corrected by what is alive now, plus each role's health now."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+import httpx
+from rich.table import Table
+from rich.text import Text
+
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.probe import ReadinessCheck
+from muse_launch.run.progress import STATE_STYLES
+from muse_launch.run.state import DeploymentRecord, RunDir
+
+
+def observed(record: DeploymentRecord) -> DeploymentRecord:
+    """With its supervisor gone, a role whose process died was seen by no one: show it failed."""
+    if record.supervisor and record.supervisor.find():
+        return record
+    roles = tuple(
+        replace(r, state=RoleState.FAILED, process=None, reason="died while no supervisor was watching")
+        if r.live and (r.process is None or r.process.find() is None) else r
+        for r in record.roles
+    )
+    return replace(record, supervisor=None, roles=roles)
+
+
+def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) -> dict[str, str | None]:
+    """"ok", or what the role's probe sees now; None for a role without a live process."""
+    out: dict[str, str | None] = {}
+    for role in record.roles:
+        if role.process is None or not role.live:
+            out[role.name] = None
+            continue
+        check = ReadinessCheck(role.probe, role.probe_host, role.ports.get("http"), run_dir.log(role.name), client)
+        out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen
+    return out
+
+
+def status_json(record: DeploymentRecord, health: dict[str, str | None]) -> dict[str, Any]:
+    """SPEC section 5's shape, each role with "health": "ok", "failing" or null."""
+    out = record.status_dict()
+    for role in out["roles"]:
+        seen = health[role["name"]]
+        role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
+    return out
+
+
+def since(iso: str | None) -> str:
+    if iso is None:
+        return "-"
+    moment = datetime.fromisoformat(iso).astimezone()
+    age = int((datetime.now(moment.tzinfo) - moment).total_seconds())
+    return f"{moment:%H:%M:%S} ({age // 3600}h{age // 60 % 60:02d}m)" if age >= 3600 else \
+        f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"
+
+
+def status_table(record: DeploymentRecord, health: dict[str, str | None]) -> Table:
+    supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
+    table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left")
+    for column in ("role", "kind", "state", "pid", "gpus", "url", "ready since", "restarts", "health now"):
+        table.add_column(column)
+    for role in record.roles:
+        seen = health[role.name] or (role.reason if role.state is RoleState.FAILED else None)
+        table.add_row(
+            role.name, role.kind, Text(role.state.value, style=STATE_STYLES[role.state]),
+            str(role.process.pid) if role.process else "-", ",".join(map(str, role.gpus)) or "-", role.url or "-",
+            since(role.ready_at), str(role.restarts),
+            Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
+        )
+    return table

@@ -1,0 +1,268 @@
+"""`up`: the loader has checked the file; here the port preflight, then a supervisor, in this
+process (foreground) or in a detached one that outlives the terminal (`--detach`)."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import httpx
+import psutil
+from rich.console import Console
+
+from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.plan.spec import Plan
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.run.ports import busy_ports
+from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
+from muse_launch.run.progress import LiveProgress, PlainProgress
+from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state, write_state
+from muse_launch.run.supervisor import LocalProcesses, Outcome, Supervisor
+
+FAILURE_LOG_LINES = 20
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    detach: bool = False
+    fail_fast: bool = False
+    keep: bool = False
+    only: str | None = None
+
+
+def saying(console: Console) -> Callable[[str], None]:
+    """Print text as it is: no markup, no highlighting, no wrapping at 80 columns in a pipe."""
+    return lambda text: console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+def select_only(plan: Plan, role: str) -> tuple[Plan, list[str]]:
+    """The plan reduced to one role (all its replicas), and the dependencies it assumes are up."""
+    specs = [s for s in plan.specs if role in (s.name, s.role)]
+    if not specs:
+        raise UsageError(f"--only {role}: no such role; roles: {', '.join(s.name for s in plan.specs)}")
+    names = {s.name for s in specs}
+    assumed = sorted({d for s in specs for d in s.depends_on} - names)
+    waves = tuple(w for w in (tuple(n for n in wave if n in names) for wave in plan.waves) if w)
+    return Plan(plan.name, tuple(specs), waves), [f"{d} ({plan.spec(d).url or 'no URL'})" for d in assumed]
+
+
+def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console) -> int:
+    """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
+    if options.only:
+        plan, assumed = select_only(plan, options.only)
+        saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
+    run_dir = RunDir.of(plan.name)
+    lock = DeploymentLock(run_dir)
+    try:
+        marker = Marker(plan.name, str(run_dir.path))
+        if leftovers := marked_processes(marker):
+            raise RuntimeFailure(
+                f"deployment {plan.name!r} still has processes from an earlier run "
+                f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
+        if busy := busy_ports(plan):
+            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)))
+        run_dir.logs.mkdir(parents=True, exist_ok=True)
+        for spec in plan.specs:
+            run_dir.log(spec.name).write_bytes(b"")  # no stale last line from an earlier run in the progress view
+        record = planned_record(plan, str(source), redact)
+        write_state(run_dir, record)  # nobody reads the last run's state as this one's
+        if options.detach:
+            return _detach(plan, record, run_dir, options, console, lock)
+        return _foreground(plan, record, run_dir, options, console)
+    finally:
+        lock.release()
+
+
+def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
+                report: Callable[[DeploymentRecord], None]) -> Supervisor:
+    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    record = replace(record, supervisor=me)
+
+    def on_change(new: DeploymentRecord) -> None:
+        write_state(run_dir, new)
+        report(new)
+
+    on_change(record)
+    return Supervisor(plan, record, run_dir, LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
+                      client, on_change=on_change)
+
+
+def _handle_signals(sup: Supervisor) -> dict[str, int]:
+    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over."""
+    received: dict[str, int] = {}
+
+    def interrupt(signum: int, frame) -> None:
+        received.setdefault("signal", signum)
+        sup.request_stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
+    signal.signal(signal.SIGUSR1, lambda *_: sup.release())
+    return received
+
+
+def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console) -> int:
+    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
+    with httpx.Client() as client:
+        sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r))
+        received = _handle_signals(sup)
+        started = time.monotonic()
+        with progress:
+            outcome = sup.start()
+        if outcome is Outcome.READY:
+            _say_ready(console, sup.record, time.monotonic() - started, detached=False)
+            progress = PlainProgress(console.file, sup.record)  # after ready: a line per change, between logs
+            printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+            follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
+            outcome = sup.supervise(options.fail_fast, on_tick=lambda: follower.print_new(printer))
+        return _finish(sup, outcome, options, received, console, run_dir)
+
+
+def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dict[str, int], console: Console,
+            run_dir: RunDir) -> int:
+    """Stop what must be stopped, and say why; returns the exit code."""
+    say = saying(console)
+    if outcome is Outcome.RELEASED:
+        say("`down` took over; the supervisor leaves the roles to it")
+        return 0
+    if outcome is Outcome.FAILED:
+        _say_failure(say, sup.record, run_dir, sup.failed_role)
+        if options.keep:
+            sup.sign_off()
+            say(f"--keep: the roles started are left running; `muse-launch down {sup.record.name}` stops them")
+            return 1
+        say("stopping everything started")
+    else:
+        say(f"{signal.Signals(received['signal']).name}: stopping everything (again to kill at once)")
+    report = sup.stop()
+    sup.sign_off()
+    for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
+        say(line)
+    say(f"{sup.record.name}: stopped")
+    return 1 if outcome is Outcome.FAILED else 128 + received["signal"]
+
+
+def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: RunDir, role: str | None) -> None:
+    failed = next((r for r in record.roles if r.name == role or (role is None and r.state is RoleState.FAILED)), None)
+    if failed is None:
+        return
+    say(f"error: role {failed.name} failed: {failed.reason}")
+    lines = last_lines(run_dir.log(failed.name), FAILURE_LOG_LINES)
+    say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
+    for line in lines:
+        say(f"  {failed.name} | {line}")
+
+
+def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detached: bool) -> None:
+    entry = [r for r in record.roles if r.kind == "router"] or [record.roles[-1]]
+    urls = ", ".join(r.url for r in entry if r.url)
+    supervisor = f"; supervisor pid {record.supervisor.pid}" if detached and record.supervisor else ""
+    say = saying(console)
+    say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")
+    say(f"stop it with `muse-launch down {record.name}`")
+
+
+def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
+            lock: DeploymentLock) -> int:
+    """Double fork: the supervisor leaves this session, so closing the terminal does not touch it.
+
+    It reports through a pipe: its pid, then "ready" (or EOF, once it has cleaned up a failure).
+    """
+    read_end, write_end = os.pipe()
+    console.file.flush()
+    child = os.fork()
+    if child == 0:
+        os.close(read_end)
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        code = 1
+        try:
+            code = _run_detached(plan, record, run_dir, options, write_end)
+        finally:
+            os._exit(code)  # never back into the command line's code in this process
+    os.close(write_end)
+    os.waitpid(child, 0)
+    lock.release()  # the supervisor holds the lock now; `down` must be able to take it from it
+    return _await_detached(run_dir, read_end, console, record)
+
+
+def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int) -> int:
+    log = os.open(run_dir.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)  # nothing may keep the caller's terminal or pipe open
+    console = Console(file=sys.stdout, force_terminal=False, width=200)
+    try:
+        with httpx.Client() as client:
+            sup = _supervisor(plan, record, run_dir, client, PlainProgress(sys.stdout).update)
+            received = _handle_signals(sup)
+            os.write(pipe, f"pid {os.getpid()}\n".encode())
+            outcome = sup.start()
+            if outcome is Outcome.READY:
+                os.write(pipe, b"ready\n")
+                os.close(pipe)
+                pipe = -1
+                outcome = sup.supervise(options.fail_fast)
+            return _finish(sup, outcome, options, received, console, run_dir)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush()
+        if pipe >= 0:
+            os.close(pipe)
+
+
+def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord) -> int:
+    """Show the detached supervisor's progress from state.json until it says ready or goes away."""
+    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
+    started = time.monotonic()
+    messages = b""
+    supervisor_pid: list[int] = []
+    interrupted: list[int] = []
+
+    def forward(signum: int, frame) -> None:  # Ctrl-C here stops the detached start-up
+        interrupted.append(signum)
+        if supervisor_pid:
+            os.kill(supervisor_pid[0], signal.SIGINT)
+
+    signal.signal(signal.SIGINT, forward)
+    with progress:
+        while True:
+            readable, _, _ = select.select([pipe], [], [], 0.1)
+            progress.update(read_state(run_dir) or record)
+            if not readable:
+                continue
+            chunk = os.read(pipe, 4096)
+            messages += chunk
+            supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n") if line.startswith(b"pid ")]
+            if not chunk or b"ready\n" in messages:
+                break
+    os.close(pipe)
+    final = read_state(run_dir) or record
+    say = saying(console)
+    if b"ready\n" in messages:
+        _say_ready(console, final, time.monotonic() - started, detached=True)
+        return 0
+    if interrupted:
+        say(f"{final.name}: stopped")
+        return 128 + interrupted[0]
+    if not any(r.state is RoleState.FAILED for r in final.roles):
+        say(f"{final.name}: the supervisor went away before all roles were ready; see {run_dir.supervisor_log}")
+        return 1
+    _say_failure(say, final, run_dir, None)
+    if any(r.process for r in final.roles):
+        say(f"--keep: the roles started are left running; `muse-launch down {final.name}` stops them")
+    else:
+        say(f"{final.name}: everything started was stopped (supervisor log: {run_dir.supervisor_log})")
+    return 1

@@ -1,0 +1,73 @@
+"""After ready: a role that dies is restarted under its policy on the same port, or stops all."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins"))  # the shared test harness
+pytest.register_assert_rewrite("harness")
+pytest_plugins = ["harness"]  # its `deployment` fixture
+from harness import free_ports, port_open, stand_in, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_role_crashing_after_ready_is_restarted_on_the_same_port(deployment, tmp_path):
+    base, port = free_ports(2)
+    crashed_once = tmp_path / "crashed"
+    topology = deployment.write({
+        "base": stand_in(base),
+        "flaky": stand_in(port, "--crash-after-ready", 1.0, "--crash-once", crashed_once, after=["base"],
+                          restart={"policy": "on-failure", "max": 2}),
+    })
+    up = deployment.cli("up", topology, "--detach")
+    assert up.returncode == 0, up.stdout + up.stderr
+    first_pid = deployment.role("flaky")["pid"]
+
+    # Between the crash and the restart (a 1 s backoff): the role restarting, the deployment degraded.
+    status = wait_for(lambda: (s := deployment.status())["roles"][1]["state"] == "restarting" and s, timeout=10,
+                      interval=0.1)
+    assert status["state"] == "degraded"
+
+    flaky = wait_for(lambda: (r := deployment.role("flaky"))["state"] == "ready" and r, timeout=15)
+    assert flaky["restarts"] == 1 and flaky["pid"] != first_pid
+    assert flaky["ports"] == {"http": port} and flaky["health"] == "ok"
+    assert deployment.status()["state"] == "ready"
+    assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    log = (deployment.run_dir / "logs" / "flaky.log").read_text()
+    assert "crashing after ready" in log and "--- muse-launch: restart 1 of 2 after: exited with code 1 ---" in log
+
+    assert deployment.cli("down", deployment.name).returncode == 0
+    assert deployment.alive() == []
+
+
+def test_restart_policy_no_leaves_the_deployment_degraded(deployment, tmp_path):
+    base, port = free_ports(2)
+    topology = deployment.write({
+        "base": stand_in(base),
+        "fragile": stand_in(port, "--crash-after-ready", 0.3, restart={"policy": "no"}),
+    })
+    assert deployment.cli("up", topology, "--detach").returncode == 0
+    fragile = wait_for(lambda: (r := deployment.role("fragile"))["state"] == "failed" and r, timeout=10)
+    assert fragile["pid"] is None and fragile["restarts"] == 0
+    status = deployment.status()
+    assert status["state"] == "degraded" and status["supervisor_pid"]
+    assert deployment.cli("down", deployment.name).returncode == 0
+    assert deployment.alive() == []
+
+
+def test_fail_fast_stops_everything_when_a_role_dies(deployment):
+    base, port = free_ports(2)
+    topology = deployment.write({"base": stand_in(base), "fragile": stand_in(port, "--crash-after-ready", 0.5)})
+    assert deployment.cli("up", topology, "--detach", "--fail-fast").returncode == 0
+    status = wait_for(lambda: (s := deployment.status())["supervisor_pid"] is None and s, timeout=10)
+    assert status["state"] == "stopped"
+    assert {r["name"]: r["state"] for r in status["roles"]} == {"base": "stopped", "fragile": "failed"}
+    supervisor_log = (deployment.run_dir / "supervisor.log").read_text()
+    assert "role fragile failed: exited with code 1 after it was ready" in supervisor_log
+    assert deployment.alive() == []
+    assert not port_open(base)

@@ -1,0 +1,132 @@
+"""`up` when something goes wrong while starting: what the user sees, and nothing left behind."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins"))  # the shared test harness
+pytest.register_assert_rewrite("harness")
+pytest_plugins = ["harness"]  # its `deployment` fixture
+from harness import free_ports, port_open, stand_in, wait_for  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def chain(d, last: dict, **extra) -> Path:
+    """first (ready at once) -> last, the role under test."""
+    first, port = free_ports(2)
+    return d.write({"first": stand_in(first), "last": {**stand_in(port), **last, "after": ["first"]}}, **extra)
+
+
+def test_a_role_exiting_during_startup_fails_at_once_with_its_log(deployment):
+    ports = free_ports(2)
+    topology = deployment.write({
+        "first": stand_in(ports[0]),
+        "broken": stand_in(ports[1], "--exit-during-startup", 3, ready_timeout=600, after=["first"]),
+    })
+    started = time.monotonic()
+    up = deployment.cli("up", topology)
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert time.monotonic() - started < 15  # at the exit, not at the 600 s timeout
+    assert "role broken failed: exited with code 3 before it was ready" in up.stdout
+    assert "broken | failing during startup with exit code 3" in up.stdout  # the last lines of its log
+    assert "stopping everything started" in up.stdout
+
+    status = deployment.status()
+    assert status["state"] == "stopped" and status["supervisor_pid"] is None
+    assert {r["name"]: r["state"] for r in status["roles"]} == {"first": "stopped", "broken": "failed"}
+    assert deployment.alive() == []
+    assert not port_open(ports[0])
+
+
+def test_a_role_that_never_becomes_ready_times_out(deployment):
+    topology = chain(deployment, {"command": stand_in(0, "--never-ready")["command"],
+                                  "ready": {"http": "/health", "interval": 0.05, "timeout": 1.5}})
+    up = deployment.cli("up", topology, "--detach")
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "role last failed: not ready after 1.5s (GET /health answered 503)" in up.stdout
+    assert {r["name"]: r["state"] for r in deployment.status()["roles"]} == {"first": "stopped", "last": "failed"}
+    assert deployment.alive() == []
+
+
+def test_keep_leaves_the_started_roles_running_for_down(deployment):
+    topology = chain(deployment, {"command": stand_in(0, "--exit-during-startup", 5)["command"]})
+    up = deployment.cli("up", topology, "--detach", "--keep")
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "--keep" in up.stdout
+    status = deployment.status()
+    assert {r["name"]: r["state"] for r in status["roles"]} == {"first": "ready", "last": "failed"}
+    assert status["state"] == "degraded" and status["supervisor_pid"] is None
+    assert len(deployment.alive()) == 1
+
+    again = deployment.cli("up", topology, "--detach")
+    assert again.returncode == 1 and "still has processes from an earlier run" in again.stderr
+
+    down = deployment.cli("down")  # the one deployment running: no name needed
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert deployment.alive() == []
+
+
+def test_a_busy_port_is_refused_naming_its_holder(deployment):
+    holder = socket.create_server(("127.0.0.1", 0))
+    port = holder.getsockname()[1]
+    try:
+        topology = chain(deployment, {"port": port})
+        up = deployment.cli("up", topology)
+    finally:
+        holder.close()
+    assert up.returncode == 1
+    assert f"roles.last http port {port} is in use by pid {__import__('os').getpid()}" in up.stderr
+    assert "Traceback" not in up.stderr
+    assert deployment.alive() == []
+
+
+def test_a_second_up_of_a_running_name_refuses(deployment):
+    topology = chain(deployment, {})
+    first = deployment.cli("up", topology, "--detach")
+    assert first.returncode == 0, first.stdout + first.stderr
+    supervisor = deployment.status()["supervisor_pid"]
+
+    second = deployment.cli("up", topology, "--detach")
+    assert second.returncode == 1
+    assert f"is already running (supervisor pid {supervisor})" in second.stderr
+    assert deployment.status()["state"] == "ready"  # untouched
+
+    assert deployment.cli("down", deployment.name).returncode == 0
+    assert deployment.alive() == []
+
+
+def test_ctrl_c_during_startup_stops_everything(deployment):
+    topology = chain(deployment, {"command": stand_in(0, "--ready-after", 30)["command"]})
+    up = deployment.start("up", topology)
+    wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
+    up.send_signal(signal.SIGINT)
+    output, _ = up.communicate(timeout=30)
+    assert up.returncode == 130, output
+    assert "SIGINT: stopping everything" in output
+    status = deployment.status()
+    assert status["state"] == "stopped" and status["supervisor_pid"] is None
+    assert deployment.alive() == []
+
+
+def test_a_second_ctrl_c_kills_what_ignores_sigterm(deployment):
+    topology = chain(deployment, {"command": stand_in(0, "--ignore-sigterm", "--never-ready")["command"],
+                                  "stop": {"grace": 60}})
+    up = deployment.start("up", topology)
+    wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
+    up.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert up.poll() is None  # waiting out the grace of a role that ignores SIGTERM
+    started = time.monotonic()
+    up.send_signal(signal.SIGINT)
+    output, _ = up.communicate(timeout=30)
+    assert time.monotonic() - started < 5
+    assert up.returncode == 130, output
+    assert "had to SIGKILL:" in output and "last: pid" in output
+    assert deployment.alive() == []

@@ -1,0 +1,141 @@
+"""Helpers for the runtime's integration tests: topology files of stand-ins, the CLI in a
+subprocess, and a scan for every process a deployment left alive."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import pytest
+import yaml
+
+STAND_IN = str(Path(__file__).with_name("server.py"))
+ROUTER = str(Path(sys.executable).with_name("sglang-router"))
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct ports the kernel just handed out as free (held together so they differ)."""
+    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def stand_in(port: int, *flags: Any, ready_timeout: float = 20.0, **role: Any) -> dict[str, Any]:
+    """A `kind: command` role running the stand-in server, probed on /health every 50 ms."""
+    return {
+        "kind": "command",
+        "command": [sys.executable, STAND_IN, "--port", "{port}", *map(str, flags)],
+        "port": port,
+        "ready": {"http": "/health", "interval": 0.05, "timeout": ready_timeout},
+        **role,
+    }
+
+
+@dataclass
+class Deployment:
+    """One deployment name under its own MUSE_LAUNCH_HOME, driven through the real CLI."""
+
+    home: Path
+    name: str
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / self.name
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "MUSE_LAUNCH_HOME": str(self.home), "HF_HUB_OFFLINE": "1"}
+
+    def write(self, roles: dict[str, dict[str, Any]], **top: Any) -> Path:
+        path = self.home.parent / f"{self.name}.yaml"
+        path.write_text(yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles}))
+        return path
+
+    def cli(self, *args: Any, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def start(self, *args: Any) -> subprocess.Popen:
+        """A foreground `up`, left running."""
+        return subprocess.Popen([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def status(self) -> dict[str, Any]:
+        result = self.cli("status", self.name, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        return json.loads(result.stdout)
+
+    def state_file(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "state.json").read_text())
+
+    def role(self, name: str) -> dict[str, Any]:
+        return next(r for r in self.status()["roles"] if r["name"] == name)
+
+    def alive(self) -> list[psutil.Process]:
+        """Every live process carrying this deployment's marker (zombies hold nothing: not counted)."""
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                env = proc.environ()
+                if (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
+                        and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir)
+                        and proc.status() != psutil.STATUS_ZOMBIE):
+                    found.append(proc)
+            except psutil.Error:
+                continue
+        return found
+
+    def kill_leftovers(self) -> None:
+        for proc in self.alive():
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+        state = self.run_dir / "state.json"
+        pid = json.loads(state.read_text()).get("supervisor_pid") if state.exists() else None
+        if pid:
+            try:
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+            except psutil.Error:
+                pass
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Deployment:
+    """A fresh home and name; whatever the test leaves alive is killed afterwards (and fails the test)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    d = Deployment(home, request.node.name.replace("_", "-").lower()[:40].strip("-"))
+    yield d
+    leftovers = d.alive()
+    d.kill_leftovers()
+    assert not leftovers, f"processes left alive: {leftovers}"

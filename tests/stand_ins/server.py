@@ -1,0 +1,150 @@
+"""A stand-in serving process for tests: speaks enough of an engine's HTTP to be probed and
+registered by the real sglang-router, and misbehaves on request. It accepts `sglang serve`'s
+command line (unknown flags ignored), so a topology's `launcher:` can put it in SGLang's place.
+
+Standard library only, so any Python can run it. Delays count from the process's exec, so a
+launcher's overhead is what remains when they are subtracted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HEALTH_PATHS = {"/health", "/health_generate", "/readiness", "/ready", "/liveness"}
+SERVER_INFO_PATHS = {"/server_info", "/get_server_info", "/model_info", "/get_model_info"}
+
+
+def process_age() -> float:
+    """Seconds since this process was exec'd (from /proc), or since the script started."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - SCRIPT_START
+
+
+SCRIPT_START = time.monotonic()
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--also-listen", type=int, action="append", default=[], help="extra TCP port to hold")
+    p.add_argument("--ready-after", type=float, default=0.0, help="/health answers 503 until this age, then 200")
+    p.add_argument("--never-ready", action="store_true")
+    p.add_argument("--exit-during-startup", type=int, metavar="CODE", help="exit with CODE at --exit-after")
+    p.add_argument("--exit-after", type=float, default=0.3)
+    p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument("--setsid-grandchild", action="store_true", help="spawn a child that calls setsid and lingers")
+    p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
+    p.add_argument("--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent")
+    p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
+    p.add_argument("--model-path", default=os.path.dirname(os.path.abspath(__file__)))
+    # SGLang's own flags, when the planner renders this script in place of `sglang serve`.
+    p.add_argument("--disaggregation-mode")
+    p.add_argument("--disaggregation-bootstrap-port", type=int)
+    p.add_argument("--language-only", action="store_true")
+    p.add_argument("--encoder-bootstrap-port", type=int)
+    args, _ = p.parse_known_args(argv)
+    # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker.
+    if args.disaggregation_mode == "prefill" and args.disaggregation_bootstrap_port:
+        args.also_listen.append(args.disaggregation_bootstrap_port)
+    if args.language_only and args.encoder_bootstrap_port:
+        args.also_listen.append(args.encoder_bootstrap_port)
+    return args
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    ready_at = float("inf") if args.never_ready or args.exit_during_startup is not None else args.ready_after
+
+    def is_ready() -> bool:
+        return process_age() >= ready_at
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path in HEALTH_PATHS:
+                self.reply(200 if is_ready() else 503, {"status": "ok" if is_ready() else "starting"})
+            elif path in SERVER_INFO_PATHS:
+                info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True}
+                self.reply(200, info)
+            elif path == "/v1/models":
+                self.reply(200, {"object": "list", "data": [{"id": args.model_path, "object": "model"}]})
+            else:
+                self.reply(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if not is_ready():
+                self.reply(503, {"error": "starting"})
+                return
+            self.reply(200, {"text": "ok", "meta_info": {"id": "stand-in", "finish_reason": {"type": "stop"}}})
+
+        def reply(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt: str, *a) -> None:
+            print(fmt % a, flush=True)
+
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop_later(args.stop_delay))
+
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    held = [socket.create_server((args.host, port)) for port in args.also_listen]  # noqa: F841 (held open until exit)
+    print(f"stand-in pid {os.getpid()} listening on {args.host}:{args.port} {args.also_listen}", flush=True)
+
+    if args.setsid_grandchild:
+        escape = "import os, time; os.setsid(); print('escaped', os.getpid(), flush=True); time.sleep(3600)"
+        child = subprocess.Popen([sys.executable, "-c", escape])
+        print(f"spawned escaping grandchild {child.pid}", flush=True)
+
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    watch_lifecycle(args, ready_at)
+
+
+def stop_later(delay: float) -> None:
+    print(f"SIGTERM: stopping in {delay}s", flush=True)
+    threading.Timer(delay, lambda: os._exit(0)).start()
+
+
+def watch_lifecycle(args: argparse.Namespace, ready_at: float) -> None:
+    if args.exit_during_startup is not None:
+        time.sleep(max(0.0, args.exit_after - process_age()))
+        print(f"failing during startup with exit code {args.exit_during_startup}", flush=True)
+        os._exit(args.exit_during_startup)
+    if ready_at != float("inf"):
+        time.sleep(max(0.0, ready_at - process_age()))
+        print(f"ready after {process_age():.2f}s", flush=True)
+        if args.crash_after_ready is not None and not (args.crash_once and os.path.exists(args.crash_once)):
+            time.sleep(args.crash_after_ready)
+            if args.crash_once:
+                open(args.crash_once, "w").close()
+            print("crashing after ready", flush=True)
+            os._exit(1)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

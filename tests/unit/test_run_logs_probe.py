@@ -1,0 +1,92 @@
+"""Logs (tail, follow, prefixes) and readiness probes, on their own."""
+
+from __future__ import annotations
+
+import io
+import socket
+
+import httpx
+
+from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.run.probe import ReadinessCheck, connect_host
+from muse_launch.run.process import describe_exit
+
+
+def test_exit_statuses_read_as_words():
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(-9) == "killed by SIGKILL"
+
+
+def test_last_lines_reads_only_the_end(tmp_path):
+    log = tmp_path / "big.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    assert last_lines(log, 3) == ["line 99997", "line 99998", "line 99999"]
+    assert last_lines(log, 0) == []
+    assert last_lines(tmp_path / "missing.log", 5) == []
+
+
+def test_follower_gives_complete_lines_and_survives_truncation(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("old\n")
+    follower = LogFollower({"a": log}, from_end=True)
+    with open(log, "a") as f:
+        f.write("new 1\nhalf")
+    assert follower.read_new() == [("a", "new 1")]
+    with open(log, "a") as f:
+        f.write(" done\n")
+    assert follower.read_new() == [("a", "half done")]
+    log.write_text("fresh\n")  # a new `up` truncates the log
+    assert follower.read_new() == [("a", "fresh")]
+
+
+def test_role_prefix_is_padded_and_coloured_only_on_a_terminal(tmp_path):
+    plain, coloured = io.StringIO(), io.StringIO()
+    RolePrinter(plain, ["router", "encoder"], colour=False).line("router", "hello [bold]")
+    RolePrinter(coloured, ["router", "encoder"], colour=True).line("router", "hello")
+    assert plain.getvalue() == "router  | hello [bold]\n"
+    assert coloured.getvalue() == "\x1b[36mrouter  |\x1b[0m hello\n"
+
+
+def probe_client(answers: dict[str, list[int]]) -> httpx.Client:
+    def answer(request: httpx.Request) -> httpx.Response:
+        queue = answers[request.url.path]
+        code = queue.pop(0) if len(queue) > 1 else queue[0]
+        if code == 0:
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(code)
+
+    return httpx.Client(transport=httpx.MockTransport(answer))
+
+
+def test_http_probe_treats_refused_and_503_as_not_yet(tmp_path):
+    check = ReadinessCheck(Probe(ProbeKind.HTTP, ("/health",)), "127.0.0.1", 1, tmp_path / "x.log",
+                           probe_client({"/health": [0, 503, 200]}))
+    assert not check.check(0) and check.last_seen == "GET /health: connection refused"
+    assert not check.check(0) and check.last_seen == "GET /health answered 503"
+    assert check.check(0)
+
+
+def test_http_probe_asks_every_path_in_order(tmp_path):
+    probe = Probe(ProbeKind.HTTP, ("/health", "/v1/models"))
+    check = ReadinessCheck(probe, "127.0.0.1", 1, tmp_path / "x.log",
+                           probe_client({"/health": [200], "/v1/models": [404, 200]}))
+    assert not check.check(0) and check.last_seen == "GET /v1/models answered 404"
+    assert check.check(0)
+
+
+def test_log_and_tcp_probes(tmp_path):
+    log = tmp_path / "role.log"
+    log.write_text("loading\nUvicorn running on")
+    check = ReadinessCheck(Probe(ProbeKind.LOG, pattern="Uvicorn running"), "127.0.0.1", None, log, httpx.Client())
+    assert not check.check(0)  # the line is not complete yet
+    with open(log, "a") as f:
+        f.write(" http://0.0.0.0:8000\n")
+    assert check.check(0)
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        assert ReadinessCheck(Probe(ProbeKind.TCP), "127.0.0.1", port, log, httpx.Client()).check(0)
+    closed = ReadinessCheck(Probe(ProbeKind.TCP), "127.0.0.1", port, log, httpx.Client())
+    assert not closed.check(0) and "refused" in closed.last_seen.lower()
+    assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"

@@ -1,0 +1,228 @@
+"""The supervisor's logic against scripted histories: a fake clock, fake processes, and an HTTP
+transport that answers each role's probe from its script (after honcho's test_manager)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind
+from muse_launch.run.lifecycle import DeploymentState, RoleState
+from muse_launch.run.process import ProcessRef, StopReport
+from muse_launch.run.state import DeploymentRecord, RunDir, planned_record
+from muse_launch.run.supervisor import Outcome, Supervisor
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return 1_800_000_000.0 + self.now
+
+    def wait(self, wakeup, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass(frozen=True)
+class Script:
+    """One spawn of a role: ready `ready_after` seconds after it, exiting with `code` at `exit_after`."""
+
+    ready_after: float = 0.0
+    exit_after: float = math.inf
+    code: int = 1
+
+
+@dataclass
+class FakeProcess:
+    ref: ProcessRef
+    clock: FakeClock
+    started: float
+    script: Script
+    stopped: bool = False
+
+    def poll(self) -> int | None:
+        if self.stopped:
+            return -15
+        return self.script.code if self.clock.now >= self.started + self.script.exit_after else None
+
+    def ready(self) -> bool:
+        return self.poll() is None and self.clock.now >= self.started + self.script.ready_after
+
+
+@dataclass
+class FakeProcesses:
+    clock: FakeClock
+    scripts: dict[str, list[Script]]
+    spawned: list[tuple[float, str]] = field(default_factory=list)
+    stopped: list[list[str]] = field(default_factory=list)
+    current: dict[str, FakeProcess] = field(default_factory=dict)
+
+    def spawn(self, spec: LaunchSpec, restart_note: str | None) -> FakeProcess:
+        count = sum(1 for _, name in self.spawned if name == spec.name)
+        scripts = self.scripts.get(spec.name, [Script()])
+        self.spawned.append((self.clock.now, spec.name))
+        process = FakeProcess(ProcessRef(1000 + len(self.spawned), 0.0), self.clock, self.clock.now,
+                              scripts[min(count, len(scripts) - 1)])
+        self.current[spec.name] = process
+        return process
+
+    def stop(self, targets, kill_now) -> StopReport:
+        self.stopped.append([t.role for t in targets])
+        for target in targets:
+            self.current[target.role].stopped = True
+        return StopReport()
+
+    def transport(self, ports: dict[int, str]) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            process = self.current.get(ports[request.url.port])
+            if process is None or process.poll() is not None:
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(200 if process.ready() else 503)
+
+        return httpx.MockTransport(answer)
+
+
+def spec(name: str, port: int, *depends_on: str, timeout: float = 60.0, restart_max: int = 3,
+         policy: RestartPolicyKind = RestartPolicyKind.ON_FAILURE) -> LaunchSpec:
+    return LaunchSpec(name=name, role=name, kind="command", engine="command", launcher=("serve",), args=(),
+                      ports={"http": port}, probe=Probe(ProbeKind.HTTP, ("/health",), timeout=timeout, interval=0.1),
+                      depends_on=depends_on, restart=RestartPolicy(policy, restart_max))
+
+
+EPD = Plan("epd", (spec("encoder", 1), spec("decode", 3, "encoder"), spec("prefill", 2, "encoder"),
+                   spec("router", 4, "prefill", "decode")),
+           (("encoder",), ("decode", "prefill"), ("router",)))
+
+
+@dataclass
+class Harness:
+    supervisor: Supervisor
+    clock: FakeClock
+    processes: FakeProcesses
+    records: list[DeploymentRecord]
+
+    def states(self, role: str) -> list[RoleState]:
+        """The role's distinct states, in order."""
+        out: list[RoleState] = []
+        for record in self.records:
+            if not out or out[-1] is not record.role(role).state:
+                out.append(record.role(role).state)
+        return out
+
+
+def harness(tmp_path: Path, plan: Plan, scripts: dict[str, list[Script]]) -> Harness:
+    clock = FakeClock()
+    processes = FakeProcesses(clock, scripts)
+    client = httpx.Client(transport=processes.transport({s.ports["http"]: s.name for s in plan.specs}))
+    records: list[DeploymentRecord] = []
+    supervisor = Supervisor(plan, planned_record(plan, "test.yaml", str), RunDir(tmp_path), processes, client,
+                            clock=clock, on_change=records.append)
+    return Harness(supervisor, clock, processes, records)
+
+
+def test_roles_start_as_soon_as_their_dependencies_are_ready(tmp_path):
+    h = harness(tmp_path, EPD, {"encoder": [Script(1.0)], "prefill": [Script(2.0)], "decode": [Script(1.5)],
+                                "router": [Script(0.5)]})
+    assert h.supervisor.start() is Outcome.READY
+    spawned = dict((name, at) for at, name in h.processes.spawned)
+    assert spawned["encoder"] == 0.0
+    assert spawned["prefill"] == spawned["decode"] == pytest.approx(1.0, abs=0.11)  # together, one probe after ready
+    assert spawned["router"] == pytest.approx(3.0, abs=0.22)
+    assert h.clock.now == pytest.approx(3.5, abs=0.35)  # the critical path, plus at most one interval per wave
+    assert h.supervisor.record.state is DeploymentState.READY
+
+
+def test_a_role_exiting_while_starting_fails_the_start_at_once(tmp_path):
+    h = harness(tmp_path, EPD, {"encoder": [Script(1.0)], "prefill": [Script(60.0, exit_after=0.3, code=3)]})
+    assert h.supervisor.start() is Outcome.FAILED
+    assert h.supervisor.failed_role == "prefill"
+    assert h.supervisor.record.role("prefill").reason == "exited with code 3 before it was ready"
+    assert h.clock.now < 1.5  # not the 60 s timeout
+    assert "router" not in [name for _, name in h.processes.spawned]
+
+
+def test_a_role_that_never_answers_times_out(tmp_path):
+    plan = Plan("one", (spec("slow", 1, timeout=2.0),), (("slow",),))
+    h = harness(tmp_path, plan, {"slow": [Script(ready_after=math.inf)]})
+    assert h.supervisor.start() is Outcome.FAILED
+    assert h.supervisor.record.role("slow").reason == "not ready after 2s (GET /health answered 503)"
+    assert h.clock.now == pytest.approx(2.0, abs=0.2)
+
+
+def test_stop_goes_in_reverse_dependency_order_wave_by_wave(tmp_path):
+    h = harness(tmp_path, EPD, {})
+    assert h.supervisor.start() is Outcome.READY
+    h.supervisor.stop()
+    assert h.processes.stopped == [["router"], ["decode", "prefill"], ["encoder"]]
+    assert all(r.state is RoleState.STOPPED and r.process is None for r in h.supervisor.record.roles)
+    assert h.supervisor.record.state is DeploymentState.STOPPED
+
+
+def test_a_role_dying_after_ready_restarts_with_backoff_then_gives_up(tmp_path):
+    plan = Plan("one", (spec("base", 1), spec("flaky", 2, "base", restart_max=2)), (("base",), ("flaky",)))
+    h = harness(tmp_path, plan, {"flaky": [Script(0.2, exit_after=1.0)]})  # every spawn dies after 1 s
+    assert h.supervisor.start() is Outcome.READY
+    ticks = []
+    assert h.supervisor.supervise(fail_fast=False, on_tick=lambda: ticks.append(1) if len(ticks) < 200 else
+                                  h.supervisor.request_stop()) is Outcome.INTERRUPTED
+    flaky = h.supervisor.record.role("flaky")
+    assert flaky.state is RoleState.FAILED
+    assert flaky.restarts == 2 and flaky.reason == "exited with code 1; gave up after 2 restarts"
+    assert h.states("flaky") == [RoleState.PENDING, RoleState.STARTING, RoleState.READY, RoleState.RESTARTING,
+                                 RoleState.READY, RoleState.RESTARTING, RoleState.READY, RoleState.FAILED]
+    restarts = [at for at, name in h.processes.spawned if name == "flaky"]
+    assert restarts[1] - restarts[0] == pytest.approx(1.0 + 1.0, abs=0.3)  # died at 1 s, 1 s backoff
+    assert restarts[2] - restarts[1] == pytest.approx(1.0 + 2.0, abs=0.3)  # then 2 s
+    assert h.supervisor.record.state is DeploymentState.DEGRADED
+    assert DeploymentState.DEGRADED in {r.state for r in h.records}
+
+
+def test_a_clean_exit_after_ready_is_not_restarted(tmp_path):
+    plan = Plan("one", (spec("base", 1), spec("job", 2)), (("base", "job"),))
+    h = harness(tmp_path, plan, {"job": [Script(0.0, exit_after=0.5, code=0)]})
+    assert h.supervisor.start() is Outcome.READY
+    ticks = []
+    h.supervisor.supervise(False, on_tick=lambda: ticks.append(1) if len(ticks) < 20 else h.supervisor.request_stop())
+    assert h.supervisor.record.role("job").state is RoleState.STOPPED
+    assert [name for _, name in h.processes.spawned].count("job") == 1
+
+
+def test_fail_fast_reports_the_dead_role(tmp_path):
+    plan = Plan("one", (spec("fragile", 1),), (("fragile",),))
+    h = harness(tmp_path, plan, {"fragile": [Script(0.0, exit_after=1.0, code=-9)]})
+    assert h.supervisor.start() is Outcome.READY
+    assert h.supervisor.supervise(fail_fast=True) is Outcome.FAILED
+    assert h.supervisor.record.role("fragile").reason == "killed by SIGKILL after it was ready"
+
+
+def test_ctrl_c_stops_and_a_second_one_kills(tmp_path):
+    h = harness(tmp_path, EPD, {"encoder": [Script(10.0)]})
+    h.supervisor.request_stop()
+    assert h.supervisor.start() is Outcome.INTERRUPTED
+    assert not h.supervisor.kill_now.is_set()
+    h.supervisor.request_stop()
+    assert h.supervisor.kill_now.is_set()
+
+
+def test_down_taking_over_releases_the_roles(tmp_path):
+    h = harness(tmp_path, EPD, {})
+    assert h.supervisor.start() is Outcome.READY
+    h.supervisor.release()
+    assert h.supervisor.supervise(fail_fast=False) is Outcome.RELEASED
+    assert h.processes.stopped == []
+
+
+def test_a_ready_role_dying_while_others_start_fails_the_start(tmp_path):
+    h = harness(tmp_path, EPD, {"encoder": [Script(0.5, exit_after=1.5)], "prefill": [Script(5.0)]})
+    assert h.supervisor.start() is Outcome.FAILED
+    assert h.supervisor.failed_role == "encoder"
+    reason = h.supervisor.record.role("encoder").reason
+    assert reason == "exited with code 1 after it was ready, while others were starting"

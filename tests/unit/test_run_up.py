@@ -1,0 +1,45 @@
+"""`up`'s preparations: --only, the port preflight."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from muse_launch.errors import UsageError
+from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.ports import busy_ports
+from muse_launch.run.up import select_only
+
+
+def spec(name: str, role: str, port: int, *depends_on: str) -> LaunchSpec:
+    return LaunchSpec(name=name, role=role, kind="command", engine="command", launcher=("serve",), args=(),
+                      ports={"http": port}, depends_on=depends_on)
+
+
+ROUTER = spec("router", "router", 8000, "prefill", "decode-0", "decode-1")
+PLAN = Plan("pd", (spec("prefill", "prefill", 30001), spec("decode-0", "decode", 30002),
+                   spec("decode-1", "decode", 30003), ROUTER),
+            (("decode-0", "decode-1", "prefill"), ("router",)))
+
+
+def test_only_keeps_a_role_with_all_its_replicas_and_names_what_it_assumes():
+    plan, assumed = select_only(PLAN, "decode")
+    assert [s.name for s in plan.specs] == ["decode-0", "decode-1"]
+    assert plan.waves == (("decode-0", "decode-1"),) and assumed == []
+    plan, assumed = select_only(PLAN, "router")
+    assert [s.name for s in plan.specs] == ["router"]
+    assert assumed == ["decode-0 (http://127.0.0.1:30002)", "decode-1 (http://127.0.0.1:30003)",
+                       "prefill (http://127.0.0.1:30001)"]
+    with pytest.raises(UsageError, match="--only nope: no such role; roles: prefill, decode-0"):
+        select_only(PLAN, "nope")
+
+
+def test_preflight_names_the_process_holding_a_port():
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        plan = Plan("one", (spec("prefill", "prefill", port),), (("prefill",),))
+        [busy] = busy_ports(plan)
+    assert str(busy).startswith(f"roles.prefill http port {port} is in use by pid {os.getpid()} (")
+    assert busy_ports(plan) == []
