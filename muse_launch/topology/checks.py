@@ -6,7 +6,8 @@ Plan that `up` would execute, so they judge the real argv (a flag given in `args
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import difflib
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Iterable, Iterator
 
@@ -37,11 +38,13 @@ class Finding:
     roles: tuple[str, ...] = ()
 
     def format(self, loaded: LoadedTopology) -> str:
-        return f"{loaded.where(self.path)}: {self.severity.value}: {dotted(self.path)}: {self.message}; fix: {self.fix}"
+        text = f"{loaded.where(self.path)}: {self.severity.value}: {dotted(self.path)}: {self.message}; fix: {self.fix}"
+        return loaded.redact(text)  # messages quote values, and ${env:...} values are secrets
 
     def to_dict(self, loaded: LoadedTopology) -> dict[str, object]:
         return {"severity": self.severity.value, "file": str(loaded.source), "line": loaded.line_of(self.path),
-                "path": dotted(self.path), "roles": list(self.roles), "message": self.message, "fix": self.fix}
+                "path": dotted(self.path), "roles": list(self.roles), "message": loaded.redact(self.message),
+                "fix": loaded.redact(self.fix)}
 
 
 def error(path: Path_, message: str, fix: str, *roles: str) -> Finding:
@@ -82,9 +85,14 @@ def run_checks(loaded: LoadedTopology) -> tuple[list[Finding], Plan | None]:
     except PlanError as exc:
         return findings + [error((), str(exc), "fix the role named above")], None
     ctx = CheckContext(topology, plan)
+    merged: dict[tuple[object, ...], Finding] = {}
     for check in PLAN_CHECKS:
-        findings.extend(check(ctx))
-    return findings, plan
+        for f in check(ctx):
+            # One cause reached from several roles (a top-level key) is one finding naming them all.
+            key = (f.severity, f.path, f.message, f.fix)
+            seen = merged.get(key)
+            merged[key] = f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
+    return findings + list(merged.values()), plan
 
 
 def structural_checks(topology: Topology) -> Iterator[Finding]:
@@ -98,8 +106,12 @@ def structural_checks(topology: Topology) -> Iterator[Finding]:
                             f"move {ref} to a {' or '.join(holders)} role, or remove it", name)
             for i, target in enumerate(targets):
                 if target not in roles:
-                    yield error(at + (ref, i), f"{name} refers to {target!r}, which is not a role",
-                                f"use one of: {', '.join(roles)}", name, target)
+                    near = difflib.get_close_matches(target, list(roles), n=1, cutoff=0.5)
+                    yield error(at + (ref, i), f"{name}.{ref} refers to {target!r}, which is not a role",
+                                f"did you mean {near[0]!r}?" if near else f"use one of: {', '.join(roles)}",
+                                name, target)
+                elif targets.index(target) != i:
+                    yield error(at + (ref, i), f"{name}.{ref} lists {target} twice", "list it once", name, target)
                 elif target == name:
                     yield error(at + (ref, i), f"{name} refers to itself", "remove the reference", name)
                 elif REFERENCE_KINDS[ref] and roles[target].kind not in REFERENCE_KINDS[ref]:
@@ -123,14 +135,20 @@ def structural_checks(topology: Topology) -> Iterator[Finding]:
                         f"give a multiple of {role.replicas} GPUs", name)
         for i, node in enumerate(role.nodes):
             if node not in topology.nodes:
-                yield error(at + ("nodes", i), f"node {node!r} is not declared",
-                            f"declare it under top-level nodes: ({', '.join(topology.nodes) or 'none yet'})", name)
+                yield error(at + ("nodes", i), f"{name} runs on node {node!r}, which is not declared",
+                            f"declare it under top-level nodes: {{{node}: {{address: ...}}}}"
+                            f" (declared: {', '.join(topology.nodes) or 'none'})", name)
+            elif role.nodes.index(node) != i:
+                yield error(at + ("nodes", i), f"node {node} is listed twice", "list each node once", name)
     try:
         waves(role_dependencies(topology))
     except Cycle as cycle:
         first, second = cycle.path[0], cycle.path[1]
-        yield error(("roles", first), f"dependency cycle: {' -> '.join(cycle.path)}",
-                    f"remove {second} from {first}'s references or after:", *cycle.path[:-1])
+        key, index = next((k, refs.index(second)) for k, refs in roles[first].references.items() if second in refs)
+        yield error(("roles", first, key, index), f"dependency cycle: {' -> '.join(cycle.path)} "
+                    f"({first} waits for {second}, which waits for {first})" if len(cycle.path) == 3 else
+                    f"dependency cycle: {' -> '.join(cycle.path)}",
+                    f"remove {second} from {first}.{key}, or break the loop elsewhere", *cycle.path[:-1])
     except KeyError:
         pass  # a dangling reference, reported above
 

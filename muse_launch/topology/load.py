@@ -42,9 +42,13 @@ class LoadedTopology:
         return f"{self.source}:{line}" if line else str(self.source)
 
     def redact(self, text: str) -> str:
-        for secret in sorted(self.secrets, key=len, reverse=True):
-            text = text.replace(secret, REDACTED)
-        return text
+        return redact(text, self.secrets)
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def dotted(path: Iterable[str | int]) -> str:
@@ -76,52 +80,75 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
     data = _substitute_env(data, (), environ, secrets, problems, path, lines)
     if problems:
         raise TopologyError(problems)
+    loaded_secrets = frozenset(s for s in secrets if s)
     try:
         topology = Topology.model_validate(data)
     except ValidationError as exc:
-        raise TopologyError(_explain(exc, data, path, lines)) from None
-    return LoadedTopology(topology, path, lines, frozenset(s for s in secrets if s))
+        # Schema messages may quote a value that came from ${env:...}.
+        raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines)]) from None
+    return LoadedTopology(topology, path, lines, loaded_secrets)
 
 
 def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
     loader = yaml.SafeLoader(text)
+    lines: dict[Path_, int] = {(): 1}
+    duplicates: list[str] = []
     try:
         node = loader.get_single_node()
+        # Before constructing: construction flattens `<<` merges into the nodes in place.
+        if node is not None:
+            _record_lines(node, (), lines, duplicates, path)
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc)
+        context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and start and (not mark or start.line != mark.line):
+            problem += f" ({context} that starts on line {start.line + 1})"
         raise TopologyError([f"{where}: not valid YAML: {problem}"]) from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
         raise TopologyError([f"{path}:1: a topology file is a mapping with version, name, hardware and roles"])
-    lines: dict[Path_, int] = {(): 1}
-    duplicates: list[str] = []
-    _record_lines(node, (), lines, duplicates, path)
     if duplicates:
         raise TopologyError(duplicates)
     return data, lines
 
 
-def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path) -> None:
+def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path,
+                  inside: frozenset[int] = frozenset()) -> None:
+    if id(node) in inside:
+        duplicates.append(f"{path}:{node.start_mark.line + 1}: {dotted(at)}: an alias inside its own anchor "
+                          f"repeats forever; copy the values instead")
+        return
+    inside = inside | {id(node)}
     if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
+        merged: list[yaml.Node] = []
         for key_node, value_node in node.value:
             key = key_node.value
             if key == "<<":
+                merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
                 continue
+            line = key_node.start_mark.line + 1
             if key in seen:
-                duplicates.append(f"{path}:{key_node.start_mark.line + 1}: {dotted(at + (key,))}: "
-                                  f"key given twice; keep one")
-            seen.add(key)
-            lines[at + (key,)] = key_node.start_mark.line + 1
-            _record_lines(value_node, at + (key,), lines, duplicates, path)
+                duplicates.append(f"{path}:{line}: {dotted(at + (key,))}: key given twice (first on line "
+                                  f"{seen[key]}); keep one")
+            seen.setdefault(key, line)
+            lines[at + (key,)] = line
+            _record_lines(value_node, at + (key,), lines, duplicates, path, inside)
+        # `<<: *defaults` keys not overridden here: point at the anchor that gives them.
+        for source in merged:
+            if isinstance(source, yaml.MappingNode):
+                for key_node, value_node in source.value:
+                    if key_node.value != "<<" and at + (key_node.value,) not in lines:
+                        lines[at + (key_node.value,)] = key_node.start_mark.line + 1
+                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines[at + (index,)] = item.start_mark.line + 1
-            _record_lines(item, at + (index,), lines, duplicates, path)
+            _record_lines(item, at + (index,), lines, duplicates, path, inside)
 
 
 def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
@@ -183,7 +210,12 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
             hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
             out.append(f"{where}: {dotted(loc)}: unknown key {key!r}; {hint}")
         elif kind == "missing":
-            out.append(f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}")
+            hint = {"kind": "; add kind: encoder | prefill | decode | worker | router | command",
+                    "version": "; add version: 1"}.get(str(loc[-1]), "")
+            out.append(f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}{hint}")
+        elif kind != "value_error" and not isinstance(error.get("input"), (dict, list)):
+            out.append(f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not valid here: "
+                       f"{error['msg'][0].lower()}{error['msg'][1:]}")
         else:
             message = error["msg"].removeprefix("Value error, ")
             out.append(f"{where}: {dotted(loc) or '(top level)'}: {message}")

@@ -1,0 +1,270 @@
+"""Loading a topology file: secrets, --set, line numbers, YAML anchors and merge keys."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from muse_launch.errors import TopologyError
+from muse_launch.topology.checks import run_checks
+from muse_launch.topology.load import load_topology, parse_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+EPD = ROOT / "topologies" / "epd-b300.yaml"
+SECRET_TOKEN = "hf_s3cr3t_T0KEN_4471"
+SECRET_MODEL = "private-org/unreleased-model-9"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def line_containing(text: str, needle: str, after: str | None = None) -> int:
+    start = text.index(after) if after else 0
+    return text.count("\n", 0, text.index(needle, start)) + 1
+
+
+def write(tmp_path: Path, text: str, name: str = "t.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ---- ${env:...} secrets -----------------------------------------------------------------------------
+
+def secret_topology(tmp_path: Path) -> Path:
+    text = EPD.read_text()
+    text = text.replace("args: [--quantization, modelopt_fp4]",
+                        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}")
+    # decode serves a model named by a secret: the PD-pair check quotes it.
+    text = text.replace("  decode:\n    kind: decode\n",
+                        "  decode:\n    kind: decode\n    model: ${env:MUSE_TEST_MODEL}\n")
+    return write(tmp_path, text, "secret.yaml")
+
+
+SECRETS = {"MUSE_TEST_HF_TOKEN": SECRET_TOKEN, "MUSE_TEST_MODEL": SECRET_MODEL}
+
+
+def test_secrets_are_masked_in_plan_json(tmp_path: Path) -> None:
+    path = write(tmp_path, EPD.read_text().replace(
+        "args: [--quantization, modelopt_fp4]",
+        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}"))
+    result = cli("plan", str(path), "--format", "json", env=SECRETS)
+    assert result.returncode == 0, result.stderr
+    assert SECRET_TOKEN not in result.stdout + result.stderr
+    plan = json.loads(result.stdout)
+    assert {r["name"]: r["env"]["HF_TOKEN"] for r in plan["roles"]} == dict.fromkeys(
+        ["encoder", "prefill", "decode", "router"], "***")
+
+
+@pytest.mark.parametrize("fmt", ["text", "shell", "docker"])
+def test_secrets_are_masked_in_every_plan_format(tmp_path: Path, fmt: str) -> None:
+    path = write(tmp_path, EPD.read_text().replace(
+        "args: [--quantization, modelopt_fp4]",
+        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}"))
+    result = cli("plan", str(path), "--format", fmt, env=SECRETS)
+    assert result.returncode == 0, result.stderr
+    assert SECRET_TOKEN not in result.stdout + result.stderr
+    assert "***" in result.stdout
+
+
+def test_secrets_are_masked_in_validate_output(tmp_path: Path) -> None:
+    path = secret_topology(tmp_path)
+    text_run = cli("validate", str(path), env=SECRETS)
+    json_run = cli("validate", str(path), "--json", env=SECRETS)
+    for run in (text_run, json_run):
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert SECRET_MODEL not in run.stdout + run.stderr
+        assert SECRET_TOKEN not in run.stdout + run.stderr
+    assert "decode has model ***" in text_run.stderr
+    findings = json.loads(json_run.stdout)["findings"]
+    assert any(f["message"].startswith("decode has model ***") for f in findings)
+
+
+def test_secrets_are_masked_in_check_failures_of_plan(tmp_path: Path) -> None:
+    result = cli("plan", str(secret_topology(tmp_path)), env=SECRETS)
+    assert result.returncode == 1
+    assert "decode has model ***" in result.stderr
+    assert SECRET_MODEL not in result.stdout + result.stderr
+
+
+def test_secrets_are_masked_in_schema_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, EPD.read_text().replace("hardware: b300", "hardware: ${env:MUSE_TEST_HW}"))
+    result = cli("validate", str(path), env={"MUSE_TEST_HW": "b300-internal-sku"})
+    assert result.returncode == 2
+    assert "unknown hardware '***'" in result.stderr
+    assert "b300-internal-sku" not in result.stdout + result.stderr
+
+
+def test_secret_values_are_substituted_and_remembered() -> None:
+    text = EPD.read_text().replace("host: 127.0.0.1", "host: ${env:NODE_ADDR}")
+    loaded = parse_topology(text, Path("t.yaml"), environ={"NODE_ADDR": "10.1.2.3"})
+    assert loaded.topology.host == "10.1.2.3"
+    assert loaded.redact("http://10.1.2.3:8000") == "http://***:8000"
+
+
+def test_unset_env_names_the_variable_and_line() -> None:
+    text = EPD.read_text().replace("host: 127.0.0.1", "host: ${env:NODE_ADDR}")
+    with pytest.raises(TopologyError) as caught:
+        parse_topology(text, Path("t.yaml"), environ={})
+    assert caught.value.problems == [
+        f"t.yaml:{line_containing(text, 'host: ${env')}: host: ${{env:NODE_ADDR}} is not set; "
+        "export NODE_ADDR=... before running muse-launch"]
+
+
+# ---- --set ------------------------------------------------------------------------------------------
+
+def argv_of(plan: dict, role: str) -> list[str]:
+    return next(r["argv"] for r in plan["roles"] if r["name"] == role)
+
+
+def test_set_overrides_a_key_in_plan() -> None:
+    result = cli("plan", str(EPD), "--format", "json", "--set", "roles.prefill.mem_fraction=0.7")
+    assert result.returncode == 0, result.stderr
+    argv = argv_of(json.loads(result.stdout), "prefill")
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.7"
+
+
+def test_set_parses_yaml_values_and_can_break_a_check() -> None:
+    result = cli("validate", str(EPD), "--set", "roles.decode.gpus=[3, 4, 5, 6]")
+    assert result.returncode == 1
+    assert "roles.decode.gpus: GPU 3 is also used by prefill" in result.stderr
+
+
+def test_set_adds_a_key_and_top_level_keys() -> None:
+    loaded = load_topology(EPD, ["roles.decode.kv_cache_dtype=fp8_e4m3", "host=10.0.0.7"], environ={})
+    assert loaded.topology.roles["decode"].kv_cache_dtype == "fp8_e4m3"
+    assert loaded.topology.host == "10.0.0.7"
+
+
+def test_set_of_an_unknown_path_is_a_usage_error() -> None:
+    result = cli("validate", str(EPD), "--set", "roles.prefil.mem_fraction=0.7")
+    assert result.returncode == 2
+    assert "no 'prefil'" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = cli("validate", str(EPD), "--set", "roles.prefill.mem_fraction")
+    assert result.returncode == 2
+    assert "write KEY=VALUE" in result.stderr
+
+
+def test_set_value_is_checked_like_the_file() -> None:
+    result = cli("validate", str(EPD), "--set", "roles.prefill.gpu=[0]")
+    assert result.returncode == 2
+    assert "unknown key 'gpu'; did you mean 'gpus'?" in result.stderr
+
+
+# ---- line numbers -------------------------------------------------------------------------------------
+
+def test_line_numbers_of_nested_keys() -> None:
+    text = EPD.read_text()
+    loaded = load_topology(EPD, environ={})
+    assert loaded.line_of(("roles", "prefill")) == line_containing(text, "  prefill:\n")
+    assert loaded.line_of(("roles", "prefill", "env", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL")) == \
+        line_containing(text, "SGLANG_MOONCAKE_CUSTOM_MEM_POOL")
+    assert loaded.line_of(("roles", "decode", "gpus")) == line_containing(text, "gpus:", after="  decode:")
+    assert loaded.line_of(("roles", "decode", "gpus", 2)) == line_containing(text, "gpus:", after="  decode:")
+    assert loaded.line_of(("roles", "router", "decode", 0)) == line_containing(text, "decode: [decode]")
+    # A path the file does not spell (a default) falls back to its deepest present parent.
+    assert loaded.line_of(("roles", "router", "metrics_port")) == line_containing(text, "  router:")
+
+
+def test_block_lists_give_each_item_its_line(tmp_path: Path) -> None:
+    text = EPD.read_text().replace("    gpus: [4, 5, 6, 7]\n",
+                                   "    gpus:\n      - 4\n      - 5\n      - 6\n      - 9\n")
+    path = write(tmp_path, text)
+    result = cli("validate", str(path))
+    assert result.returncode == 1
+    assert f"{path}:{line_containing(text, '- 9')}: error: roles.decode.gpus[3]: GPU 9 does not exist" in result.stderr
+
+
+def test_schema_error_in_a_nested_key_reports_its_line(tmp_path: Path) -> None:
+    text = EPD.read_text().replace("mem_fraction: 0.75", "mem_fraction: lots")
+    path = write(tmp_path, text)
+    result = cli("validate", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"{path}:{line_containing(text, 'mem_fraction: lots')}: "
+                                    "roles.decode.mem_fraction: 'lots' is not valid here")
+
+
+# ---- anchors, aliases and merge keys ------------------------------------------------------------------
+
+def test_cookbook_anchor_is_shared_by_decode() -> None:
+    loaded = load_topology(EPD, environ={})
+    roles = loaded.topology.roles
+    assert roles["decode"].env == roles["prefill"].env
+    assert roles["decode"].env["SGLANG_MOONCAKE_CUSTOM_MEM_POOL"] == "INTRA_NODE_NVLINK"
+    result = cli("plan", str(EPD), "--format", "json")
+    envs = {r["name"]: r["env"] for r in json.loads(result.stdout)["roles"]}
+    assert envs["decode"]["MC_INTRANODE_NVLINK"] == "true"
+    assert envs["decode"]["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+MERGED = """version: 1
+name: merged
+hardware: b300
+model: meta-models/Muse-Spark-Open-816B-A42B-NVFP4
+args: [--quantization, modelopt_fp4]
+roles:
+  prefill: &worker
+    kind: prefill
+    gpus: [0, 1, 2, 3]
+    port: 30001
+    tp: 4
+    ep: 4
+    transfer_backend: mooncake
+    mem_fraction: 0.8
+  decode:
+    <<: *worker
+    kind: decode
+    gpus: [4, 5, 6, 7]
+    port: 30002
+  router:
+    kind: router
+    port: 8000
+    prefill: [prefill]
+    decode: [decode]
+"""
+
+
+def test_merge_keys_work_and_point_at_the_anchor() -> None:
+    loaded = parse_topology(MERGED, Path("m.yaml"))
+    decode = loaded.topology.roles["decode"]
+    assert (decode.kind, decode.tp, decode.transfer_backend, decode.port) == ("decode", 4, "mooncake", 30002)
+    assert run_checks(loaded)[0] == []
+    # Keys the merge brings point at their definition; keys given here at their own line.
+    assert loaded.line_of(("roles", "decode", "tp")) == line_containing(MERGED, "tp: 4")
+    assert loaded.line_of(("roles", "decode", "port")) == line_containing(MERGED, "port: 30002")
+
+
+def test_merge_keys_are_not_duplicates_and_errors_in_them_have_lines() -> None:
+    text = MERGED.replace("    tp: 4\n", "    tp: four\n", 1)
+    with pytest.raises(TopologyError) as caught:
+        parse_topology(text, Path("m.yaml"))
+    line = line_containing(text, "tp: four")
+    assert f"m.yaml:{line}: roles.prefill.tp: 'four' is not valid here" in str(caught.value)
+    assert f"m.yaml:{line}: roles.decode.tp: 'four' is not valid here" in str(caught.value)
+    assert "given twice" not in str(caught.value)
+
+
+def test_duplicate_key_names_both_lines() -> None:
+    text = MERGED.replace("    port: 30002\n", "    port: 30002\n    port: 30003\n")
+    with pytest.raises(TopologyError) as caught:
+        parse_topology(text, Path("m.yaml"))
+    assert caught.value.problems == [
+        f"m.yaml:{line_containing(text, 'port: 30003')}: roles.decode.port: key given twice "
+        f"(first on line {line_containing(text, 'port: 30002')}); keep one"]
+
+
+def test_unknown_key_inside_an_anchor_is_reported_where_it_is_written() -> None:
+    text = MERGED.replace("    mem_fraction: 0.8\n", "    mem_fraction: 0.8\n    pagesize: 64\n")
+    with pytest.raises(TopologyError) as caught:
+        parse_topology(text, Path("m.yaml"))
+    line = line_containing(text, "pagesize")
+    assert f"m.yaml:{line}: roles.decode.pagesize: unknown key 'pagesize'; did you mean 'page_size'?" in \
+        caught.value.problems
