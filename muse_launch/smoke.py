@@ -82,11 +82,13 @@ def chat_once(client: httpx.Client, base: str, body: dict) -> tuple[dict | None,
     return response.json(), total, ""
 
 
-def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0) -> list[SmokeResult]:
+def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0,
+              model: str | None = None) -> list[SmokeResult]:
+    """`model`: the workers' served name when they set one (a router may list it as "unknown")."""
     results: list[SmokeResult] = []
     with httpx.Client(timeout=timeout) as client:
         try:
-            model = discover_model(client, base)
+            model = model or discover_model(client, base)
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
             return [SmokeResult("models", False, f"GET {base}/v1/models failed: {exc}")]
         messages = [{"role": "user", "content": "Briefly explain: what is SGLang?"}]

@@ -135,6 +135,34 @@ def logs(
         raise typer.Exit(0)
 
 
+def smoke(
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
+) -> None:
+    """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
+    from muse_launch.plan.render import has_flag, last_value
+    from muse_launch.smoke import run_smoke
+
+    record = read_state(resolve_name(name))
+    routers = [r for r in record.roles if r.kind == "router" and r.url]
+    front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)
+    if front is None:
+        raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
+    workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
+    reasoning = any(has_flag(r.argv, "--reasoning-parser") for r in workers)
+    tools = any(has_flag(r.argv, "--tool-call-parser") for r in workers)
+    served = next((last_value(r.argv, "--served-model-name") for r in workers
+                   if last_value(r.argv, "--served-model-name")), None)
+    base = front.url.replace("0.0.0.0", "127.0.0.1")
+    typer.echo(f"{record.name}: smoke through {front.name} at {base}")
+    results = run_smoke(base, reasoning, tools, timeout, model=served)
+    for result in results:
+        timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
+        mark = "ok  " if result.ok else "FAIL"
+        typer.echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {result.detail[:160]}")
+    raise typer.Exit(0 if results and all(r.ok for r in results) else 1)
+
+
 def ls() -> None:
     """Running deployments."""
     running = running_deployments()
@@ -150,5 +178,5 @@ def ls() -> None:
 
 
 def register(app: typer.Typer) -> None:
-    for command in (up, down, status, logs, ls):
+    for command in (up, down, status, logs, smoke, ls):
         app.command()(command)

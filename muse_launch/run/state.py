@@ -73,6 +73,7 @@ class RoleRecord:
     started_at: str | None = None  # of its current process
     ready_at: str | None = None
     reason: str | None = None  # why it failed or was restarted: an exit status, a timeout
+    argv: tuple[str, ...] = ()  # as planned, secrets redacted: what smoke and status read of it
 
     @property
     def live(self) -> bool:
@@ -96,7 +97,7 @@ class RoleRecord:
         out.update(
             create_time=self.process.create_time if self.process else None,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
-            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason,
+            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv),
         )
         return out
 
@@ -108,7 +109,7 @@ class RoleRecord:
         process = ProcessRef(d["pid"], d["create_time"]) if d.get("pid") else None
         return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
-                   d["started_at"], d["ready_at"], d["reason"])
+                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())))
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> Dep
     """Every role pending; URLs redacted, since a host may come from a secret `${env:...}`."""
     roles = tuple(
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
-                   s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace)
+                   s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
+                   argv=tuple(redact(a) for a in s.argv))
         for s in plan.specs
     )
     return DeploymentRecord(plan.name, source, plan.stop_waves(), roles)
