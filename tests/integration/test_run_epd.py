@@ -9,10 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "stand_ins"))  # the shared test harness
-pytest.register_assert_rewrite("harness")
-pytest_plugins = ["harness"]  # its `deployment` fixture
-from harness import ROUTER, STAND_IN, free_ports, port_open  # noqa: E402
+from harness import ROUTER, STAND_IN, free_ports, port_open
 
 pytestmark = pytest.mark.integration
 
