@@ -5,7 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from . import vllm
-from .render import Context, Instance, Rendered, opt
+from .render import Context, Instance, Rendered, has_flag, opt
 from .spec import Probe, ProbeKind
 
 DEFAULT_LAUNCHERS = {
@@ -15,6 +15,12 @@ DEFAULT_LAUNCHERS = {
 }
 PD_FLAG = {"sglang-router": "--pd-disaggregation", "smg": "--pd-disaggregation",
            "vllm-router": "--vllm-pd-disaggregation"}
+# muse-launch restarts a dead worker on the same URL; these let the router take it back within a
+# second of its being ready (scripts/bench_recovery.py: 0.7 s, against 1.7 s with the router's defaults).
+RECOVERY_DEFAULTS = (("--health-check-interval-secs", "1"), ("--health-success-threshold", "1"),
+                     ("--cb-timeout-duration-secs", "2"))
+# vllm-router checks its workers every 30 s while starting; its readiness would lag theirs by as much.
+STARTUP_DEFAULTS = {"vllm-router": (("--worker-startup-check-interval", "1"),)}
 # Routers answer /health before any worker registers; /readiness waits for the workers.
 READY = Probe(ProbeKind.HTTP, ("/readiness",), timeout=600.0)
 
@@ -39,6 +45,9 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     upstream = (*inst.prefill, *inst.decode, *inst.workers)
     if inst.engine == "smg" and upstream and upstream[0].engine == "vllm":
         args += ["--backend", "vllm"]
+    for flag, value in (*RECOVERY_DEFAULTS, *STARTUP_DEFAULTS.get(inst.engine, ())):
+        if not has_flag(inst.role.args, flag):  # the routers refuse a flag given twice
+            args += [flag, value]
     args += [*inst.role.args, *opt("--host", inst.bind), *opt("--port", inst.port),
              *opt("--prometheus-port", inst.metrics_port)]
     if inst.bind != "0.0.0.0" and inst.metrics_port:
