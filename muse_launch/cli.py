@@ -1,4 +1,8 @@
-"""The command line: parse, call the core, print. Errors map to exit codes in main()."""
+"""The command line: parse, call the core, print. Errors map to exit codes in main().
+
+The core is imported inside each command: `down` and `status` need no topology schema, and
+every command pays for what it imports.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,7 @@ from typing import List, Optional
 
 import typer
 
-from . import render_text
-from .core import check_file, load_plan
 from .errors import TopologyError, UserError
-from .topology.checks import Severity
-from .topology.model import Topology
 
 app = typer.Typer(
     name="muse-launch",
@@ -40,6 +40,9 @@ def validate(
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
+    from .core import check_file
+    from .topology.checks import Severity
+
     try:
         loaded, findings, _ = check_file(file, set_)
     except TopologyError as exc:
@@ -69,6 +72,9 @@ def plan(
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
     """Show each role's exact argv, env, GPUs, ports and probe, in start order."""
+    from . import render_text
+    from .core import load_plan
+
     loaded_plan = load_plan(file, set_, rehearse=rehearse)
     for f in loaded_plan.findings:
         typer.echo(loaded_plan.redact(f.format(loaded_plan.loaded)), err=True)
@@ -84,6 +90,8 @@ def plan(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of the topology file, for editors."""
+    from .topology.model import Topology
+
     out = Topology.model_json_schema()
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "muse-launch topology"

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from muse_launch.core import load_plan
 from muse_launch.errors import UsageError
 from muse_launch.run.down import bring_down, format_report
 from muse_launch.run.lifecycle import DeploymentState
@@ -41,6 +40,8 @@ def up(
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.core import load_plan
+
     loaded = load_plan(file, set_, rehearse=rehearse)
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
