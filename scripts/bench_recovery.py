@@ -115,7 +115,7 @@ def main() -> None:
     ours = measure("muse", [])
     theirs = measure("router-defaults", ROUTER_DEFAULTS)
     show = lambda t: f"{t:6.2f} s" if t is not None else f"  > {GIVE_UP:.0f} s"  # noqa: E731
-    print(f"requests work again after the restarted decode is ready:")
+    print("requests work again after the restarted decode is ready:")
     print(f"  muse-launch router settings:  {show(ours)}")
     print(f"  router defaults (60 s / 60 s): {show(theirs)}")
     if ours is not None:

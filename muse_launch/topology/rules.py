@@ -557,7 +557,7 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
                         reported.add((prefill.role, decode.role, "engine"))
                         yield error(("roles", decode.role, "engine"), f"{decode.role} runs {decode.engine} but its "
                                     f"prefill {prefill.role} runs {prefill.engine}; KV cannot pass between engines",
-                                    f"run both on one engine", prefill.role, decode.role, router.role)
+                                    "run both on one engine", prefill.role, decode.role, router.role)
                     continue
                 for what, key, read in PAIR_FACTS:
                     mine, theirs = read(decode), read(prefill)

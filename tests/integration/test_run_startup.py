@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 

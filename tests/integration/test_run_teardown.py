@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sys
-from pathlib import Path
 
 import psutil
 import pytest
