@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import signal as signal_module
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from .hardware import PROFILES
 
@@ -23,6 +24,12 @@ def _scalar_to_str(value: Any) -> Any:
     if isinstance(value, (int, float)):
         return str(value)
     return value
+
+
+# YAML writes `8` and `true` unquoted; the validators below turn them into text, and the schema says so.
+_SCALAR = {"type": ["string", "number", "boolean"]}
+Env = Annotated[dict[str, str], WithJsonSchema({"type": "object", "additionalProperties": _SCALAR})]
+Argv = Annotated[list[str], WithJsonSchema({"type": "array", "items": _SCALAR})]
 
 
 class Strict(BaseModel):
@@ -108,14 +115,14 @@ class Role(Strict):
     replicas: int = Field(1, ge=1)
     nodes: list[str] = []
     dist_init_port: int | None = None
-    launcher: list[str] | None = None
-    command: list[str] | None = None
+    launcher: Argv | None = None
+    command: Argv | None = None
     ready: ReadyProbe | None = None
     stop: StopConfig = StopConfig()
     restart: RestartConfig = RestartConfig()
     rehearse: RehearseConfig = RehearseConfig()
-    env: dict[str, str] = {}
-    args: list[str] = []
+    env: Env = {}
+    args: Argv = []
 
     _stringify = field_validator("args", "launcher", "command", mode="before")(
         lambda v: [_scalar_to_str(x) for x in v] if isinstance(v, list) else v
@@ -170,9 +177,9 @@ class Topology(Strict):
     engine: Literal["sglang", "vllm"] = "sglang"
     host: str = "127.0.0.1"
     bind: str | None = None
-    env: dict[str, str] = {}
-    args: list[str] = []
-    launcher: list[str] | None = Field(None, description="default program for engine workers")
+    env: Env = {}
+    args: Argv = []
+    launcher: Argv | None = Field(None, description="default program for engine workers")
     nodes: dict[str, NodeConfig] = {}
     rehearse: RehearseConfig = RehearseConfig()
     roles: dict[str, Role] = Field(min_length=1)
