@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal as signal_module
 from typing import Annotated, Any, Literal
 
-
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from .hardware import PROFILES
