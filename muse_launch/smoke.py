@@ -93,6 +93,8 @@ def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0,
             return [SmokeResult("models", False, f"GET {base}/v1/models failed: {exc}")]
         messages = [{"role": "user", "content": "Briefly explain: what is SGLang?"}]
         results.append(chat_stream(client, base, {"model": model, "messages": messages, "max_tokens": 64}))
+        if not results[-1].ok:
+            return results  # the other checks would fail the same way (or on a breaker the failure opened)
         if reasoning:
             body, total, problem = chat_once(client, base, {"model": model, "messages": messages, "max_tokens": 64,
                                                              "reasoning_effort": "low"})

@@ -16,13 +16,15 @@ from rich.table import Table
 
 from muse_launch.errors import UsageError
 from muse_launch.run.down import bring_down, format_report
+from muse_launch.run.explain import explain_addresses
 from muse_launch.run.lifecycle import DeploymentState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.state import RunDir, is_locked, read_state, resolve_name, running_deployments
 from muse_launch.run.status import health_now, observed, status_json, status_table
-from muse_launch.run.up import UpOptions, bring_up
+from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
 FOLLOW_SECONDS = 0.2
+SMOKE_FAILURE_CHARS = 800
 
 
 def _console() -> Console:
@@ -45,6 +47,8 @@ def up(
     loaded = load_plan(file, set_, rehearse=rehearse)
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    if not rehearse:
+        refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console()))
 
@@ -160,7 +164,11 @@ def smoke(
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"
-        typer.echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {result.detail[:160]}")
+        detail = result.detail[:160] if result.ok else result.detail[:SMOKE_FAILURE_CHARS]  # a failure at length
+        typer.echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
+    failures = "\n".join(r.detail for r in results if not r.ok)
+    for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
+        typer.echo(f"  where: {line}")
     raise typer.Exit(0 if results and all(r.ok for r in results) else 1)
 
 

@@ -52,8 +52,9 @@ def release_supervisor(record: DeploymentRecord) -> str | None:
 
 
 def open_ports(record: DeploymentRecord) -> list[str]:
+    """Each role's ports on its own address (a rehearsal gives each node its own loopback address)."""
     return [
-        f"{role.name} {name} port {port} (held by {port_holder(port)})"
+        f"{role.name} {name} port {role.probe_host}:{port} (held by {port_holder(port, role.probe_host)})"
         for role in record.roles for name, port in role.ports.items()
         if is_listening(role.probe_host, port)
     ]

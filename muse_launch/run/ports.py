@@ -1,13 +1,22 @@
-"""Ports on this host: is a planned port free before `up`, who holds it, is it closed after `down`."""
+"""Ports on this host: is a planned port free before `up`, who holds it, is it closed after `down`.
+
+A port is always an address and a port: a rehearsal of a multi-node topology puts each node on
+its own loopback address (127.0.0.1, 127.0.0.2, ...), so two roles may plan the same port number.
+"""
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Mapping
 
 import psutil
 
-from muse_launch.plan.spec import Plan
+from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE
+
+WILDCARDS = ("0.0.0.0", "::", "")
+DEFAULT_ADDRESSES = ("127.0.0.1", *WILDCARDS)  # not worth printing: the single-host case
 
 
 @dataclass(frozen=True)
@@ -16,9 +25,11 @@ class BusyPort:
     name: str  # http, bootstrap, encoder_bootstrap, metrics, ...
     port: int
     holder: str
+    host: str = "127.0.0.1"  # the address the role binds it on
 
     def __str__(self) -> str:
-        return f"roles.{self.role} {self.name} port {self.port} is in use by {self.holder}"
+        where = "" if self.host in DEFAULT_ADDRESSES else f" on {self.host}"
+        return f"roles.{self.role} {self.name} port {self.port}{where} is in use by {self.holder}"
 
 
 def can_bind(bind: str, port: int) -> bool:
@@ -33,26 +44,53 @@ def can_bind(bind: str, port: int) -> bool:
     return True
 
 
-def port_holder(port: int) -> str:
+def _blocks(listening_on: str, host: str | None) -> bool:
+    """Does a listener on `listening_on` take the port from a server binding `host`?"""
+    if host is None or host in WILDCARDS or listening_on in WILDCARDS:
+        return True
+    return listening_on in (host, f"::ffff:{host}")
+
+
+def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | None = None) -> str:
+    """Who holds (host, port) (no host: any address). A role is named from `roles` (pid -> role), else
+    from the marker in its environment (which a process that sets its title, like sglang-router, wipes)."""
     for conn in psutil.net_connections(kind="inet"):
-        if conn.laddr and conn.laddr.port == port and conn.status in (psutil.CONN_LISTEN, psutil.CONN_NONE):
-            if conn.pid is None:
-                return "a process this user cannot see"
+        if not conn.laddr or conn.laddr.port != port or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE):
+            continue
+        if not _blocks(conn.laddr.ip, host):
+            continue
+        if conn.pid is None:
+            return "a process this user cannot see"
+        try:
+            proc = psutil.Process(conn.pid)
+            command = " ".join(proc.cmdline()).strip()[:100] or proc.name()
+        except psutil.Error:
+            return f"pid {conn.pid}"
+        role = (roles or {}).get(conn.pid)
+        if role is None:
             try:
-                proc = psutil.Process(conn.pid)
-                return f"pid {conn.pid} ({' '.join(proc.cmdline()).strip()[:100] or proc.name()})"
+                environ = proc.environ()
+                role = f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}" if MARKER_ROLE in environ else None
             except psutil.Error:
-                return f"pid {conn.pid}"
+                pass
+        return f"pid {conn.pid} ({'role ' + role + ', ' if role else ''}{command})"
     return "an unknown process"
 
 
 def busy_ports(plan: Plan) -> list[BusyPort]:
     return [
-        BusyPort(spec.name, name, port, port_holder(port))
+        BusyPort(spec.name, name, port, port_holder(port, spec.bind), spec.bind)
         for spec in plan.specs
         for name, port in spec.ports.items()
         if not can_bind(spec.bind, port)
     ]
+
+
+def taken_ports(spec: LaunchSpec, roles: Mapping[int, str]) -> list[str]:
+    """After a role exited: which of its ports someone else holds now (a likely reason it exited)."""
+    return [f"its {name} port {port}{'' if spec.bind in DEFAULT_ADDRESSES else ' on ' + spec.bind} is in use by "
+            f"{port_holder(port, spec.bind, roles)}"
+            for name, port in spec.ports.items() if not can_bind(spec.bind, port)]
 
 
 def is_listening(host: str, port: int) -> bool:

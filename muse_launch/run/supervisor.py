@@ -3,7 +3,8 @@ start together), fails fast when a starting role exits, restarts a role that die
 and stops everything in reverse dependency order.
 
 One loop, no threads (after honcho's manager). Its seams are parameters: the processes (spawn
-and stop), the HTTP client the probes use, and the clock; `on_change` receives every new record.
+and stop), the HTTP client the probes use, and the clock; `on_change` receives every new record;
+`ports_taken` says which of a role's ports another process holds once the role has exited.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Supervisor:
     def __init__(
         self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
         clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
+        ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
     ):
         self.plan = plan
         self.record = record
@@ -113,6 +115,7 @@ class Supervisor:
         self.client = client
         self.clock = clock
         self.on_change = on_change
+        self.ports_taken = ports_taken
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
         self.stop_requested = threading.Event()  # first Ctrl-C / SIGTERM
         self.kill_now = threading.Event()  # second Ctrl-C: no more grace
@@ -237,7 +240,8 @@ class Supervisor:
     def _watch_starting(self, run: RoleRun) -> str | None:
         """None while it may still become ready; else why it failed."""
         if (code := run.process.poll()) is not None:
-            return f"{describe_exit(code)} before it was ready"
+            # A port it needed taken meanwhile (by another role, say) is the likely reason: say who has it.
+            return "; ".join([f"{describe_exit(code)} before it was ready", *self.ports_taken(run.spec, self.record)])
         now = self.clock.monotonic()
         if now >= run.next_probe_at:
             run.next_probe_at = now + run.spec.probe.interval

@@ -18,10 +18,11 @@ import psutil
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
-from muse_launch.plan.spec import Plan
+from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.explain import explain_addresses
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.ports import busy_ports
+from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state, write_state
@@ -52,6 +53,20 @@ def select_only(plan: Plan, role: str) -> tuple[Plan, list[str]]:
     assumed = sorted({d for s in specs for d in s.depends_on} - names)
     waves = tuple(w for w in (tuple(n for n in wave if n in names) for wave in plan.waves) if w)
     return Plan(plan.name, tuple(specs), waves), [f"{d} ({plan.spec(d).url or 'no URL'})" for d in assumed]
+
+
+def refuse_multi_node(plan: Plan) -> None:
+    """This runtime starts processes on this host only: a plan over several nodes runs here as a rehearsal."""
+    nodes: dict[str, list[str]] = {}
+    for spec in plan.specs:
+        if spec.node:
+            nodes.setdefault(f"{spec.node} at {spec.host}", []).append(spec.name)
+    if len(nodes) > 1:
+        where = "; ".join(f"{node}: {', '.join(names)}" for node, names in nodes.items())
+        raise UsageError(
+            f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only: run it "
+            f"with --rehearse, each node on its own loopback address (running it across hosts, through SLURM or "
+            f"Kubernetes export, is separate work)")
 
 
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console) -> int:
@@ -92,7 +107,11 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
 
     on_change(record)
     return Supervisor(plan, record, run_dir, LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
-                      client, on_change=on_change)
+                      client, on_change=on_change, ports_taken=_ports_taken)
+
+
+def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
+    return taken_ports(spec, {r.process.pid: r.name for r in record.roles if r.process})
 
 
 def _handle_signals(sup: Supervisor) -> dict[str, int]:
@@ -159,6 +178,8 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
     say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
     for line in lines:
         say(f"  {failed.name} | {line}")
+    for line in explain_addresses("\n".join([failed.reason or "", *lines]), record, unknown_only=True):
+        say(f"note: {line}")
 
 
 def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detached: bool) -> None:

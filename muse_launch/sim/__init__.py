@@ -4,10 +4,11 @@
                               [--kv-timeout S] [--itl S] [--loopback] -- <engine args>
 
 ``--ready-after`` (2.0): /health and /health_generate answer 503 until this long after start
-AND the start-up wiring succeeded.  ``--state-dir``: where the local model dir is made (else
-a temp dir removed at exit).  ``--kv-timeout`` (3.0): how long a KV hand-off waits for the
-other side.  ``--itl`` (0.002): delay between streamed chunks.  ``--loopback``: bind every
-listener on 127.0.0.1 whatever ``--host`` says.
+AND the start-up wiring succeeded.  ``--state-dir``: where the local model dir is made; by
+default ``$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE`` when muse-launch started it (nothing
+left in /tmp even after SIGKILL), else a temp dir removed at exit.  ``--kv-timeout`` (3.0):
+how long a KV hand-off waits for the other side.  ``--itl`` (0.002): delay between streamed
+chunks.  ``--loopback``: bind every listener on 127.0.0.1 whatever ``--host`` says.
 
 ``<engine args>`` are exactly what the real engine receives after ``sglang serve`` (or
 ``python -m sglang.launch_server``) / ``vllm serve`` (first positional = model) or
@@ -17,7 +18,8 @@ the real engine enforces (``--encoder-only`` with ``--language-only``, a connect
 ``kv_role``, ...) exit 1.  Every port the real engine binds is bound (HTTP; SGLang prefill KV
 bootstrap; SGLang language-only encoder bootstrap; vLLM NIXL side channel / Mooncake
 bootstrap; multi-node dist-init on node 0); a busy one is logged with its purpose and the
-process exits 1.  SIGTERM/SIGINT: exit 0 within ~50 ms.  One log line per event on stdout.
+process exits 1.  The router's HTTP/2 (gRPC) probe is logged as one line, not a traceback.
+SIGTERM/SIGINT: exit 0 within ~50 ms.  One log line per event on stdout.
 
 Wiring that really happens over loopback sockets (a mistake fails as it would on GPUs):
 
@@ -32,7 +34,14 @@ Wiring that really happens over loopback sockets (a mistake fails as it would on
   every encoder was reached and connected back.  ``--encoder-register-urls`` on an encoder
   registers it with language workers instead.  Media parts in chat requests go to an encoder.
 * vLLM: see :mod:`muse_launch.sim.transfer` (NIXL side channel, Mooncake bootstrap,
-  ExampleConnector shared directory).
+  ExampleConnector shared directory).  The NIXL side channel listens once per local DP rank,
+  at ``VLLM_NIXL_SIDE_CHANNEL_PORT`` + the global DP rank.
+* Multi-node: node 0 listens on the dist-init address (SGLang ``--dist-init-addr``; vLLM
+  ``--master-addr/--master-port`` with ``--nnodes``, or for DP across nodes
+  ``--data-parallel-address/--data-parallel-rpc-port``, node rank = ``--data-parallel-start-rank``
+  / ``--data-parallel-size-local``); the other nodes join it, and none is ready before all have.
+  vLLM ``--headless`` ranks serve no HTTP; with ``--data-parallel-hybrid-lb`` (or
+  ``-external-lb``) every node serves its own API.
 
 Workers report a tiny local directory (``<state-dir>/sim-models/<model>``: config.json and a
 valid WordLevel tokenizer.json) as ``model_path``/``tokenizer_path``, and the real model

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+from typing import Mapping
 
 from .config import ArgvError, parse_engine_args, startup_errors
 
@@ -19,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-after", type=float, default=2.0, metavar="SECONDS",
                    help="seconds before /health turns 200 (default 2.0)")
     p.add_argument("--state-dir", default=None, metavar="DIR",
-                   help="where the tiny local model directory is created (default: a temp "
-                        "dir removed at exit)")
+                   help="where the tiny local model directory is created (default: "
+                        "$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE under muse-launch, else a "
+                        "temp dir removed at exit)")
     p.add_argument("--kv-timeout", type=float, default=3.0, metavar="SECONDS",
                    help="how long a KV hand-off waits for the other side (default 3.0)")
     p.add_argument("--itl", type=float, default=0.002, metavar="SECONDS",
@@ -37,6 +40,15 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def default_state_dir(environ: Mapping[str, str] = os.environ) -> str | None:
+    """Under muse-launch, the role's own directory in the deployment's run directory: it
+    survives a SIGKILL in a place `down` and the next `up` know, never in /tmp."""
+    run_dir = environ.get("MUSE_LAUNCH_RUN_DIR")
+    if not run_dir:
+        return None
+    return os.path.join(run_dir, "sim", environ.get("MUSE_LAUNCH_ROLE") or "engine")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, engine_args = split_argv(argv)
@@ -48,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage error: {e}", file=sys.stderr, flush=True)
         return 2
     from .engine import SimEngine, serve  # aiohttp import only when actually serving
-    engine = SimEngine(cfg, ready_after=ns.ready_after, state_dir=ns.state_dir,
+    engine = SimEngine(cfg, ready_after=ns.ready_after,
+                       state_dir=ns.state_dir or default_state_dir(),
                        kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)
     errs = startup_errors(cfg)
     if errs:

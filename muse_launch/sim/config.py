@@ -30,6 +30,7 @@ VLLM_OTHER_CONNECTORS = ("LMCacheConnectorV1", "MultiConnector", "OffloadingConn
                          "DecodeBenchConnector", "NixlPullConnector", "NixlPushConnector")
 
 DEFAULT_CONTEXT_LENGTH = 1048576  # Muse Spark Open: 1M-token context
+VLLM_DP_RPC_PORT = 29550  # vLLM's --data-parallel-rpc-port default
 
 
 class ArgvError(Exception):
@@ -81,6 +82,10 @@ class SimConfig:
     node_rank: int = 0
     dist_init_addr: str | None = None
     headless: bool = False
+    # vLLM data parallel across nodes: this node's first global DP rank and its local ranks
+    dp_start_rank: int = 0
+    dp_size_local: int | None = None
+    dp_api_per_node: bool = False  # --data-parallel-hybrid-lb / --data-parallel-external-lb
     # vLLM KV transfer
     kv_transfer_config: dict[str, Any] | None = None
     ignored: list[str] = field(default_factory=list)
@@ -156,7 +161,7 @@ class SimConfig:
             return None
         host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
         base = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
-        return host, base
+        return host, base + self.dp_start_rank  # vLLM listens at the base + the DP rank
 
     @property
     def mooncake_bootstrap(self) -> tuple[str, int] | None:
@@ -181,11 +186,17 @@ class SimConfig:
 
     @property
     def serves_http(self) -> bool:
-        """vLLM --headless and node ranks > 0 of vLLM serve no API; SGLang ranks > 0 serve
-        only a dummy health endpoint on the same port."""
+        """vLLM --headless and node ranks > 0 of vLLM serve no API (unless DP load balancing
+        puts an API server on every node); SGLang ranks > 0 serve only a dummy health
+        endpoint on the same port."""
         if self.engine == "vllm":
-            return not (self.headless or self.node_rank > 0)
+            return not self.headless and (self.node_rank == 0 or self.dp_api_per_node)
         return True
+
+    @property
+    def local_dp_ranks(self) -> range:
+        """The global DP ranks whose engines run in this process (vLLM; one rank otherwise)."""
+        return range(self.dp_start_rank, self.dp_start_rank + (self.dp_size_local or self.dp_size))
 
 
 def _split_urls(values: list[str] | None) -> list[str]:
@@ -273,6 +284,15 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     p.add_argument("--tensor-parallel-size", "-tp", dest="tp_size", type=int, default=1)
     p.add_argument("--pipeline-parallel-size", "-pp", dest="pp_size", type=int, default=1)
     p.add_argument("--data-parallel-size", "-dp", dest="dp_size", type=int, default=1)
+    p.add_argument("--data-parallel-size-local", "-dpl", dest="dp_size_local", type=int,
+                   default=None)
+    p.add_argument("--data-parallel-start-rank", "-dpr", dest="dp_start_rank", type=int,
+                   default=0)
+    p.add_argument("--data-parallel-address", "-dpa", dest="dp_address", default=None)
+    p.add_argument("--data-parallel-rpc-port", "-dpp", dest="dp_rpc_port", type=int,
+                   default=VLLM_DP_RPC_PORT)
+    _bool_flag(p, "--data-parallel-hybrid-lb", "-dph", dest="dp_hybrid_lb")
+    _bool_flag(p, "--data-parallel-external-lb", "-dpe", dest="dp_external_lb")
     _bool_flag(p, "--enable-expert-parallel", "-ep", dest="enable_expert_parallel")
     p.add_argument("--block-size", dest="block_size", type=int, default=None)
     p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
@@ -314,6 +334,16 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     served = ns.served_model_name or [model]
     ep = ns.tp_size * ns.dp_size if ns.enable_expert_parallel else 1
     dist = f"{ns.master_addr}:{ns.master_port}" if ns.nnodes > 1 else None
+    nnodes, node_rank = ns.nnodes, ns.node_rank
+    local = ns.dp_size_local
+    if local and ns.dp_size > local:
+        # DP ranks over several nodes (or API servers): they rendezvous with the head (start
+        # rank 0) at --data-parallel-address:--data-parallel-rpc-port, as vLLM's DP coordinator.
+        if ns.dp_size % local:
+            raise ArgvError(f"vllm serve: error: --data-parallel-size {ns.dp_size} is not a "
+                            f"multiple of --data-parallel-size-local {local}")
+        nnodes, node_rank = ns.dp_size // local, ns.dp_start_rank // local
+        dist = f"{ns.dp_address or '127.0.0.1'}:{ns.dp_rpc_port}"
     return SimConfig(
         engine="vllm", argv=list(argv), model=model, served_model_names=list(served),
         host=ns.host if ns.host is not None else "0.0.0.0", port=ns.port,
@@ -321,8 +351,10 @@ def parse_vllm(argv: list[str]) -> SimConfig:
         pp_size=ns.pp_size, page_size=ns.block_size, kv_cache_dtype=ns.kv_cache_dtype,
         context_length=max_len, reasoning_parser=ns.reasoning_parser,
         tool_call_parser=ns.tool_call_parser,
-        enable_auto_tool_choice=ns.enable_auto_tool_choice, nnodes=ns.nnodes,
-        node_rank=ns.node_rank, dist_init_addr=dist, headless=ns.headless,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice, nnodes=nnodes,
+        node_rank=node_rank, dist_init_addr=dist, headless=ns.headless,
+        dp_start_rank=ns.dp_start_rank, dp_size_local=local,
+        dp_api_per_node=ns.dp_hybrid_lb or ns.dp_external_lb,
         kv_transfer_config=kvc, ignored=rest)
 
 

@@ -131,10 +131,8 @@ class SimEngine:
         self.tasks: list[asyncio.Task] = []
         self.runners: list[web.AppRunner] = []
         self.sockets: list[tuple[str, socket.socket]] = []
-        self._tmp_state = None
-        if state_dir is None:
-            state_dir = self._tmp_state = tempfile.mkdtemp(prefix="muse-sim-")
-        self.state_dir = state_dir
+        self._tmp_state: str | None = None
+        self.state_dir = state_dir  # None: a temp dir made at start, removed at stop
         self.model_dir: str | None = None
         # wiring state
         self.encoder_urls: list[str] = list(cfg.encoder_urls)
@@ -205,9 +203,11 @@ class SimEngine:
         if c.binds_encoder_bootstrap:
             binds.append(("encoder bootstrap", c.host, c.encoder_bootstrap_port,
                           self.encoder_bootstrap_app))
-        if c.nixl_side_channel and c.node_rank == 0:
-            h, p = c.nixl_side_channel
-            binds.append(("NIXL side channel", h, p, lambda: tr.nixl_side_channel_app(self)))
+        if c.nixl_side_channel and (c.node_rank == 0 or c.dp_size_local):
+            h, p = c.nixl_side_channel  # one listener per local DP rank: base + the DP rank
+            for k, rank in enumerate(c.local_dp_ranks):
+                purpose = "NIXL side channel" + (f" (DP rank {rank})" if c.dp_size > 1 else "")
+                binds.append((purpose, h, p + k, lambda: tr.nixl_side_channel_app(self)))
         if c.mooncake_bootstrap and c.node_rank == 0:
             h, p = c.mooncake_bootstrap
             binds.append(("Mooncake bootstrap", h, p, lambda: tr.mooncake_bootstrap_app(self)))
@@ -240,6 +240,8 @@ class SimEngine:
                  f"ready_after={self.ready_after}s pid={os.getpid()}")
         if c.ignored:
             self.log(f"ignoring {len(c.ignored)} engine argument(s) the simulator does not model")
+        if self.state_dir is None:
+            self.state_dir = self._tmp_state = tempfile.mkdtemp(prefix="muse-sim-")
         self.model_dir = make_model_dir(self.state_dir, c)
         self._route_aiohttp_logs()
         bound = self.bind_all()
@@ -274,7 +276,7 @@ class SimEngine:
             def emit(self, record: logging.LogRecord) -> None:
                 exc = record.exc_info[1] if record.exc_info else None
                 text = str(exc or "")
-                if "PRI" in text or "HTTP/2" in text:
+                if any(m in text for m in ("PRI/Upgrade", "b'PRI'", "HTTP/2")):  # C / pure parser
                     engine.log("refused an HTTP/2 (gRPC) connection attempt; this server "
                                "speaks HTTP/1.1 (routers probe for gRPC first)")
                     return

@@ -213,6 +213,9 @@ async def _get_json(session, url: str, timeout: float, what: str) -> dict:
         raise
     except asyncio.TimeoutError:
         raise KVTransferError(f"{what} did not answer within {timeout:.1f}s") from None
+    except aiohttp.ClientConnectorError as e:
+        reason = os.strerror(e.errno).lower() if e.errno else str(e)
+        raise KVTransferError(f"cannot connect to {what}: {reason}") from None
     except aiohttp.ClientError as e:
         raise KVTransferError(f"cannot connect to {what}: {e}") from None
 
@@ -225,8 +228,9 @@ async def sglang_fetch(engine, host: str, port: int, room: Any, prompt_tokens: i
                                f"http://{_hostport(host, port)}/kv/{room}?timeout="
                                f"{engine.kv_timeout}", engine.kv_timeout + 2.0, what)
     except KVTransferError as e:
-        raise KVTransferError(f"KV transfer failed for bootstrap_room {room} "
-                              f"(bootstrap {addr}): {e}") from None
+        me = _hostport(engine.cfg.advertised_host, engine.cfg.port)
+        raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
+                              f"{addr}): decode {me} could not fetch the room: {e}") from None
     probs = compat_problems(engine.kv_identity(), info)
     if probs:
         raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
