@@ -157,9 +157,13 @@ def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
         return f"--set {assignment}: write KEY=VALUE, e.g. --set roles.prefill.mem_fraction=0.75"
     parts = key.split(".")
     target: Any = data
-    for part in parts[:-1]:
-        if not isinstance(target, dict) or part not in target:
-            return f"--set {assignment}: {key} does not name a key of the file (no {part!r})"
+    for depth, part in enumerate(parts[:-1]):
+        if not isinstance(target, dict):
+            break
+        if part not in target:
+            if depth == 1 and parts[0] == "roles":  # a typo'd role name would start a new, empty role
+                return f"--set {assignment}: no role {part!r}; roles: {', '.join(target)}"
+            target[part] = {}  # e.g. `rehearse.ready_after` in a file without `rehearse:`; the schema checks the name
         target = target[part]
     if not isinstance(target, dict):
         return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"

@@ -146,7 +146,7 @@ def test_set_adds_a_key_and_top_level_keys() -> None:
 def test_set_of_an_unknown_path_is_a_usage_error() -> None:
     result = cli("validate", str(EPD), "--set", "roles.prefil.mem_fraction=0.7")
     assert result.returncode == 2
-    assert "no 'prefil'" in result.stderr
+    assert "no role 'prefil'" in result.stderr
     assert "Traceback" not in result.stderr
     result = cli("validate", str(EPD), "--set", "roles.prefill.mem_fraction")
     assert result.returncode == 2
@@ -268,3 +268,12 @@ def test_unknown_key_inside_an_anchor_is_reported_where_it_is_written() -> None:
     line = line_containing(text, "pagesize")
     assert f"m.yaml:{line}: roles.decode.pagesize: unknown key 'pagesize'; did you mean 'page_size'?" in \
         caught.value.problems
+
+
+def test_set_creates_a_missing_mapping_that_the_schema_then_checks() -> None:
+    result = cli("plan", str(EPD), "--format", "json", "--set", "rehearse.ready_after=0.3", "--rehearse")
+    assert result.returncode == 0, result.stderr
+    argv = {r["name"]: r["argv"] for r in json.loads(result.stdout)["roles"]}
+    assert argv["prefill"][argv["prefill"].index("--ready-after") + 1] == "0.3"
+    result = cli("validate", str(EPD), "--set", "rehaerse.ready_after=0.3")
+    assert result.returncode == 2 and "did you mean 'rehearse'" in result.stderr
