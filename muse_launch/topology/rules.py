@@ -55,6 +55,9 @@ KEY_FLAGS = {
 }
 # Flags the renderers write after `args`, so that the structured key wins over them.
 SHADOWED = {"--host": "bind", "--port": "port", "--prometheus-port": "metrics_port"}
+# Wiring muse-launch renders from references; the same flag in args rewires behind the checks' back.
+WIRING_FLAGS = {"--encoder-urls": "encoders", "--prefill": "prefill", "--decode": "decode",
+                "--worker-urls": "workers"}
 INTEGER_FLAGS = ("--tp-size", "--tensor-parallel-size", "--ep-size", "--expert-parallel-size", "--dp-size",
                  "--data-parallel-size", "--pp-size", "--pipeline-parallel-size", "--nnodes", "--page-size",
                  "--block-size", "--speculative-num-draft-tokens", "--disaggregation-bootstrap-port",
@@ -518,6 +521,11 @@ def args_shadowed(ctx: CheckContext) -> Iterator[Finding]:
             if given is not None and given != effective:
                 yield warning(_origin(ctx, spec, flag), f"{flag} {given} in args is overridden by {key}: "
                               f"{effective}", f"set {key}: {given} and remove {flag} from args", spec.role)
+        for flag, ref in WIRING_FLAGS.items():
+            if has_flag(role.args, flag) and getattr(role, ref, None):
+                yield warning(_origin(ctx, spec, flag), f"args give {flag} by hand while {ref}: "
+                              f"{', '.join(getattr(role, ref))} wires it; the engine keeps the last one",
+                              f"list the roles in {ref}: and remove {flag} from args", spec.role)
         for key, flags in KEY_FLAGS.get(spec.engine, {}).items():
             declared = getattr(role, key)
             given = _value(role.args, *flags)
