@@ -4,6 +4,8 @@ process or from state.json written by a detached one."""
 
 from __future__ import annotations
 
+import re
+
 import time
 from datetime import datetime
 from typing import TextIO
@@ -21,6 +23,10 @@ STATE_STYLES = {
     RoleState.PENDING: "dim", RoleState.STARTING: "yellow", RoleState.READY: "green",
     RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPED: "dim",
 }
+
+
+# The elapsed column already says when; the narrow log column is for what.
+LOG_TIMESTAMP = re.compile(r"^(\x1b\[[0-9;]*m)*\[?\d{4}-\d\d-\d\d[ T][\d:.,]+Z?\]?(\x1b\[[0-9;]*m)*\s*")
 
 
 def seconds_between(start: str | None, end: str | None = None) -> float | None:
@@ -95,7 +101,7 @@ class LiveProgress:
         for role in self.record.roles:
             last = (role.reason if role.state is RoleState.FAILED else None) or \
                 "".join(last_lines(self.run_dir.log(role.name), 1))
-            last_text = Text.from_ansi(last)  # a log line is not markup; its own colours are kept
+            last_text = Text.from_ansi(LOG_TIMESTAMP.sub("", last, count=1))  # not markup; keeps its colours
             table.add_row(role.name, Text(role.state.value, style=STATE_STYLES[role.state]), elapsed(role),
                           str(role.process.pid) if role.process else "-", last_text)
         return table

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import sys
 import time
@@ -188,7 +189,19 @@ def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detac
     supervisor = f"; supervisor pid {record.supervisor.pid}" if detached and record.supervisor else ""
     say = saying(console)
     say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")
-    say(f"stop it with `muse-launch down {record.name}`")
+    if detached:
+        say(f"smoke it with `{invoked_as()} smoke`, stop it with `{invoked_as()} down {record.name}`")
+    else:
+        say("Ctrl-C stops it (a second Ctrl-C kills)")
+
+
+def invoked_as() -> str:
+    """How the user ran us, so the hints they copy work: `muse-launch`, `.venv/bin/muse-launch`, ..."""
+    program = sys.argv[0]
+    if Path(program).name != "muse-launch":
+        return f"{Path(sys.executable).name} -m muse_launch"
+    found = shutil.which("muse-launch")
+    return "muse-launch" if found and Path(found).resolve() == Path(program).resolve() else program
 
 
 def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
