@@ -22,13 +22,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def big_topology(workers: int = 255) -> dict:
-    """Prefill/decode pairs spread over 32 nodes, 8 GPUs each, behind one router."""
-    nodes = {f"n{i}": {"address": f"10.0.{i // 250}.{i % 250 + 1}"} for i in range(32)}
+    """Prefill/decode workers of 4 GPUs (TP4/EP4), two per 8-GPU node over 128 nodes, behind one router."""
+    nodes = {f"n{i}": {"address": f"10.0.{i // 250}.{i % 250 + 1}"} for i in range(128)}
     roles: dict = {}
     for i in range(workers):
-        node = f"n{i // 8}"
+        node = f"n{i // 2}"
         kind = "prefill" if i % 2 == 0 else "decode"
-        roles[f"w{i}"] = {"kind": kind, "gpus": [i % 8], "port": 30000 + i, "tp": 1, "nodes": [node],
+        gpus = [0, 1, 2, 3] if i % 2 == 0 else [4, 5, 6, 7]
+        roles[f"w{i}"] = {"kind": kind, "gpus": gpus, "port": 30000 + i, "tp": 4, "ep": 4, "nodes": [node],
                           "transfer_backend": "mooncake", "bootstrap_port": 9000 + i,
                           "args": ["--reasoning-parser", "muse"]}
     roles["router"] = {"kind": "router", "port": 8000, "host": "10.0.0.1",

@@ -555,11 +555,16 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
     """A router's prefill and decode must hand KV over: same engine, model, backend, dtype, page size."""
     by_url = _by_url(ctx)
     reported: set[tuple[str, str, str]] = set()
+    # Read each worker's facts once: a router over P prefills and D decodes makes P x D pairs.
+    facts = {s.name: (s.engine, *(read(s) for _, _, read in PAIR_FACTS))
+             for s in by_url.values() if s.kind in ("prefill", "decode")}
     for router in _roles(ctx, ROUTERS):
         prefills = [by_url[u] for u, _ in _router_prefills(router) if u in by_url]
         decodes = [by_url[u] for u in _router_decodes(router) if u in by_url]
         for prefill in prefills:
             for decode in decodes:
+                if facts[prefill.name] == facts[decode.name]:
+                    continue
                 if prefill.engine != decode.engine:
                     if (prefill.role, decode.role, "engine") not in reported:
                         reported.add((prefill.role, decode.role, "engine"))
@@ -567,8 +572,8 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
                                     f"prefill {prefill.role} runs {prefill.engine}; KV cannot pass between engines",
                                     "run both on one engine", prefill.role, decode.role, router.role)
                     continue
-                for what, key, read in PAIR_FACTS:
-                    mine, theirs = read(decode), read(prefill)
+                for i, (what, key, _) in enumerate(PAIR_FACTS, 1):
+                    mine, theirs = facts[decode.name][i], facts[prefill.name][i]
                     if mine == theirs or (prefill.role, decode.role, what) in reported:
                         continue
                     reported.add((prefill.role, decode.role, what))
