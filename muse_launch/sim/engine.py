@@ -872,16 +872,23 @@ class SimEngine:
         return resp
 
     # ----------------------------------------------------------- generation endpoints
-    async def h_chat(self, request: web.Request) -> web.StreamResponse:
-        pre = self._precheck()
+    async def _admit(self, request: web.Request, native: bool = False) -> tuple[dict, web.Response | None]:
+        """The request's JSON object, or the response refusing it (not ready, or not a JSON object)."""
+        pre = self._precheck(native=native)
         if pre is not None:
-            return pre
+            return {}, pre
         try:
             body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError
+            if isinstance(body, dict):
+                return body, None
         except ValueError:
-            return self._error(400, "request body must be a JSON object")
+            pass
+        return {}, self._error(400, "request body must be a JSON object", native=native)
+
+    async def h_chat(self, request: web.Request) -> web.StreamResponse:
+        body, pre = await self._admit(request)
+        if pre is not None:
+            return pre
         c = self.cfg
         rid = uuid.uuid4().hex
         self.requests_running += 1
@@ -920,15 +927,9 @@ class SimEngine:
         return web.json_response(tg.chat_response(c.engine, model, out, prompt_tokens, extra))
 
     async def h_completions(self, request: web.Request) -> web.StreamResponse:
-        pre = self._precheck()
+        body, pre = await self._admit(request)
         if pre is not None:
             return pre
-        try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return self._error(400, "request body must be a JSON object")
         c = self.cfg
         rid = uuid.uuid4().hex
         try:
@@ -962,15 +963,9 @@ class SimEngine:
                                                         prompt_tokens, n, extra))
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
-        pre = self._precheck(native=True)
+        body, pre = await self._admit(request, native=True)
         if pre is not None:
             return pre
-        try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise ValueError
-        except ValueError:
-            return self._error(400, "request body must be a JSON object", native=True)
         c = self.cfg
         started = time.time()
         text, input_ids = body.get("text"), body.get("input_ids")

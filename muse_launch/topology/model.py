@@ -34,6 +34,16 @@ Argv = Annotated[list[str], WithJsonSchema({"type": "array", "items": _SCALAR})]
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("args", "launcher", "command", mode="before", check_fields=False)
+    @classmethod
+    def _argv_text(cls, value: Any) -> Any:
+        return [_scalar_to_str(x) for x in value] if isinstance(value, list) else value
+
+    @field_validator("env", mode="before", check_fields=False)
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        return {k: _scalar_to_str(v) for k, v in value.items()} if isinstance(value, dict) else value
+
 
 class ReadyProbe(Strict):
     """`ready:` override: exactly one of http, tcp, log."""
@@ -123,15 +133,6 @@ class Role(Strict):
     env: Env = {}
     args: Argv = []
 
-    _stringify = field_validator("args", "launcher", "command", mode="before")(
-        lambda v: [_scalar_to_str(x) for x in v] if isinstance(v, list) else v
-    )
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_text(cls, value: Any) -> Any:
-        return {k: _scalar_to_str(v) for k, v in value.items()} if isinstance(value, dict) else value
-
     @field_validator("gpus")
     @classmethod
     def _gpu_list(cls, value: list[int] | str | None) -> list[int] | None:
@@ -182,15 +183,6 @@ class Topology(Strict):
     nodes: dict[str, NodeConfig] = {}
     rehearse: RehearseConfig = RehearseConfig()
     roles: dict[str, Role] = Field(min_length=1)
-
-    _stringify = field_validator("args", "launcher", mode="before")(
-        lambda v: [_scalar_to_str(x) for x in v] if isinstance(v, list) else v
-    )
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_text(cls, value: Any) -> Any:
-        return {k: _scalar_to_str(v) for k, v in value.items()} if isinstance(value, dict) else value
 
     @field_validator("hardware")
     @classmethod
