@@ -28,6 +28,7 @@ MARKER_RUN_DIR = "MUSE_LAUNCH_RUN_DIR"
 
 POLL_SECONDS = 0.02
 AFTER_KILL_SECONDS = 10.0  # a process in uninterruptible sleep (a GPU driver call) may take a while
+CREATE_TIME_SLACK = 0.01  # state.json keeps create times to the hundredth of a second
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class ProcessRef:
     def find(self) -> psutil.Process | None:
         try:
             proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) < 0.01 and is_alive(proc):
+            if abs(proc.create_time() - self.create_time) < CREATE_TIME_SLACK and is_alive(proc):
                 return proc
         except psutil.Error:
             pass
@@ -187,7 +188,7 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[psutil.Proc
     """The role's leader, its process group, its marked processes and all their descendants.
 
     The group id is returned only when the group is provably the role's (its leader is the one we
-    started, or a marked process is in it), so a recycled group id is never signalled.
+    started, or a member is in the session that leader created), so a recycled id is never signalled.
     """
     found: dict[int, psutil.Process] = {}
     leader = target.leader.find() if target.leader else None
@@ -197,10 +198,12 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[psutil.Proc
     for proc in psutil.process_iter():
         try:
             proc_pgid = os.getpgid(proc.pid)
-            if marker.matches(proc.environ(), target.role) and is_alive(proc):
+            if not is_alive(proc):
+                continue
+            if marker.matches(proc.environ(), target.role) or _in_role_session(proc, target.leader):
                 found[proc.pid] = proc
                 group_is_ours = group_is_ours or proc_pgid == pgid
-            elif proc_pgid == pgid and is_alive(proc):
+            elif proc_pgid == pgid:
                 in_group.append(proc)
         except (psutil.Error, OSError):
             continue
@@ -214,6 +217,15 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[psutil.Proc
         except psutil.Error:
             continue
     return list(found.values()), pgid if group_is_ours else None
+
+
+def _in_role_session(proc: psutil.Process, leader: ProcessRef | None) -> bool:
+    """In the session the role's leader created (it was started with start_new_session), and not
+    older than it: ours even after the leader died, and even when it rewrote its title, which
+    blanks the environ that holds the marker (vLLM's EngineCore, the routers)."""
+    if leader is None:
+        return False
+    return os.getsid(proc.pid) == leader.pid and proc.create_time() >= leader.create_time - CREATE_TIME_SLACK
 
 
 def _signal(processes: Iterable[psutil.Process], pgid: int | None, sig: signal.Signals) -> None:

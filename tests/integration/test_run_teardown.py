@@ -48,6 +48,26 @@ def test_a_grandchild_that_left_the_process_group_is_found(deployment):
     assert deployment.alive() == []
 
 
+def test_a_retitled_child_is_stopped_after_its_parent_and_the_supervisor_died(deployment):
+    """vLLM's EngineCore rewrites its title, which blanks the environ the marker lives in, and
+    outlives a SIGKILLed API server (re-parented to PID 1): it is still found, by its session."""
+    (port,) = free_ports(1)
+    up_detached(deployment, {"engine": stand_in(port, "--retitled-child", stop={"grace": 2})})
+    log = deployment.run_dir / "logs" / "engine.log"
+    child = int(wait_for(lambda: re.search(r"retitled (\d+)", log.read_text()))[1])
+    wait_for(lambda: b"MUSE_LAUNCH" not in open(f"/proc/{child}/environ", "rb").read())
+    status = deployment.status()
+    os.kill(status["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: deployment.status()["supervisor_pid"] is None)
+    os.kill(status["roles"][0]["pid"], signal.SIGKILL)
+    wait_for(lambda: psutil.Process(child).ppid() != status["roles"][0]["pid"])  # orphaned, like EngineCore
+
+    down = deployment.cli("down", deployment.name)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, down.stdout
+    assert deployment.alive() == []
+
+
 def test_down_after_the_supervisor_was_sigkilled(deployment):
     ports = free_ports(3)
     up_detached(deployment, {

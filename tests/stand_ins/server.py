@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--exit-after", type=float, default=0.3)
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--setsid-grandchild", action="store_true", help="spawn a child that calls setsid and lingers")
+    p.add_argument("--retitled-child", action="store_true",
+                   help="spawn a child that rewrites its title (blanking its environ), as vLLM's EngineCore does")
     p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
     p.add_argument("--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent")
     p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
@@ -118,6 +120,12 @@ def main(argv: list[str]) -> None:
         escape = "import os, time; os.setsid(); print('escaped', os.getpid(), flush=True); time.sleep(3600)"
         child = subprocess.Popen([sys.executable, "-c", escape])
         print(f"spawned escaping grandchild {child.pid}", flush=True)
+
+    if args.retitled_child:
+        engine = ("import os, time, setproctitle; setproctitle.setproctitle('stand-in::engine'); "
+                  "print('retitled', os.getpid(), flush=True); time.sleep(3600)")
+        child = subprocess.Popen([sys.executable, "-c", engine])
+        print(f"spawned retitled child {child.pid}", flush=True)
 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     watch_lifecycle(args, ready_at)
