@@ -10,6 +10,7 @@ from ..topology.model import Role, Topology
 from . import command, router, sglang, vllm
 from .graph import waves
 from .render import Context, Instance, Upstream
+from .sglang import DEFAULT_BOOTSTRAP_PORT, DEFAULT_ENCODER_BOOTSTRAP_PORT
 from .spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind, StopPolicy
 
 # Adding an engine: one module with DEFAULT_LAUNCHER(S) and render(), and one line here.
@@ -21,8 +22,6 @@ ENGINES: dict[str, ModuleType] = {
     "vllm-router": router,
     "command": command,
 }
-DEFAULT_BOOTSTRAP_PORT = 8998  # SGLang's --disaggregation-bootstrap-port default
-DEFAULT_ENCODER_BOOTSTRAP_PORT = 8997  # SGLang's --encoder-bootstrap-port default
 DEFAULT_DIST_INIT_PORT = 20000
 METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the router's own default
 

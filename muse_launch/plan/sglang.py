@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from .render import Context, Instance, Rendered, has_flag, opt
+from .render import Context, Instance, Rendered, has_flag, last_value, opt
 from .spec import Probe, ProbeKind
 
 DEFAULT_LAUNCHER = ("sglang", "serve")
+DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port
+DEFAULT_ENCODER_BOOTSTRAP_PORT = 8997  # --encoder-bootstrap-port
 
 
 def render(inst: Instance, ctx: Context) -> Rendered:
@@ -13,29 +15,42 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     args: list[str] = [*opt("--model-path", inst.model), *ctx.topology.args]
     args += [*opt("--tp-size", role.tp), *opt("--ep-size", role.ep), *opt("--dp-size", role.dp),
              *opt("--pp-size", role.pp), *opt("--mem-fraction-static", role.mem_fraction)]
-    ports = {"http": inst.port} if inst.serves_http else {}
     if inst.kind == "encoder":
         args += ["--encoder-only", *opt("--encoder-transfer-backend", role.encoder_transfer_backend)]
     if inst.encoders:
         args += ["--language-only", "--encoder-urls", *(e.url for e in inst.encoders),
                  *opt("--encoder-transfer-backend", role.encoder_transfer_backend),
                  *opt("--encoder-bootstrap-port", inst.encoder_bootstrap_port)]
-        if inst.node_rank == 0:
-            ports["encoder_bootstrap"] = inst.encoder_bootstrap_port
     if inst.kind in ("prefill", "decode"):
         args += ["--disaggregation-mode", inst.kind,
                  *opt("--disaggregation-transfer-backend", role.transfer_backend),
                  *opt("--disaggregation-bootstrap-port", inst.bootstrap_port)]
-        # SGLang binds the KV bootstrap server on prefill only, unless PD role switching is on.
-        binds_bootstrap = inst.kind == "prefill" or has_flag(role.args, "--enable-pd-role-switch")
-        if binds_bootstrap and inst.bootstrap_port and inst.node_rank == 0:
-            ports["bootstrap"] = inst.bootstrap_port
     args += [*opt("--kv-cache-dtype", role.kv_cache_dtype), *opt("--page-size", role.page_size)]
     if inst.nnodes > 1:
         args += ["--nnodes", str(inst.nnodes), "--node-rank", str(inst.node_rank),
                  "--dist-init-addr", f"{inst.dist_init_host}:{inst.dist_init_port}"]
-        if inst.node_rank == 0:
-            ports["dist_init"] = inst.dist_init_port
     args += [*role.args, *opt("--host", inst.bind), *opt("--port", inst.port)]
     probe = Probe(ProbeKind.HTTP, ("/health",)) if inst.serves_http else Probe(ProbeKind.PROCESS)
-    return Rendered(tuple(args), ports, probe)
+    return Rendered(tuple(args), bound_ports(args, inst), probe)
+
+
+def bound_ports(args: list[str], inst: Instance) -> dict[str, int]:
+    """The ports SGLang 0.5.23 binds for this argv, read from the final argv so that a flag given
+    in `args` counts: node rank 0 only; the KV bootstrap server on a prefill, or on any PD
+    instance with --enable-pd-role-switch; the encoder bootstrap server on a language worker."""
+    if not inst.serves_http:
+        return {}
+    ports = {"http": inst.port}
+    mode = last_value(args, "--disaggregation-mode")
+    if mode == "prefill" or (mode == "decode" and has_flag(args, "--enable-pd-role-switch")):
+        ports["bootstrap"] = _port(last_value(args, "--disaggregation-bootstrap-port"), DEFAULT_BOOTSTRAP_PORT)
+    if has_flag(args, "--language-only"):
+        ports["encoder_bootstrap"] = _port(last_value(args, "--encoder-bootstrap-port"), DEFAULT_ENCODER_BOOTSTRAP_PORT)
+    dist_init = last_value(args, "--dist-init-addr")
+    if inst.nnodes > 1 and dist_init:
+        ports["dist_init"] = _port(dist_init.rpartition(":")[2], inst.dist_init_port)
+    return {k: v for k, v in ports.items() if v is not None}
+
+
+def _port(text: str | None, default: int | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else default  # a bad value is the checks' to report

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
-from ..plan.build import DEFAULT_BOOTSTRAP_PORT, DEFAULT_ENCODER_BOOTSTRAP_PORT
+from ..plan.sglang import DEFAULT_BOOTSTRAP_PORT
 from ..plan.render import has_flag, last_value
 from ..plan.spec import LaunchSpec
 from .checks import CheckContext, Finding, error, plan_check, warning
@@ -35,8 +35,7 @@ PORT_NAMES = {"http": "HTTP", "bootstrap": "KV bootstrap", "encoder_bootstrap": 
               "metrics": "metrics", "side_channel": "side-channel", "dist_init": "dist-init"}
 # The flag that decides each bound port, per engine (the renderers put --port last, so it is the key's).
 PORT_FLAGS = {
-    "sglang": {"bootstrap": "--disaggregation-bootstrap-port", "encoder_bootstrap": "--encoder-bootstrap-port"},
-    "vllm": {"dist_init": "--master-port"},
+    "vllm": {"dist_init": "--master-port"},  # SGLang's plan ports are read from its final argv already
     **{router: {"metrics": "--prometheus-port"} for router in ROUTERS},
 }
 # Structured keys and the engine flags they render: a flag in `args` overrides its key.
@@ -181,16 +180,6 @@ def bound_ports(spec: LaunchSpec) -> dict[str, int]:
         value = _int(last_value(spec.args, flag)) if kind in ports else None
         if value is not None:
             ports[kind] = value
-    if spec.engine == "sglang" and "http" in ports:
-        if spec.kind in ("prefill", "decode") and has_flag(spec.args, "--enable-pd-role-switch"):
-            ports.setdefault("bootstrap", _int(last_value(spec.args, "--disaggregation-bootstrap-port"))
-                             or DEFAULT_BOOTSTRAP_PORT)
-        if has_flag(spec.args, "--language-only") and not has_flag(spec.args, "--encoder-only"):
-            ports.setdefault("encoder_bootstrap", _int(last_value(spec.args, "--encoder-bootstrap-port"))
-                             or DEFAULT_ENCODER_BOOTSTRAP_PORT)
-        dist = last_value(spec.args, "--dist-init-addr")
-        if "dist_init" in ports and dist and _int(dist.rpartition(":")[2]) is not None:
-            ports["dist_init"] = int(dist.rpartition(":")[2])
     return ports
 
 
