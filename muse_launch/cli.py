@@ -126,20 +126,10 @@ def _register_runtime() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """click handles usage errors (exit 2), Ctrl-C and each command's exit code; we handle ours."""
     _register_runtime()
     try:
-        code = app(args=argv, standalone_mode=False)
+        app(args=argv)
     except UserError as exc:
         typer.echo(f"error: {exc}" if not isinstance(exc, TopologyError) else str(exc), err=True)
         sys.exit(exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click's usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
