@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,6 +49,7 @@ class Deployment:
 
     home: Path
     name: str
+    sessions: set[int] = field(default_factory=set)  # role pids seen in `status`: each leads a session
 
     @property
     def run_dir(self) -> Path:
@@ -75,7 +76,9 @@ class Deployment:
     def status(self) -> dict[str, Any]:
         result = self.cli("status", self.name, "--json")
         assert result.returncode == 0, result.stdout + result.stderr
-        return json.loads(result.stdout)
+        status = json.loads(result.stdout)
+        self.sessions.update(r["pid"] for r in status["roles"] if r["pid"])
+        return status
 
     def state_file(self) -> dict[str, Any]:
         return json.loads((self.run_dir / "state.json").read_text())
@@ -84,14 +87,15 @@ class Deployment:
         return next(r for r in self.status()["roles"] if r["name"] == name)
 
     def alive(self) -> list[psutil.Process]:
-        """Every live process carrying this deployment's marker (zombies hold nothing: not counted)."""
+        """Every live process carrying this deployment's marker, or in the session of a role seen in
+        `status` (a process that rewrote its title has a blank environ). Zombies hold nothing."""
         found = []
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
-                if (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
-                        and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir)
-                        and proc.status() != psutil.STATUS_ZOMBIE):
+                marked = (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
+                          and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir))
+                if (marked or os.getsid(proc.pid) in self.sessions) and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
             except psutil.Error:
                 continue
