@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from muse_launch.sim.harness import (Proc, free_port, get_status, http, sim_argv, sse_events,
+from sim_harness import (Proc, free_port, get_status, http, sim_argv, sse_events,
                                      venv_bin, wait_status)
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]

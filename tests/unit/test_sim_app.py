@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from muse_launch.sim import textgen as tg
 from muse_launch.sim.config import parse_engine_args
 from muse_launch.sim.engine import SimEngine, make_model_dir
-from muse_launch.sim.harness import sse_events
+from sim_harness import sse_events
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
 WEATHER_TOOL = {"type": "function", "function": {
