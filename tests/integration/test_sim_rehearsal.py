@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sim_harness import (Proc, free_port, get_status, http, sim_argv, sse_events,
-                                     venv_bin, wait_status)
+from muse_launch.smoke import WEATHER_TOOL
+from sim_harness import (WEATHER_MSG, Proc, free_port, get_status, http, sim_argv, sse_events, venv_bin,
+                         wait_status)
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 
@@ -20,14 +21,6 @@ M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
 READY_AFTER = 0.3
 KV_TIMEOUT = 0.5
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city.",
-    "parameters": {"type": "object", "properties": {
-        "location": {"type": "string"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["location", "unit"], "additionalProperties": False}}}
-WEATHER_MSG = [{"role": "user",
-                "content": "Use get_weather to check the current weather in Beijing in Celsius."}]
 
 
 class Procs:

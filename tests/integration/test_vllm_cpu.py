@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ from typing import Any, Callable
 import httpx
 import psutil
 import pytest
+
+from harness import port_open
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm_cpu, pytest.mark.timeout(900)]
 
@@ -159,14 +160,6 @@ def report(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture, record
 def cli_argv() -> list[str]:
     script = Path(sys.executable).with_name("muse-launch")
     return [str(script)] if os.access(script, os.X_OK) else [sys.executable, "-m", "muse_launch"]
-
-
-def port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def parse_time(stamp: str) -> float:

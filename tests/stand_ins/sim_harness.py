@@ -87,6 +87,9 @@ class Proc:
         return self.popen.returncode
 
 
+WEATHER_MSG = [{"role": "user", "content": "Use get_weather to check the current weather in Beijing in Celsius."}]
+
+
 def sim_argv(engine: str, engine_args: list[str], *, ready_after: float = 0.2,
              state_dir: str | None = None, kv_timeout: float | None = None,
              itl: float | None = None, extra: list[str] = ()) -> list[str]:

@@ -9,17 +9,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from muse_launch.sim import textgen as tg
 from muse_launch.sim.config import parse_engine_args
 from muse_launch.sim.engine import SimEngine, make_model_dir
-from sim_harness import sse_events
+from muse_launch.smoke import WEATHER_TOOL
+from sim_harness import WEATHER_MSG, sse_events
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the current weather for a city.",
-    "parameters": {"type": "object", "properties": {
-        "location": {"type": "string"},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-        "required": ["location", "unit"], "additionalProperties": False}}}
-WEATHER_MSG = [{"role": "user",
-                "content": "Use get_weather to check the current weather in Beijing in Celsius."}]
 
 
 def run(engine_name, argv, tmp_path, fn, ready_after=0.0):
