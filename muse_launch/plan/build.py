@@ -56,6 +56,7 @@ def build_plan(topology: Topology) -> Plan:
             env = {**topology.env, **role.env, **rendered.env}
             if inst.gpus and profile.visible_devices_var:
                 env[profile.visible_devices_var] = ",".join(map(str, inst.gpus))
+                env = {**profile.device_order_env, **env}  # the file's own CUDA_DEVICE_ORDER wins
             specs[inst.name] = LaunchSpec(
                 name=inst.name, role=name, kind=role.kind, engine=engine, launcher=launcher, args=rendered.args,
                 env=env, gpus=inst.gpus, host=inst.host, bind=inst.bind, node=inst.node, ports=rendered.ports,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import Enum
 
@@ -35,6 +36,15 @@ class HardwareProfile:
     @property
     def visible_devices_var(self) -> str | None:
         return {Vendor.NVIDIA: "CUDA_VISIBLE_DEVICES", Vendor.AMD: "HIP_VISIBLE_DEVICES"}.get(self.vendor)
+
+    @property
+    def device_order_env(self) -> dict[str, str]:
+        """So that GPU N is the same GPU to the engine, nvidia-smi and NVML (CUDA's default is fastest first)."""
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if self.vendor is Vendor.NVIDIA else {}
+
+    def matches_gpu(self, device_name: str) -> bool:
+        """Is a GPU the driver names so ("NVIDIA H200", "AMD Instinct MI355X") this profile's? B300 is not GB300."""
+        return self.has_gpus and re.search(rf"(?<![A-Z0-9]){self.name.upper()}(?![0-9])", device_name.upper()) is not None
 
     @property
     def docker_gpu_args(self) -> tuple[str, ...]:

@@ -46,7 +46,8 @@ ALLOWED_DEFAULTS |= {
     for engine in ("sglang-router", "smg", "vllm-router")
     for flag, value in (*RECOVERY_DEFAULTS, *STARTUP_DEFAULTS.get(engine, ()))
 }
-# ...and so may CUDA_/HIP_VISIBLE_DEVICES listing every GPU of the node (what a process sees anyway).
+# ...and so may CUDA_/HIP_VISIBLE_DEVICES listing every GPU of the node (what a process sees anyway),
+# and CUDA_DEVICE_ORDER=PCI_BUS_ID, which muse-launch gives every NVIDIA role (GPU N means one GPU to all).
 
 Pairs = Counter
 
@@ -138,7 +139,8 @@ def _allowed(engine: str, pairs: Pairs) -> Pairs:
 def _env_without_whole_node(env: dict[str, str], hardware: str) -> dict[str, str]:
     profile = PROFILES[hardware]
     whole = ",".join(str(g) for g in range(profile.gpus_per_node))
-    return {k: v for k, v in env.items() if not (k == profile.visible_devices_var and v == whole)}
+    return {k: v for k, v in env.items() if not (k == profile.visible_devices_var and v == whole)
+            and profile.device_order_env.get(k) != v}
 
 
 def _compare(spec: LaunchSpec, section: Section, hardware: str) -> list[str]:

@@ -193,7 +193,7 @@ def test_command_role_placeholders() -> None:
     """)
     spec = plan.spec("sidecar")
     assert spec.argv == ("python3", "-m", "exporter", "--listen", "0.0.0.0:9400", "--gpus", "2,3")
-    assert spec.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @pytest.mark.parametrize("hardware, variable", [("b300", "CUDA_VISIBLE_DEVICES"), ("h200", "CUDA_VISIBLE_DEVICES"),
@@ -346,6 +346,8 @@ def test_plan_shell_shows_the_four_cookbook_commands() -> None:
             key, _, value = words.pop(0).partition("=")
             env[key] = value
         section = golden[name]
+        if name != "router":  # a GPU role: GPU N is the same GPU to the engine and to nvidia-smi
+            assert env.pop("CUDA_DEVICE_ORDER") == "PCI_BUS_ID", name
         assert env == section.env, name
         assert words[:2] == section.argv[:2], name
         got = flag_pairs(words[2:])
