@@ -117,6 +117,18 @@ def init(
         typer.echo(text, nl=False)
 
 
+@app.command()
+def doctor(
+    file: Optional[Path] = typer.Argument(None, help="topology file: also its GPUs and ports against this host"),
+    as_json: bool = typer.Option(False, "--json", help="as JSON, with the GPU view that MUSE_LAUNCH_GPU_VIEW replays"),
+) -> None:
+    """What this host offers: GPUs, their model, free memory and holders, engine versions, a file's ports."""
+    from .host.doctor import print_doctor
+    from .host.gpus import read_gpu_view
+
+    print_doctor(file, as_json, read_gpu_view, typer.echo)
+
+
 def _register_runtime() -> None:
     try:
         from .run import commands

@@ -15,12 +15,13 @@ from rich.live import Live
 from rich.table import Table
 
 from muse_launch.errors import UsageError
+from muse_launch.host.gpus import read_gpu_view
 from muse_launch.run.down import bring_down, format_report
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.lifecycle import DeploymentState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.state import RunDir, is_locked, read_state, resolve_name, running_deployments
-from muse_launch.run.status import health_now, observed, status_json, status_table
+from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
 from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
 FOLLOW_SECONDS = 0.2
@@ -40,9 +41,11 @@ def up(
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
     only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.core import load_plan
+    from muse_launch.run.gpus import preflight_for
 
     loaded = load_plan(file, set_, rehearse=rehearse)
     for finding in loaded.findings:
@@ -50,7 +53,9 @@ def up(
     if not rehearse:
         refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
-    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console()))
+    skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
+    gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
+    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))
 
 
 def down(
@@ -58,8 +63,9 @@ def down(
     grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
-    """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
-    report = bring_down(resolve_name(name), grace)
+    """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are closed
+    and none of its processes holds GPU memory."""
+    report = bring_down(resolve_name(name), grace, read_gpu_view)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
@@ -70,16 +76,17 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
-    """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
+    """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
     run_dir = resolve_name(name)
     console = _console()
     with httpx.Client() as client:
         def render() -> str | Table:
             record = observed(read_state(run_dir))
             health = health_now(record, run_dir, client)
-            if as_json:
-                return json.dumps(status_json(record, health), indent=None if watch else 2)  # --watch: JSON lines
-            return status_table(record, health)
+            gpu_memory = gpu_memory_now(record, read_gpu_view)
+            if as_json:  # --watch: JSON lines
+                return json.dumps(status_json(record, health, gpu_memory), indent=None if watch else 2)
+            return status_table(record, health, gpu_memory)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)

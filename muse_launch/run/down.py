@@ -11,6 +11,8 @@ import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
+from muse_launch.host.gpus import GpuReader
+from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.ports import is_listening, port_holder
 from muse_launch.run.process import Marker, StopTarget, is_alive, marked_processes, marked_roles, stop_roles
@@ -29,10 +31,12 @@ class DownReport:
     survivors: tuple[str, ...]  # alive even after SIGKILL
     open_ports: tuple[str, ...]  # still accepting connections at the end
     notes: tuple[str, ...]
+    gpus: str | None = None  # "GPUs 0-7 free"; None where the host's GPUs cannot be read
+    gpus_held: tuple[str, ...] = ()  # the deployment's processes still holding GPU memory
 
     @property
     def clean(self) -> bool:
-        return not self.survivors and not self.open_ports
+        return not self.survivors and not self.open_ports and not self.gpus_held
 
 
 def release_supervisor(record: DeploymentRecord) -> str | None:
@@ -60,7 +64,7 @@ def open_ports(record: DeploymentRecord) -> list[str]:
     ]
 
 
-def bring_down(run_dir: RunDir, grace: float | None = None) -> DownReport:
+def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | None = None) -> DownReport:
     started = time.monotonic()
     record = read_state(run_dir)
     if record is None:
@@ -70,6 +74,8 @@ def bring_down(run_dir: RunDir, grace: float | None = None) -> DownReport:
     try:
         record = read_state(run_dir)  # the supervisor's last word
         marker = Marker(record.name, str(run_dir.path))
+        on_gpus = gpus is not None and any(r.gpus for r in record.roles)
+        seen = deployment_holders(record, gpus()) if on_gpus else {}
         stopped: list[str] = []
         killed: list[str] = []
         survivors: list[str] = []
@@ -86,13 +92,15 @@ def bring_down(run_dir: RunDir, grace: float | None = None) -> DownReport:
         still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),
                               retry=retry_if_result(bool), retry_error_callback=lambda s: s.outcome.result())(
             open_ports, record)
+        release = await_gpu_release(record, gpus, seen) if on_gpus else None
         final = replace(record, supervisor=None, roles=tuple(
             replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))
         write_state(run_dir, final)
     finally:
         lock.release()
     return DownReport(record.name, time.monotonic() - started, tuple(stopped), tuple(killed), tuple(survivors),
-                      tuple(still_open), tuple(notes))
+                      tuple(still_open), tuple(notes), release.line if release else None,
+                      release.held if release else ())
 
 
 def format_report(report: DownReport) -> list[str]:
@@ -108,5 +116,10 @@ def format_report(report: DownReport) -> list[str]:
     if report.open_ports:
         lines.append("ports still open:")
         lines += [f"  {p}" for p in report.open_ports]
+    if report.gpus_held:
+        lines.append(f"GPU memory still held after {GPU_RELEASE_SECONDS:g}s:")
+        lines += [f"  {h}" for h in report.gpus_held]
+    elif report.gpus:
+        lines.append(report.gpus)
     return lines
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Mapping
 
 import httpx
 from rich.table import Table
 from rich.text import Text
 
+from muse_launch.host.gpus import GpuReader, gib
+from muse_launch.run.gpus import role_gpu_memory
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.probe import ReadinessCheck
 from muse_launch.run.progress import STATE_STYLES
@@ -40,12 +42,28 @@ def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) 
     return out
 
 
-def status_json(record: DeploymentRecord, health: dict[str, str | None]) -> dict[str, Any]:
-    """SPEC section 5's shape, each role with "health": "ok", "failing" or null."""
+GpuMemory = Mapping[str, Mapping[int, int]]  # role -> GPU index -> bytes its processes hold
+
+
+def gpu_memory_now(record: DeploymentRecord, read: GpuReader) -> GpuMemory | None:
+    """None where the host's GPUs cannot be read, or the deployment plans none."""
+    if not any(r.gpus for r in record.roles):
+        return None
+    view = read()
+    return role_gpu_memory(record, view) if view.available else None
+
+
+def status_json(record: DeploymentRecord, health: dict[str, str | None],
+                gpu_memory: GpuMemory | None = None) -> dict[str, Any]:
+    """SPEC section 5's shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
+    ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read)."""
     out = record.status_dict()
     for role in out["roles"]:
         seen = health[role["name"]]
         role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
+        held = gpu_memory.get(role["name"], {}) if gpu_memory is not None else None
+        role["gpu_memory"] = None if held is None else {
+            "total_bytes": sum(held.values()), "by_gpu": {str(g): b for g, b in sorted(held.items())}}
     return out
 
 
@@ -58,16 +76,21 @@ def since(iso: str | None) -> str:
         f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"
 
 
-def status_table(record: DeploymentRecord, health: dict[str, str | None]) -> Table:
+def status_table(record: DeploymentRecord, health: dict[str, str | None], gpu_memory: GpuMemory | None = None) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
     table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left")
-    for column in ("role", "kind", "state", "pid", "gpus", "url", "ready since", "restarts", "health now"):
+    columns = ("role", "kind", "state", "pid", "gpus", *(("gpu memory",) if gpu_memory is not None else ()), "url",
+               "ready since", "restarts", "health now")
+    for column in columns:
         table.add_column(column)
     for role in record.roles:
         seen = health[role.name] or (role.reason if role.state is RoleState.FAILED else None)
+        held = gpu_memory.get(role.name) if gpu_memory is not None else None
+        memory = (f"{gib(sum(held.values()))} GiB" if held else "-",) if gpu_memory is not None else ()
         table.add_row(
             role.name, role.kind, Text(role.state.value, style=STATE_STYLES[role.state]),
-            str(role.process.pid) if role.process else "-", ",".join(map(str, role.gpus)) or "-", role.url or "-",
+            str(role.process.pid) if role.process else "-", ",".join(map(str, role.gpus)) or "-", *memory,
+            role.url or "-",
             since(role.ready_at), str(role.restarts),
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )

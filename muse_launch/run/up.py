@@ -1,4 +1,4 @@
-"""`up`: the loader has checked the file; here the port preflight, then a supervisor, in this
+"""`up`: the loader has checked the file; here the port and GPU preflights, then a supervisor, in this
 process (foreground) or in a detached one that outlives the terminal (`--detach`)."""
 
 from __future__ import annotations
@@ -21,12 +21,14 @@ from rich.console import Console
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.explain import explain_addresses
+from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state, write_state
+from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
+                                   running_deployments, write_state)
 from muse_launch.run.supervisor import LocalProcesses, Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20
@@ -70,7 +72,8 @@ def refuse_multi_node(plan: Plan) -> None:
             f"Kubernetes export, is separate work)")
 
 
-def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console) -> int:
+def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
+             gpus: GpuPreflight | None = None) -> int:
     """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
     if options.only:
         plan, assumed = select_only(plan, options.only)
@@ -85,6 +88,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)))
+        if gpus:
+            gpus.require(plan, running_deployments, saying(console))
         run_dir.logs.mkdir(parents=True, exist_ok=True)
         for spec in plan.specs:
             run_dir.log(spec.name).write_bytes(b"")  # no stale last line from an earlier run in the progress view

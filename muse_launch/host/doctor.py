@@ -1,0 +1,92 @@
+"""`doctor [FILE]`: what this host offers, for a bug report: its GPUs (model, memory, holders), engine
+versions, and with a FILE whether its GPUs and ports are free. `--json` carries the GPU view as read, which
+MUSE_LAUNCH_GPU_VIEW=FILE replays in `up`, `down`, `status` and `doctor`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from muse_launch.host.gpus import GpuReader, GpuView, gib
+from muse_launch.run.gpus import Owners, gpu_needs, gpu_problems
+from muse_launch.run.ports import can_bind, port_holder
+from muse_launch.run.state import running_deployments
+from muse_launch.topology.hardware import PROFILES
+
+
+def _versions(plan) -> dict[str, str | None] | None:
+    try:
+        from muse_launch.host.versions import installed_versions
+    except ImportError:  # written alongside (issue 12)
+        return None
+    return installed_versions(plan)
+
+
+def doctor_report(file: Path | None, read: GpuReader) -> dict[str, Any]:
+    view = read()
+    owners = Owners(running_deployments())
+    report: dict[str, Any] = {"gpu_view": view.to_json(), "holders": {
+        str(h.pid): owners.label(h) for g in view.gpus for h in g.holders}}
+    if file is None:
+        return report
+    from muse_launch.core import load_plan
+
+    loaded = load_plan(file)
+    plan, topology = loaded.plan, loaded.loaded.topology
+    report["file"] = str(file)
+    report["hardware"] = topology.hardware
+    report["engines"] = _versions(plan)
+    if view.available and PROFILES[topology.hardware].has_gpus:
+        problems, notes = gpu_problems(gpu_needs(plan, topology), PROFILES[topology.hardware], view, owners)
+        report["gpu_check"] = {"problems": [{"text": p.text, "fix": p.fix} for p in problems], "notes": notes}
+    report["ports"] = [
+        {"role": spec.name, "name": name, "port": port, "host": spec.bind, "free": free,
+         "holder": None if free else port_holder(port, spec.bind)}
+        for spec in plan.specs for name, port in spec.ports.items()
+        for free in [can_bind(spec.bind, port)]
+    ]
+    return report
+
+
+def doctor_lines(report: dict[str, Any]) -> list[str]:
+    view = GpuView.from_json(report["gpu_view"])
+    lines = []
+    if not view.available:
+        lines.append(f"GPUs: none readable ({view.unavailable})")
+    else:
+        driver = f", driver {view.driver}" if view.driver else ""
+        lines.append(f"GPUs: {len(view.gpus)} ({view.source}{driver})")
+        for gpu in view.gpus:
+            holders = "; ".join(f"{report['holders'].get(str(h.pid), f'pid {h.pid}')}"
+                                f"{f' {gib(h.used_bytes)} GiB' if h.used_bytes is not None else ''}"
+                                for h in gpu.holders)
+            lines.append(f"  GPU {gpu.index}: {gpu.name}, {gib(gpu.total_bytes)} GiB, {gib(gpu.free_bytes)} free"
+                         f"{', held by ' + holders if holders else ''}")
+    if "file" not in report:
+        return lines
+    engines = report.get("engines")
+    if engines is not None:
+        lines.append("engines: " + (", ".join(f"{e} {v or 'not installed'}" for e, v in engines.items()) or "none"))
+    check = report.get("gpu_check")
+    if check is not None:
+        lines.append(f"{report['file']} (hardware: {report['hardware']}) on these GPUs: "
+                     f"{'ok' if not check['problems'] else str(len(check['problems'])) + ' problems'}")
+        for problem in check["problems"]:
+            lines += [f"  {problem['text']}", f"    fix: {problem['fix']}"]
+        lines += [f"  note: {n}" for n in check["notes"]]
+    lines.append(f"ports of {report['file']}:")
+    for p in report["ports"]:
+        where = "" if p["host"] in ("127.0.0.1", "0.0.0.0", "::", "") else f" on {p['host']}"
+        lines.append(f"  {p['role']} {p['name']} {p['port']}{where}: {'free' if p['free'] else 'in use by ' + p['holder']}")
+    return lines
+
+
+def print_doctor(file: Path | None, as_json: bool, read: GpuReader, echo: Callable[[str], None]) -> None:
+    import json
+
+    report = doctor_report(file, read)
+    if as_json:
+        echo(json.dumps(report, indent=2))
+    else:
+        for line in doctor_lines(report):
+            echo(line)
