@@ -260,8 +260,8 @@ class GpuPreflight:
         for note in notes:
             say(f"note: {note}")
         planned = sorted({g for n in needs for g in n.gpus})
-        say(f"GPUs {index_ranges(planned)}: {_models(view.gpu(g) for g in planned)}, with the memory their roles "
-            f"need ({view.source}, read in {view.read_seconds * 1000:.0f} ms)")
+        say(f"GPU{'s' if len(planned) > 1 else ''} {index_ranges(planned)}: {_models(view.gpu(g) for g in planned)}, "
+            f"with the memory their roles need ({view.source}, read in {view.read_seconds * 1000:.0f} ms)")
 
 
 def preflight_for(plan: Plan, topology: Topology, read: GpuReader, skipped: str | None) -> GpuPreflight:

@@ -79,7 +79,7 @@ def test_status_shows_a_roles_gpu_memory_and_down_returns_once_it_is_free(deploy
     up = deployment.cli("up", deployment.write({"engine": gpu_role(port, "--setsid-grandchild", "--retitled-child",
                                                                    stop={"grace": 2})}, hardware="h200"), "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert up.stdout.startswith("GPUs 0: NVIDIA H200, with the memory their roles need ("), up.stdout
+    assert up.stdout.startswith("GPU 0: NVIDIA H200, with the memory their roles need ("), up.stdout
     log = deployment.run_dir / "logs" / "engine.log"
     escaped = int(wait_for(lambda: re.search(r"escaped (\d+)", log.read_text()))[1])
     retitled = int(wait_for(lambda: re.search(r"retitled (\d+)", log.read_text()))[1])
