@@ -53,21 +53,18 @@ class GpuNeed:
 def gpu_needs(plan: Plan, topology: Topology) -> tuple[GpuNeed, ...]:
     """Each GPU process's need: its mem_fraction (the engine flag in its argv wins, as it does for the engine),
     else its share of the checkpoint's known size; neither known (a command, an unknown model): no figure."""
-    from muse_launch.plan.render import last_value
-    from muse_launch.topology.rules import KEY_FLAGS
+    from muse_launch.engines import ENGINES
 
     needs = []
     for spec in plan.specs:
         if not spec.gpus:
             continue
         role = topology.roles[spec.role]
-        flags = KEY_FLAGS.get(spec.engine, {}).get("mem_fraction", ())
-        flag_value = next((last_value(spec.args, f) for f in flags if last_value(spec.args, f)), None)
-        try:
-            fraction = float(flag_value) if flag_value else role.mem_fraction
-        except ValueError:
-            fraction = role.mem_fraction
-        model = role.model or topology.model
+        engine = ENGINES[spec.engine]
+        read_fraction = getattr(engine, "mem_fraction", None)
+        fraction = (read_fraction(spec.args) if read_fraction else None) or role.mem_fraction
+        read_model = getattr(engine, "model", None)
+        model = (read_model(spec.args) if read_model else None) or role.model or topology.model
         size = CHECKPOINT_VRAM_GB.get(model or "") if spec.kind != "encoder" else None  # encoders load no experts
         gpus_in_all = len(spec.gpus) * max(len(role.nodes), 1)
         share = size * GB // gpus_in_all if size and fraction is None else None
