@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 import psutil
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.host.gpus import Gpu, GpuHolder, GpuReader, GpuView, gib, index_ranges
+from muse_launch.host.gpus import Gpu, GpuHolder, GpuReader, GpuView, command_of, gib, index_ranges
 from muse_launch.plan.spec import Plan
 from muse_launch.run.process import CREATE_TIME_SLACK, MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
 from muse_launch.run.state import DeploymentRecord
@@ -111,18 +111,10 @@ class Owners:
     def label(self, holder: GpuHolder) -> str:
         """Named as a busy port's holder is: pid, the role when it is one of ours, the command line."""
         owner = self.of(holder.pid)
-        command = holder.command or _command(holder.pid)
+        command = holder.command or command_of(holder.pid)
         role = f"role {owner[1]} of {owner[0]}" if owner else None
         inside = ", ".join(p for p in (role, command) if p)
         return f"pid {holder.pid} ({inside})" if inside else f"pid {holder.pid} (not visible from here)"
-
-
-def _command(pid: int) -> str | None:
-    try:
-        proc = psutil.Process(pid)
-        return " ".join(proc.cmdline()).strip()[:100] or proc.name()
-    except psutil.Error:
-        return None
 
 
 def held(gpu: Gpu, owners: Owners, holders: Iterable[GpuHolder] | None = None) -> str:
