@@ -128,6 +128,15 @@ def command_of(pid: int) -> str | None:
         return None  # gone, or in another PID namespace (a container)
 
 
+def _nvml_processes(pynvml, query, handle) -> list:
+    """A GPU's processes; none where the driver will not list them (NotSupported under vGPU): its memory used
+    still counts, only its holders go unnamed."""
+    try:
+        return query(handle)
+    except pynvml.NVMLError:
+        return []
+
+
 def _nvml_view() -> GpuView:
     import pynvml  # imported here: CPU hosts and `validate` never pay for it
 
@@ -142,8 +151,8 @@ def _nvml_view() -> GpuView:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             processes: dict[int, int | None] = {}
             # A process with a CUDA and a graphics context is in both lists, with the same memory.
-            for proc in [*pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
-                         *pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]:
+            for proc in [*_nvml_processes(pynvml, pynvml.nvmlDeviceGetComputeRunningProcesses, handle),
+                         *_nvml_processes(pynvml, pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle)]:
                 seen = processes.get(proc.pid)
                 processes[proc.pid] = seen if proc.usedGpuMemory is None else max(seen or 0, proc.usedGpuMemory)
             gpus.append(Gpu(index, _text(pynvml.nvmlDeviceGetName(handle)), memory.total, memory.used,
@@ -170,7 +179,11 @@ def _amd_view() -> GpuView:
         gpus = []
         for index, handle in enumerate(amdsmi.amdsmi_get_processor_handles()):
             holders = []
-            for entry in amdsmi.amdsmi_get_gpu_process_list(handle):
+            try:
+                entries = amdsmi.amdsmi_get_gpu_process_list(handle)
+            except Exception:  # not supported here (a VM, a partition): the memory used still counts
+                entries = []
+            for entry in entries:
                 info = entry if isinstance(entry, dict) else amdsmi.amdsmi_get_gpu_process_info(handle, entry)
                 used = (info.get("memory_usage") or {}).get("vram_mem")
                 holders.append(GpuHolder(int(info["pid"]), used if isinstance(used, int) else None,

@@ -94,6 +94,18 @@ def test_nvml_is_read_into_a_view(monkeypatch):
     assert nvml.calls == ["init", "shutdown"]
 
 
+def test_a_process_list_the_driver_will_not_give_leaves_the_memory_counted(monkeypatch):
+    nvml = fake_pynvml([{"name": "NVIDIA H200", "total": H200, "used": 50 * GIB, "compute": [(564, 49 * GIB)]}])
+
+    def not_supported(handle):
+        raise NVMLError("Not Supported")
+
+    nvml.nvmlDeviceGetGraphicsRunningProcesses = not_supported
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gpu = read_gpu_view({}).gpu(0)
+    assert gpu.free_bytes == H200 - 50 * GIB and [h.pid for h in gpu.holders] == [564]
+
+
 def test_no_library_answering_is_a_view_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([], init_error="NVML Shared Library Not Found"))
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import amdsmi raises ImportError
