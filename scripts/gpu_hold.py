@@ -62,7 +62,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Children first: a process must not fork once it has initialised CUDA.
     waiting = []
-    scratch = Path(tempfile.mkdtemp(prefix="gpu-hold-"))
+    scratch = Path(tempfile.mkdtemp(prefix="gpu-hold-")) if args.setsid_child or args.stubborn_child else None
     if args.setsid_child:
         waiting.append((spawn_child(args.gib, scratch / "setsid", setsid=True), scratch / "setsid"))
     if args.stubborn_child:

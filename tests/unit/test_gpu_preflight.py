@@ -211,3 +211,10 @@ def test_preflight_checks_only_what_only_starts_and_nothing_on_a_plan_without_gp
     router = Plan(plan.name, (plan.spec("router"),), (("router",),))
     check.require(router, lambda: [], print)
     assert reads == []
+
+
+def test_gpu_roles_number_gpus_in_pci_order_unless_the_file_says_otherwise():
+    plan, _ = epd(("roles.decode.env={CUDA_DEVICE_ORDER: FASTEST_FIRST}",))
+    assert plan.spec("prefill").env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert plan.spec("decode").env["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
+    assert "CUDA_DEVICE_ORDER" not in plan.spec("router").env  # no GPU
