@@ -201,7 +201,10 @@ def _models(gpus: Iterable[Gpu]) -> str:
 def _stop(gpu: Gpu, owners: Owners) -> str:
     if not gpu.holders:
         return "find what holds it (`nvidia-smi`), and stop it"
-    return f"stop {', '.join(owners.label(h) for h in gpu.holders)}"
+    ours = sorted({owner[0] for h in gpu.holders if (owner := owners.of(h.pid))})
+    foreign = [owners.label(h) for h in gpu.holders if owners.of(h.pid) is None]
+    return " and ".join([*(f"run `muse-launch down {name}`" for name in ours),
+                         *([f"stop {', '.join(foreign)}"] if foreign else [])])
 
 
 def _memory_fix(gpu: Gpu, known: list[tuple[GpuNeed, int]], owners: Owners, view: GpuView,

@@ -132,6 +132,7 @@ def test_a_holder_of_ours_is_named_with_its_deployment_and_role():
         view = b300s(holders={4: [GpuHolder(marked.pid, 250 * GIB)]})
         [problem], _ = problems_of(view)
         assert f"held by pid {marked.pid} (role decode of other, {sys.executable} -c" in problem.text
+        assert problem.fix.startswith("run `muse-launch down other`, or lower roles.decode.mem_fraction to ")
     finally:
         marked.kill()
         marked.wait()
