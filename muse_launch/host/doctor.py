@@ -55,7 +55,9 @@ def doctor_lines(report: dict[str, Any]) -> list[str]:
         lines.append(f"GPUs: none readable ({view.unavailable})")
     else:
         driver = f", driver {view.driver}" if view.driver else ""
-        lines.append(f"GPUs: {len(view.gpus)} ({view.source}{driver})")
+        profiles = sorted({p.name for g in view.gpus for p in PROFILES.values() if p.matches_gpu(g.name)})
+        lines.append(f"GPUs: {len(view.gpus)} ({view.source}{driver}); hardware profile: "
+                     f"{', '.join(profiles) or 'none matches'}")
         for gpu in view.gpus:
             holders = "; ".join(f"{report['holders'].get(str(h.pid), f'pid {h.pid}')}"
                                 f"{f' {gib(h.used_bytes)} GiB' if h.used_bytes is not None else ''}"

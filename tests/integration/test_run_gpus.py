@@ -129,7 +129,7 @@ def test_doctor_writes_the_view_it_read_and_replays_it(deployment, gpu_view, tmp
         marked.wait()
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[:2] == ["GPUs: 1 (" + str(saved) + ", driver 580.159.04)",
+    assert lines[:2] == ["GPUs: 1 (" + str(saved) + ", driver 580.159.04); hardware profile: h200",
                          f"  GPU 0: NVIDIA H200, 139.8 GiB, 129.2 free, held by pid {marked.pid} (python3 serve.py) "
                          f"10.0 GiB"]
     assert f"{file} (hardware: h200) on these GPUs: ok" in lines
