@@ -31,6 +31,8 @@ from typing import Any
 
 from aiohttp import web
 
+from .wiring import hostport
+
 
 class KVTransferError(Exception):
     """The decode could not obtain the prefill's KV cache: the request fails (HTTP 500)."""
@@ -225,10 +227,10 @@ async def sglang_fetch(engine, host: str, port: int, room: Any, prompt_tokens: i
     what = f"the prefill's KV bootstrap server at {addr}"
     try:
         info = await _get_json(engine.session,
-                               f"http://{_hostport(host, port)}/kv/{room}?timeout="
+                               f"http://{hostport(host, port)}/kv/{room}?timeout="
                                f"{engine.kv_timeout}", engine.kv_timeout + 2.0, what)
     except KVTransferError as e:
-        me = _hostport(engine.cfg.advertised_host, engine.cfg.port)
+        me = hostport(engine.cfg.advertised_host, engine.cfg.port)
         raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
                               f"{addr}): decode {me} could not fetch the room: {e}") from None
     probs = compat_problems(engine.kv_identity(), info)
@@ -249,7 +251,7 @@ async def nixl_fetch(engine, params: dict) -> dict:
     if not host or not port or not rid:
         raise KVTransferError(f"invalid kv_transfer_params for a remote prefill: {params}")
     addr = f"{host}:{port}"
-    base = f"http://{_hostport(host, port)}"
+    base = f"http://{hostport(host, port)}"
     what = f"the prefill's NIXL side channel at {addr}"
     try:
         meta = await _get_json(engine.session, f"{base}/nixl/handshake", 3.0, what)
@@ -323,7 +325,3 @@ def example_lookup(path: str, token_ids: list[int], block_size: int) -> dict | N
             return json.load(fh)
     except (OSError, ValueError):
         return None
-
-
-def _hostport(host: str, port: Any) -> str:
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
