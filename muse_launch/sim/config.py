@@ -14,20 +14,22 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..plan.sglang import DEFAULT_BOOTSTRAP_PORT, DEFAULT_ENCODER_BOOTSTRAP_PORT
+from ..plan.vllm import CONNECTORS as VLLM_BACKENDS
+from ..plan.vllm import MOONCAKE_BOOTSTRAP_BASE, NIXL_SIDE_CHANNEL_BASE
+from ..init import VLLM_MASTER_PORT
+from ..topology.rules import KEY_FLAGS, SGLANG_CHOICES, VLLM_CONNECTORS
+
 SGLANG_VERSION = "0.5.23"
 VLLM_VERSION = "0.33.0"
 
-# Choices as SGLang 0.5.23 declares them (ENGINE-FACTS).
-SGLANG_DISAGG_MODES = ("null", "prefill", "decode")
-SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-SGLANG_ENCODER_TRANSFER_BACKENDS = ("auto", "zmq_to_scheduler", "zmq_to_tokenizer", "mooncake")
-
-# KV connectors vLLM registers; the ones with a hand-off the simulator models are first.
-VLLM_MODELLED_CONNECTORS = ("NixlConnector", "MooncakeConnector", "ExampleConnector",
-                            "SharedStorageConnector")
-VLLM_OTHER_CONNECTORS = ("LMCacheConnectorV1", "MultiConnector", "OffloadingConnector",
-                         "P2pNcclConnector", "MoRIIOConnector", "LMCacheMPConnector",
-                         "DecodeBenchConnector", "NixlPullConnector", "NixlPushConnector")
+# The engines' facts (flag spellings, choices, default ports, connectors) come from the engine
+# modules that the renderers and checks use; tests/unit/test_sim_config.py asserts agreement.
+SGLANG_FLAGS = KEY_FLAGS["sglang"]
+VLLM_FLAGS = KEY_FLAGS["vllm"]
+# vLLM's KV connectors: the ones whose hand-off the simulator models; every other registered
+# connector is accepted and runs without a modelled hand-off, as with an unknown peer.
+NIXL, MOONCAKE, EXAMPLE = (VLLM_BACKENDS[k] for k in ("nixl", "mooncake", "example"))
 
 DEFAULT_CONTEXT_LENGTH = 1048576  # Muse Spark Open: 1M-token context
 VLLM_DP_RPC_PORT = 29550  # vLLM's --data-parallel-rpc-port default
@@ -69,13 +71,13 @@ class SimConfig:
     # SGLang PD / EPD
     disaggregation_mode: str = "null"
     transfer_backend: str = "mooncake"
-    bootstrap_port: int = 8998
+    bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT
     enable_pd_role_switch: bool = False
     encoder_only: bool = False
     language_only: bool = False
     encoder_urls: list[str] = field(default_factory=list)
     encoder_register_urls: list[str] = field(default_factory=list)
-    encoder_bootstrap_port: int = 8997
+    encoder_bootstrap_port: int = DEFAULT_ENCODER_BOOTSTRAP_PORT
     encoder_transfer_backend: str = "auto"
     # multi-node
     nnodes: int = 1
@@ -156,24 +158,22 @@ class SimConfig:
 
     @property
     def nixl_side_channel(self) -> tuple[str, int] | None:
-        if self.engine != "vllm" or self.kv_connector not in (
-                "NixlConnector", "NixlPullConnector", "NixlPushConnector"):
+        if self.engine != "vllm" or self.kv_connector != NIXL:
             return None
         host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
-        base = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        base = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", NIXL_SIDE_CHANNEL_BASE))
         return host, base + self.dp_start_rank  # vLLM listens at the base + the DP rank
 
     @property
     def mooncake_bootstrap(self) -> tuple[str, int] | None:
-        if (self.engine != "vllm" or self.kv_connector != "MooncakeConnector"
+        if (self.engine != "vllm" or self.kv_connector != MOONCAKE
                 or not self.vllm_is_producer):
             return None
-        return self.host or "0.0.0.0", int(os.environ.get("VLLM_MOONCAKE_BOOTSTRAP_PORT", "8998"))
+        return self.host or "0.0.0.0", int(os.environ.get("VLLM_MOONCAKE_BOOTSTRAP_PORT", MOONCAKE_BOOTSTRAP_BASE))
 
     @property
     def shared_storage_path(self) -> str | None:
-        if self.engine != "vllm" or self.kv_connector not in ("ExampleConnector",
-                                                              "SharedStorageConnector"):
+        if self.engine != "vllm" or self.kv_connector != EXAMPLE:
             return None
         return str(self.kv_extra.get("shared_storage_path", "/tmp"))
 
@@ -208,41 +208,37 @@ def _split_urls(values: list[str] | None) -> list[str]:
 
 def parse_sglang(argv: list[str]) -> SimConfig:
     p = _Parser(prog="sglang serve", add_help=False, allow_abbrev=False)
-    p.add_argument("--model-path", "--model", dest="model_path")
+    p.add_argument(*SGLANG_FLAGS["model"], "--model", dest="model_path")
     p.add_argument("--tokenizer-path", dest="tokenizer_path")
     p.add_argument("--served-model-name", dest="served_model_name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int,
-                   default=1)
-    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int,
-                   default=1)
-    p.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int,
-                   default=1)
-    p.add_argument("--pp-size", "--pipeline-parallel-size", "--pp", dest="pp_size", type=int,
-                   default=1)
-    p.add_argument("--page-size", dest="page_size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    for key in ("tp", "ep", "dp", "pp"):
+        p.add_argument(*SGLANG_FLAGS[key], f"--{key}", dest=f"{key}_size", type=int, default=1)
+    p.add_argument(*SGLANG_FLAGS["page_size"], dest="page_size", type=int, default=None)
+    p.add_argument(*SGLANG_FLAGS["kv_cache_dtype"], dest="kv_cache_dtype", default="auto")
     p.add_argument("--context-length", dest="context_length", type=int, default=None)
     p.add_argument("--reasoning-parser", dest="reasoning_parser")
     p.add_argument("--tool-call-parser", dest="tool_call_parser")
     _bool_flag(p, "--is-embedding", dest="is_embedding")
     p.add_argument("--disaggregation-mode", dest="disaggregation_mode", default="null",
-                   choices=SGLANG_DISAGG_MODES)
-    p.add_argument("--disaggregation-transfer-backend", dest="transfer_backend",
-                   default="mooncake", choices=SGLANG_TRANSFER_BACKENDS)
-    p.add_argument("--disaggregation-bootstrap-port", dest="bootstrap_port", type=int,
-                   default=8998)
+                   choices=SGLANG_CHOICES["--disaggregation-mode"])
+    (backend,) = SGLANG_FLAGS["transfer_backend"]
+    p.add_argument(backend, dest="transfer_backend", default="mooncake",
+                   choices=SGLANG_CHOICES[backend])
+    p.add_argument(*SGLANG_FLAGS["bootstrap_port"], dest="bootstrap_port", type=int,
+                   default=DEFAULT_BOOTSTRAP_PORT)
     _bool_flag(p, "--enable-pd-role-switch", dest="enable_pd_role_switch")
     _bool_flag(p, "--encoder-only", dest="encoder_only")
     _bool_flag(p, "--language-only", dest="language_only")
     p.add_argument("--encoder-urls", dest="encoder_urls", nargs="+", default=[])
     p.add_argument("--encoder-register-urls", dest="encoder_register_urls", nargs="+",
                    default=[])
-    p.add_argument("--encoder-bootstrap-port", dest="encoder_bootstrap_port", type=int,
-                   default=8997)
-    p.add_argument("--encoder-transfer-backend", dest="encoder_transfer_backend",
-                   default="auto", choices=SGLANG_ENCODER_TRANSFER_BACKENDS)
+    p.add_argument(*SGLANG_FLAGS["encoder_bootstrap_port"], dest="encoder_bootstrap_port",
+                   type=int, default=DEFAULT_ENCODER_BOOTSTRAP_PORT)
+    (backend,) = SGLANG_FLAGS["encoder_transfer_backend"]
+    p.add_argument(backend, dest="encoder_transfer_backend", default="auto",
+                   choices=SGLANG_CHOICES[backend])
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
     p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
@@ -281,9 +277,8 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     p.add_argument("--served-model-name", dest="served_model_name", nargs="+")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--tensor-parallel-size", "-tp", dest="tp_size", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", dest="pp_size", type=int, default=1)
-    p.add_argument("--data-parallel-size", "-dp", dest="dp_size", type=int, default=1)
+    for key in ("tp", "pp", "dp"):
+        p.add_argument(*VLLM_FLAGS[key], dest=f"{key}_size", type=int, default=1)
     p.add_argument("--data-parallel-size-local", "-dpl", dest="dp_size_local", type=int,
                    default=None)
     p.add_argument("--data-parallel-start-rank", "-dpr", dest="dp_start_rank", type=int,
@@ -294,8 +289,8 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     _bool_flag(p, "--data-parallel-hybrid-lb", "-dph", dest="dp_hybrid_lb")
     _bool_flag(p, "--data-parallel-external-lb", "-dpe", dest="dp_external_lb")
     _bool_flag(p, "--enable-expert-parallel", "-ep", dest="enable_expert_parallel")
-    p.add_argument("--block-size", dest="block_size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    p.add_argument(*VLLM_FLAGS["page_size"], dest="block_size", type=int, default=None)
+    p.add_argument(*VLLM_FLAGS["kv_cache_dtype"], dest="kv_cache_dtype", default="auto")
     p.add_argument("--max-model-len", dest="max_model_len", type=str, default=None)
     p.add_argument("--reasoning-parser", dest="reasoning_parser")
     p.add_argument("--tool-call-parser", dest="tool_call_parser")
@@ -304,7 +299,7 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     p.add_argument("--nnodes", type=int, default=1)
     p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
     p.add_argument("--master-addr", dest="master_addr", default="127.0.0.1")
-    p.add_argument("--master-port", dest="master_port", type=int, default=29501)
+    p.add_argument("--master-port", dest="master_port", type=int, default=VLLM_MASTER_PORT)
     _bool_flag(p, "--headless", dest="headless")
     ns, rest = p.parse_known_args(args)
     model = ns.model or positional_model
@@ -394,8 +389,7 @@ def startup_errors(cfg: SimConfig) -> list[str]:
                                                              "kv_both"):
                 errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
                             "['kv_producer', 'kv_consumer', 'kv_both']")
-            if conn and conn not in VLLM_MODELLED_CONNECTORS + VLLM_OTHER_CONNECTORS \
-                    and not kvc.get("kv_connector_module_path"):
+            if conn and conn not in VLLM_CONNECTORS and not kvc.get("kv_connector_module_path"):
                 errs.append(f"Unsupported connector type: {conn}")
         if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
             errs.append("When `--enable-auto-tool-choice` is set, `--tool-call-parser` "

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import transfer as tr
 from .api import GenError
+from .config import EXAMPLE, MOONCAKE, NIXL
 from .wiring import hostport
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class KVHandoff:
         extra["kv_transfer_params"] = None
         kvp = kvp if isinstance(kvp, dict) else {}
         block = c.page_size or 16
-        if conn in ("ExampleConnector", "SharedStorageConnector"):
+        if conn == EXAMPLE:
             path = c.shared_storage_path
             if c.vllm_is_consumer:
                 hit = tr.example_lookup(path, token_ids, block)
@@ -109,7 +110,7 @@ class KVHandoff:
                 eng.log(f"kv: saved KV of {n} tokens to {path}")
             return extra
         if kvp.get("do_remote_decode") and c.vllm_is_producer:
-            if conn in ("NixlConnector", "NixlPullConnector", "NixlPushConnector"):
+            if conn == NIXL:
                 host, port = c.nixl_side_channel
                 key = rid
                 blocks = list(range(0, max(1, -(-prompt_tokens // block))))
@@ -117,7 +118,7 @@ class KVHandoff:
                           "remote_block_ids": blocks, "remote_engine_id": eng.engine_id,
                           "remote_request_id": key, "remote_host": host, "remote_port": port,
                           "tp_size": c.tp_size}
-            elif conn == "MooncakeConnector":
+            elif conn == MOONCAKE:
                 host, port = c.mooncake_bootstrap
                 key = str(kvp.get("transfer_id") or rid)
                 params = {"do_remote_prefill": True, "do_remote_decode": False,
@@ -140,9 +141,9 @@ class KVHandoff:
             return extra
         if kvp.get("do_remote_prefill") and c.vllm_is_consumer:
             try:
-                if conn in ("NixlConnector", "NixlPullConnector", "NixlPushConnector"):
+                if conn == NIXL:
                     info = await tr.nixl_fetch(eng, kvp)
-                elif conn == "MooncakeConnector":
+                elif conn == MOONCAKE:
                     info = await tr.mooncake_fetch(eng, kvp)
                 else:
                     eng.log(f"kv: {conn} hand-off is not modelled; computing locally")

@@ -8,10 +8,10 @@ holds its response until a decode has fetched it; the decode connects to
 
 vLLM (``--kv-transfer-config``):
   * NixlConnector - every instance listens on the side channel
-    (``VLLM_NIXL_SIDE_CHANNEL_HOST``:``VLLM_NIXL_SIDE_CHANNEL_PORT``, default
-    localhost:5600); the prefill's response carries ``kv_transfer_params`` naming it and the
+    (``VLLM_NIXL_SIDE_CHANNEL_HOST``:``VLLM_NIXL_SIDE_CHANNEL_PORT``, vLLM's defaults
+    when unset); the prefill's response carries ``kv_transfer_params`` naming it and the
     decode reads the blocks from there (``GET /nixl/handshake``, ``GET /nixl/read/{id}``).
-  * MooncakeConnector - the prefill listens on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998) and
+  * MooncakeConnector - the prefill listens on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` and
     answers ``GET /query`` (engine id per DP rank, what vllm-router asks at start-up); the
     decode gets ``remote_bootstrap_addr`` + ``transfer_id`` and fetches ``/kv/{transfer_id}``.
   * ExampleConnector - the prefill writes the prompt's KV record under
