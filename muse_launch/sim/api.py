@@ -78,8 +78,6 @@ class Api:
             r.add_post("/generate", gen.h_generate)
         if c.encoder_only:
             self.engine.encoders.add_encoder_routes(app)
-        if c.language_only:
-            self.engine.encoders.add_registry_routes(app)
         return app
 
     # ----------------------------------------------------------- info endpoints
@@ -125,7 +123,8 @@ class Api:
         return {"simulated": True, "original_model_path": self.cfg.model,
                 "role": self.cfg.role, "ready": e.is_ready(),
                 "uptime_s": round(time.monotonic() - e.t0, 3),
-                "wiring_blockers": e.wiring_blockers(), "engine_id": e.engine_id}
+                "wiring_blockers": e.wiring_blockers(), "engine_id": e.engine_id,
+                **({"encoders": e.encoders.state()} if self.cfg.language_only else {})}
 
     async def h_server_info(self, request: web.Request) -> web.Response:
         return web.json_response(self.server_info())

@@ -1,230 +1,324 @@
-"""SGLang EPD wiring: a ``--language-only`` worker and its encoders.
+"""SGLang EPD wiring, as SGLang 0.5.23 does it (``disaggregation/encoder/receiver.py``).
 
-The language worker binds ``--encoder-bootstrap-port``, POSTs ``/register_language_worker``
-to every ``--encoder-urls`` entry, and the encoder connects back to that port; /health stays
-503 until every encoder was reached and connected back.  ``--encoder-register-urls`` on an
-encoder registers it with language workers instead.  Media parts of chat requests go to an
-encoder (round robin).
+A ``--language-only`` worker brings up its encoder bootstrap server (``--encoder-bootstrap-port``)
+before it loads, contacts no encoder while it starts, and reports healthy without any.  Its
+encoder list starts as ``--encoder-urls``; in the background it probes every listed (and every
+evicted) encoder's ``/health`` each interval: 3 failures in a row evict an encoder, a healthy
+probe re-adds it, and one evicted longer than the TTL is dropped for good.  The bootstrap server
+answers ``GET /list_encoder_urls`` -> ``{"encoder_urls": [...]}`` (the live list), ``POST
+/register_encoder_url`` and ``DELETE /unregister_encoder_url`` with ``{"url": URL}`` (plain
+``OK``; 400 ``{"error": "Missing or empty 'url' field"}``), and ``GET /health`` -> ``OK``.
+
+Per request, media items are split over the listed encoders; each encoder checks the model and
+encoder transfer backend and delivers the embeddings back to the language worker's bootstrap
+port (a sim-only ``POST /sim/embeddings``, where the real engine uses ZMQ).  No encoder listed:
+the request is processed locally with a warning.  A listed encoder that cannot be reached fails
+the request with 502; an encoder's own error status passes through.
+
+An encoder with ``--encoder-register-urls`` POSTs ``/register_encoder_url`` to each of them once
+loaded (30 tries), never waiting on it to report healthy, and unregisters when it stops.
+
+Intervals: ``SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL`` (10 s; 0 disables),
+``..._HEALTH_CHECK_TIMEOUT`` (2 s) and ``..._EVICTED_TTL`` (600 s; 0 never drops), read as the
+real engine reads them; ``MUSE_SIM_ENCODER_PROBE_INTERVAL`` (sim only, for tests) wins over the
+interval.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import aiohttp
 from aiohttp import web
 
 from . import textgen as tg
 from .api import GenError
-from .wiring import PEER_ERRORS, backoff, err_text, hostport, read_json
+from .wiring import PEER_ERRORS, err_text, hostport, read_json
 
 if TYPE_CHECKING:
     from .server import SimEngine
+
+FAIL_THRESHOLD = 3  # SGLang evicts an encoder after this many failed probes in a row
+REGISTER_TRIES = 30  # an encoder's tries to register with each --encoder-register-urls entry
+SIM_PROBE_INTERVAL_ENV = "MUSE_SIM_ENCODER_PROBE_INTERVAL"
+# SGLang 0.5.23's environment variables and defaults (sglang/srt/environ.py)
+PROBE_ENV = {"interval": ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL", 10.0),
+             "timeout": ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT", 2.0),
+             "evicted_ttl": ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)}
+
+
+def probe_settings(environ: Mapping[str, str] = os.environ) -> dict[str, float]:
+    out = {key: float(environ.get(var) or default) for key, (var, default) in PROBE_ENV.items()}
+    if environ.get(SIM_PROBE_INTERVAL_ENV):
+        out["interval"] = float(environ[SIM_PROBE_INTERVAL_ENV])
+    return out
 
 
 class EncoderWiring:
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
         self.cfg = cfg = engine.cfg
-        self.urls: list[str] = list(cfg.encoder_urls)  # what /list_encoder_urls shows
-        self.pending: dict[str, str] = {u.rstrip("/"): uuid.uuid4().hex for u in cfg.encoder_urls}
-        self.handshakes: set[str] = set()
-        self.register_pending: set[str] = {u.rstrip("/") for u in cfg.encoder_register_urls}
-        self.language_workers: dict[str, dict] = {}
-        self._rr = 0
-
-    def blockers(self) -> list[str]:
-        b = []
-        if self.pending:
-            b.append("waiting for encoders " + ", ".join(sorted(self.pending)))
-        if self.register_pending:
-            b.append("not yet registered with " + ", ".join(sorted(self.register_pending)))
-        return b
+        self.probe = probe_settings()
+        # language worker: the live list, evicted URLs (-> when), failed probes in a row
+        self.urls: list[str] = list(cfg.encoder_urls)
+        self.evicted: dict[str, float] = {}
+        self.fail_counts: dict[str, int] = {}
+        self.deliveries: dict[str, dict] = {}  # embeddings encoders delivered, by token
+        # encoder: the language workers it registered with
+        self.registered_with: list[str] = []
 
     def background(self) -> list:
         """The coroutines this role runs from the start."""
         c, jobs = self.cfg, []
-        if c.language_only:
-            if c.encoder_urls:
-                jobs.append(self._register_with_encoders())
-            else:
-                self.engine.log("--language-only is set without --encoder-urls. Encoders are "
-                                "expected to register dynamically via the "
-                                "EncoderBootstrapServer.")
+        if c.binds_encoder_bootstrap:
+            e, p = self.engine, self.probe
+            if not c.encoder_urls:
+                e.log("--language-only is set without --encoder-urls. Encoders are expected "
+                      "to register dynamically via the EncoderBootstrapServer.")
+            e.log(f"EncoderBootstrapServer on port {c.encoder_bootstrap_port}: health_check "
+                  f"every {p['interval']:g}s, timeout {p['timeout']:g}s, evict after "
+                  f"{FAIL_THRESHOLD} failures, drop after {p['evicted_ttl']:g}s; encoders: "
+                  + (", ".join(self.urls) or "none yet"))
+            if p["interval"] > 0:
+                jobs.append(self._health_check_loop())
         if c.encoder_register_urls:
             jobs.append(self._register_encoder_urls())
         return jobs
 
-    # ------------------------------------------------------------ language worker side
-    async def _register_with_encoders(self) -> None:
-        c, e = self.cfg, self.engine
-        attempts: dict[str, int] = {}
-        while self.pending:
-            for url, token in list(self.pending.items()):
-                attempts[url] = attempts.get(url, 0) + 1
-                n = attempts[url]
-                body = {"language_host": c.advertised_host,
-                        "encoder_bootstrap_port": c.encoder_bootstrap_port,
-                        "http_port": c.port, "role": c.role, "token": token,
-                        "model": c.model,
-                        "encoder_transfer_backend": c.resolved_encoder_transfer_backend}
-                problem = None
-                try:
-                    async with e.session.post(f"{url}/register_language_worker", json=body,
-                                              timeout=aiohttp.ClientTimeout(total=5)) as r:
-                        text = await r.text()
-                        if r.status == 200 and token in self.handshakes:
-                            self.pending.pop(url, None)
-                            e.log(f"encoder {url} reached; it connected back to the encoder "
-                                  f"bootstrap port {c.encoder_bootstrap_port}")
-                            continue
-                        problem = f"answered {r.status}: {err_text(text)}"
-                except PEER_ERRORS as exc:
-                    problem = f"unreachable ({type(exc).__name__}: {exc})"
-                if e.retries.should_log(("enc", url), problem, n):
-                    e.log(f"encoder {url} {problem}; retrying (attempt {n})")
-            if self.pending:
-                await asyncio.sleep(backoff(min(attempts.values())))
-        e.log("all encoders registered: " + ", ".join(u.rstrip("/") for u in c.encoder_urls))
+    def state(self) -> dict:
+        return {"encoder_urls": list(self.urls), "evicted": sorted(self.evicted)}
 
+    # ------------------------------------------------------------ the bootstrap server
     def bootstrap_app(self) -> web.Application:
         app = web.Application()
-        app.router.add_get("/encoder_handshake", self._h_handshake)
-        self.add_registry_routes(app)
+        app.router.add_get("/health", self._h_ok)
+        app.router.add_post("/register_encoder_url", self._h_register)
+        app.router.add_delete("/unregister_encoder_url", self._h_unregister)
+        app.router.add_get("/list_encoder_urls", self._h_list)
+        app.router.add_post("/sim/embeddings", self._h_embeddings)
         return app
 
-    async def _h_handshake(self, request: web.Request) -> web.Response:
-        self.handshakes.add(request.query.get("token", ""))
-        self.engine.log(f"encoder bootstrap: encoder {request.query.get('encoder', '?')} "
-                        f"connected back")
-        return web.json_response({"status": "ok", "role": self.cfg.role})
-
-    def add_registry_routes(self, app: web.Application) -> None:
-        app.router.add_post("/register_encoder_url", self._h_register)
-        app.router.add_post("/unregister_encoder_url", self._h_unregister)
-        app.router.add_get("/list_encoder_urls", self._h_list)
+    async def _h_ok(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK")
 
     async def _h_register(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        url = str(body.get("encoder_url") or body.get("url") or "").rstrip("/")
-        if not url:
-            return web.json_response({"error": "encoder_url missing"}, status=400)
-        if body.get("model") and body["model"] != self.cfg.model:
-            return web.json_response({"error": f"encoder serves {body['model']!r}, this "
-                                      f"language worker {self.cfg.model!r}"}, status=409)
+        url = (await read_json(request)).get("url")
+        if not url or not isinstance(url, str):
+            return web.json_response({"error": "Missing or empty 'url' field"}, status=400)
+        self.fail_counts.pop(url, None)
+        self.evicted.pop(url, None)
         if url not in self.urls:
             self.urls.append(url)
-        self.engine.log(f"encoder registered dynamically: {url}")
-        return web.json_response({"status": "ok", "encoder_urls": self.urls})
+            self.engine.log(f"Registered encoder URL: {url}")
+        return web.Response(text="OK")
 
     async def _h_unregister(self, request: web.Request) -> web.Response:
-        body = await read_json(request)
-        url = str(body.get("encoder_url") or body.get("url") or "").rstrip("/")
+        url = (await read_json(request)).get("url")
+        if not url or not isinstance(url, str):
+            return web.json_response({"error": "Missing or empty 'url' field"}, status=400)
+        removed = url in self.urls or url in self.evicted
         if url in self.urls:
             self.urls.remove(url)
-        return web.json_response({"status": "ok", "encoder_urls": self.urls})
+        self.evicted.pop(url, None)
+        self.fail_counts.pop(url, None)
+        if removed:
+            self.engine.log(f"Unregistered encoder URL: {url}")
+        return web.Response(text="OK")
 
     async def _h_list(self, request: web.Request) -> web.Response:
-        return web.json_response({"encoder_urls": self.urls})
+        return web.json_response({"encoder_urls": list(self.urls)})
 
-    async def encode_media(self, n_items: int, rid: str) -> int:
-        """Send a request's media items to an encoder (round robin); its embedding tokens."""
-        e = self.engine
-        if not self.urls:
-            raise GenError(500, "no encoder is registered with this language-only server; "
-                           "cannot process multimodal input")
-        url = self.urls[self._rr % len(self.urls)].rstrip("/")
-        self._rr += 1
+    async def _h_embeddings(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        self.deliveries[str(body.get("token"))] = body
+        return web.json_response({"status": "ok", "role": self.cfg.role})
+
+    # ------------------------------------------------------------ health checks
+    async def _probe_one(self, url: str) -> str | None:
+        """None when the encoder's /health is 200, else what went wrong."""
         try:
-            async with e.session.post(f"{url}/encode", json={"num_items": n_items, "rid": rid},
+            async with self.engine.session.get(
+                    f"{url.rstrip('/')}/health",
+                    timeout=aiohttp.ClientTimeout(total=self.probe["timeout"])) as r:
+                return None if r.status == 200 else f"/health answered {r.status}"
+        except PEER_ERRORS as exc:
+            return f"unreachable ({type(exc).__name__}: {exc})"
+
+    async def _health_check_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe["interval"])
+            await self.check_once()
+
+    async def check_once(self) -> None:
+        """One round of SGLang's health check over the listed and the evicted encoders."""
+        e, now = self.engine, time.time()
+        ttl = self.probe["evicted_ttl"]
+        expired = [u for u, t in self.evicted.items() if ttl > 0 and now - t >= ttl]
+        for url in expired:
+            self.evicted.pop(url, None)
+            self.fail_counts.pop(url, None)
+        if expired:
+            e.log(f"Health check permanently dropped {len(expired)} encoder(s) after "
+                  f"{ttl:g}s unhealthy: {expired}")
+        candidates = list(dict.fromkeys(self.urls + list(self.evicted)))
+        if not candidates:
+            return
+        results = await asyncio.gather(*(self._probe_one(u) for u in candidates))
+        evicted, revived = [], []
+        for url, problem in zip(candidates, results):
+            if problem is None:
+                self.fail_counts.pop(url, None)
+                if url in self.evicted:
+                    self.evicted.pop(url)
+                    if url not in self.urls:
+                        self.urls.append(url)
+                    revived.append(url)
+                continue
+            if url in self.evicted:
+                continue
+            count = self.fail_counts[url] = self.fail_counts.get(url, 0) + 1
+            e.log(f"encoder {url} health probe failed ({count}/{FAIL_THRESHOLD}): {problem}")
+            if count >= FAIL_THRESHOLD:
+                if url in self.urls:
+                    self.urls.remove(url)
+                self.evicted[url] = now
+                self.fail_counts.pop(url, None)
+                evicted.append(url)
+        if revived:
+            e.log(f"Health check revived {len(revived)} encoder(s): {revived}")
+        if evicted:
+            e.log(f"Health check evicted {len(evicted)} encoder(s) after {FAIL_THRESHOLD} "
+                  f"consecutive failures (will re-add when healthy): {evicted}")
+
+    # ------------------------------------------------------------ per request
+    async def encode_media(self, n_items: int, rid: str) -> int:
+        """Embed a request's media items on the listed encoders; the embedding tokens."""
+        e, c = self.engine, self.cfg
+        urls = list(self.urls)
+        if not urls:
+            e.log(f"WARNING: No encoder URLs available for request {rid}; processing without "
+                  f"encoder disaggregation.")
+            return n_items * tg.TOKENS_PER_MEDIA_ITEM
+        shares = [len(range(i, n_items, len(urls))) for i in range(len(urls))]
+        parts = [(url, n) for url, n in zip(urls, shares) if n]
+        results = await asyncio.gather(*(self._encode_on(url, n, rid, i, len(parts))
+                                         for i, (url, n) in enumerate(parts)))
+        e.log(f"encoders {', '.join(u for u, _ in parts)} embedded {n_items} media item(s) "
+              f"for {rid} (delivered to encoder bootstrap port {c.encoder_bootstrap_port})")
+        return sum(results)
+
+    async def _encode_on(self, url: str, n_items: int, rid: str, part: int, parts: int) -> int:
+        c, e = self.cfg, self.engine
+        token = uuid.uuid4().hex
+        body = {"num_items": n_items, "req_id": rid, "part_idx": part, "num_parts": parts,
+                "prefill_host": c.advertised_host, "embedding_port": c.encoder_bootstrap_port,
+                "token": token, "model": c.model,
+                "encoder_transfer_backend": c.resolved_encoder_transfer_backend}
+        try:
+            async with e.session.post(f"{url.rstrip('/')}/encode", json=body,
                                       timeout=aiohttp.ClientTimeout(total=10)) as r:
-                body = await r.json(content_type=None)
-                if r.status != 200:
-                    raise GenError(500, f"encoder {url} answered {r.status}: {body}")
-        except (*PEER_ERRORS, ValueError) as exc:
-            raise GenError(500, f"encoder {url} failed to embed {n_items} media item(s): "
-                           f"{exc}") from None
-        e.log(f"encoder {url} embedded {n_items} media item(s) for {rid}")
-        return int(body.get("embedding_tokens", 0))
+                text = await r.text()
+                status = r.status
+        except PEER_ERRORS as exc:
+            e.log(f"ERROR: Encoder {url} failed for request {rid}: {exc}")
+            raise GenError(502, f"Encoder {url} failed for request {rid}: {exc}",
+                           err_type="BadGateway") from None
+        if status != 200:
+            e.log(f"ERROR: Encoder {url} returned error {status}: {err_text(text)}")
+            raise GenError(status, f"Encoder {url} returned error {status}: {err_text(text)}")
+        delivered = self.deliveries.pop(token, None)
+        if delivered is None:
+            raise GenError(502, f"Encoder {url} answered but delivered no embeddings to this "
+                           f"worker's encoder bootstrap port {c.encoder_bootstrap_port}")
+        return int(delivered.get("embedding_tokens", 0))
 
     # ------------------------------------------------------------ encoder side
-    async def _register_encoder_urls(self) -> None:
-        """Encoder with --encoder-register-urls: announce itself to language workers."""
-        c, e = self.cfg, self.engine
-        me = f"http://{hostport(c.advertised_host, c.port)}"
-        n = 0
-        while self.register_pending:
-            n += 1
-            if time.monotonic() - e.t0 < e.ready_after:
-                await asyncio.sleep(0.1)
-                continue
-            for url in list(self.register_pending):
-                try:
-                    async with e.session.post(f"{url}/register_encoder_url",
-                                              json={"encoder_url": me, "model": c.model},
-                                              timeout=aiohttp.ClientTimeout(total=5)) as r:
-                        text = await r.text()
-                        if r.status == 200:
-                            self.register_pending.discard(url)
-                            e.log(f"registered with language worker {url}")
-                            continue
-                        problem = f"answered {r.status}: {err_text(text)}"
-                except PEER_ERRORS as exc:
-                    problem = f"unreachable ({type(exc).__name__}: {exc})"
-                if e.retries.should_log(("lang", url), problem, n):
-                    e.log(f"language worker {url} {problem}; retrying (attempt {n})")
-            if self.register_pending:
-                await asyncio.sleep(backoff(n))
-
     def add_encoder_routes(self, app: web.Application) -> None:
-        app.router.add_post("/register_language_worker", self._h_register_language_worker)
         app.router.add_post("/encode", self._h_encode)
 
-    async def _h_register_language_worker(self, request: web.Request) -> web.Response:
+    async def _h_encode(self, request: web.Request) -> web.Response:
         c, e = self.cfg, self.engine
-        body = await read_json(request)
-        host = body.get("language_host")
-        port = body.get("encoder_bootstrap_port")
-        who = f"{body.get('role', 'language worker')} {host}:{body.get('http_port')}"
         if not e.is_ready():
-            return web.json_response({"error": "encoder is still starting"}, status=503)
+            return web.json_response({"message": "encoder is still starting"}, status=503)
+        body = await read_json(request)
+        host, port = body.get("prefill_host"), body.get("embedding_port")
         if body.get("model") != c.model:
-            e.log(f"refused {who}: it serves {body.get('model')!r}, this encoder {c.model!r}")
-            return web.json_response({"error": f"model mismatch: encoder serves "
-                                      f"{c.model!r}, language worker "
-                                      f"{body.get('model')!r}"}, status=409)
+            e.log(f"refused {host}:{port}: it serves {body.get('model')!r}, this encoder {c.model!r}")
+            return web.json_response({"message": f"model mismatch: encoder serves {c.model!r}, "
+                                      f"language worker {body.get('model')!r}"}, status=500)
         mine = c.resolved_encoder_transfer_backend
         if body.get("encoder_transfer_backend") not in (None, mine):
-            e.log(f"refused {who}: encoder transfer backend "
-                  f"{body.get('encoder_transfer_backend')} != {mine}")
-            return web.json_response({"error": f"encoder transfer backend mismatch: encoder "
+            return web.json_response({"message": f"encoder transfer backend mismatch: encoder "
                                       f"uses {mine}, language worker "
-                                      f"{body.get('encoder_transfer_backend')}"}, status=409)
-        url = (f"http://{hostport(host, port)}/encoder_handshake?token={body.get('token', '')}"
-               f"&encoder=http://{hostport(c.advertised_host, c.port)}")
+                                      f"{body.get('encoder_transfer_backend')}"}, status=500)
+        n = int(body.get("num_items", 1))
+        delivery = {"token": body.get("token"), "req_id": body.get("req_id"), "num_items": n,
+                    "embedding_tokens": n * tg.TOKENS_PER_MEDIA_ITEM,
+                    "encoder": f"http://{hostport(c.advertised_host, c.port)}"}
         try:
-            async with e.session.get(url, timeout=aiohttp.ClientTimeout(total=3)) as r:
+            async with e.session.post(f"http://{hostport(host, port)}/sim/embeddings",
+                                      json=delivery, timeout=aiohttp.ClientTimeout(total=3)) as r:
                 if r.status != 200:
                     raise aiohttp.ClientError(f"status {r.status}")
         except PEER_ERRORS as exc:
-            e.log(f"cannot connect back to {who} encoder bootstrap {host}:{port}: {exc}")
-            return web.json_response({"error": f"encoder cannot connect back to the language "
-                                      f"worker's encoder bootstrap server at {host}:{port}: "
-                                      f"{exc}"}, status=502)
-        self.language_workers[f"{host}:{port}"] = body
-        e.log(f"registered {who} (connected back to its encoder bootstrap {host}:{port})")
-        return web.json_response({"status": "ok", "encoder_transfer_backend": mine})
-
-    async def _h_encode(self, request: web.Request) -> web.Response:
-        e = self.engine
-        if not e.is_ready():
-            return web.json_response({"error": "encoder is still starting"}, status=503)
-        body = await read_json(request)
-        n = int(body.get("num_items", 1))
+            e.log(f"cannot deliver embeddings to {host}:{port}: {exc}")
+            return web.json_response({"message": f"encoder cannot reach the language worker's "
+                                      f"encoder bootstrap server at {host}:{port}: {exc}"},
+                                     status=502)
         e.requests_served += 1
-        return web.json_response({"num_items": n,
-                                  "embedding_tokens": n * tg.TOKENS_PER_MEDIA_ITEM,
-                                  "encoder": f"{self.cfg.advertised_host}:{self.cfg.port}"})
+        e.log(f"embedded {n} media item(s) for {body.get('req_id')}, delivered to {host}:{port}")
+        return web.json_response({"req_id": body.get("req_id"), "part_idx": body.get("part_idx"),
+                                  "num_items": n, "embedding_size": delivery["embedding_tokens"]})
+
+    async def _register_encoder_urls(self) -> None:
+        """--encoder-register-urls: once loaded, register with each language worker."""
+        c, e = self.cfg, self.engine
+        me = f"http://{hostport(c.advertised_host, c.port)}"
+        while time.monotonic() - e.t0 < e.ready_after:
+            await asyncio.sleep(0.05)
+        pending = {u.rstrip("/"): 0 for u in c.encoder_register_urls}
+        while pending:
+            for url in list(pending):
+                pending[url] += 1
+                n = pending[url]
+                try:
+                    async with e.session.post(f"{url}/register_encoder_url", json={"url": me},
+                                              timeout=aiohttp.ClientTimeout(total=5)) as r:
+                        text = await r.text()
+                        if r.status == 200:
+                            del pending[url]
+                            self.registered_with.append(url)
+                            e.log(f"Registered encoder URL '{me}' with bootstrap at {url}")
+                            continue
+                        problem = f"answered {r.status}: {err_text(text)}"
+                except PEER_ERRORS as exc:
+                    problem = f"unreachable ({type(exc).__name__}: {exc})"
+                if n >= REGISTER_TRIES:
+                    del pending[url]
+                    e.log(f"Giving up on bootstrap {url} after {n} attempts ({problem}). Encoder "
+                          f"discovery via this bootstrap will be incomplete.")
+                elif e.retries.should_log(("lang", url), problem, n):
+                    e.log(f"bootstrap {url} {problem}; retrying (attempt {n})")
+            if pending:  # quick at first, then SGLang's 5 s
+                await asyncio.sleep(min(0.1 * 2 ** (min(pending.values()) - 1), 5.0))
+
+    async def unregister(self) -> None:
+        """On stop: an encoder leaves the lists it registered in (the real one does at exit)."""
+        c, e = self.cfg, self.engine
+        if not self.registered_with or e.session is None:
+            return
+        me = f"http://{hostport(c.advertised_host, c.port)}"
+
+        async def one(url: str) -> None:
+            try:
+                async with e.session.delete(f"{url}/unregister_encoder_url", json={"url": me},
+                                            timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                    await r.read()
+            except PEER_ERRORS:
+                pass
+
+        await asyncio.gather(*(one(u) for u in self.registered_with))

@@ -99,7 +99,7 @@ class SimEngine:
             pass
 
     def wiring_blockers(self) -> list[str]:
-        return self.encoders.blockers() + self.dist.blockers()
+        return self.dist.blockers()  # a language worker is ready without its encoders (SGLang 0.5.23)
 
     def is_ready(self) -> bool:
         return (not self.stopping and time.monotonic() - self.t0 >= self.ready_after
@@ -218,6 +218,7 @@ class SimEngine:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.encoders.unregister()
         await asyncio.gather(*(r.cleanup() for r in self.runners), return_exceptions=True)
         if self.session is not None:
             await self.session.close()
