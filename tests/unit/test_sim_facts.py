@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from muse_launch.core import load_plan
+from muse_launch.engines import sglang, vllm
 from muse_launch.errors import CheckFailed
-from muse_launch.init import VLLM_MASTER_PORT
-from muse_launch.plan import sglang, vllm
 from muse_launch.sim.config import ArgvError, parse_engine_args, startup_errors
 from muse_launch.sim.server import SimEngine
-from muse_launch.topology.rules import KEY_FLAGS, SGLANG_CHOICES, VLLM_CONNECTORS
+
+KEY_FLAGS = {"sglang": sglang.KEY_FLAGS, "vllm": vllm.KEY_FLAGS}
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
@@ -24,41 +24,40 @@ def kv(connector: str, role: str = "kv_producer") -> list[str]:
 
 
 def test_default_ports_are_the_engine_modules(monkeypatch):
-    for var in ("VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_MOONCAKE_BOOTSTRAP_PORT"):
+    for var in (vllm.NIXL_SIDE_CHANNEL_PORT_ENV, vllm.MOONCAKE_BOOTSTRAP_PORT_ENV):
         monkeypatch.delenv(var, raising=False)
-    c = parse_engine_args("sglang", ["--model-path", M, "--language-only",
-                                     "--disaggregation-mode", "prefill"])
+    c = parse_engine_args("sglang", ["--model-path", M, sglang.LANGUAGE_ONLY, sglang.DISAGGREGATION_MODE, "prefill"])
     assert c.bootstrap_port == sglang.DEFAULT_BOOTSTRAP_PORT
     assert c.encoder_bootstrap_port == sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT
     assert parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["nixl"])]).nixl_side_channel[1] == \
         vllm.NIXL_SIDE_CHANNEL_BASE
     assert parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["mooncake"])]).mooncake_bootstrap[1] == \
         vllm.MOONCAKE_BOOTSTRAP_BASE
-    assert parse_engine_args("vllm", [M, "--nnodes", "2"]).dist_init[1] == VLLM_MASTER_PORT
+    assert parse_engine_args("vllm", [M, vllm.NNODES, "2"]).dist_init[1] == vllm.DEFAULT_MASTER_PORT
 
 
-@pytest.mark.parametrize("connector", VLLM_CONNECTORS)
+@pytest.mark.parametrize("connector", vllm.KNOWN_CONNECTORS)
 def test_every_connector_vllm_has_starts(connector):
     assert startup_errors(parse_engine_args("vllm", [M, *kv(connector)])) == []
 
 
 @pytest.mark.parametrize("backend", sorted(vllm.CONNECTORS))
 def test_every_transfer_backend_the_renderer_writes_is_a_connector(backend):
-    assert vllm.CONNECTORS[backend] in VLLM_CONNECTORS
+    assert vllm.CONNECTORS[backend] in vllm.KNOWN_CONNECTORS
 
 
 @pytest.mark.parametrize("connector", ["P2pNcclConnector", "SharedStorageConnector", "NoSuchConnector"])
 def test_a_connector_vllm_lacks_fails_in_the_sim_and_in_the_checks(connector):
-    assert connector not in VLLM_CONNECTORS
+    assert connector not in vllm.KNOWN_CONNECTORS
     errs = startup_errors(parse_engine_args("vllm", [M, *kv(connector)]))
     assert errs == [f"Unsupported connector type: {connector}"]
     with pytest.raises(CheckFailed, match=f"vLLM has no KV connector {connector}"):
         load_plan(REPO / "topologies" / "vllm-pd-b200.yaml", [f"roles.prefill.transfer_backend={connector}"])
 
 
-@pytest.mark.parametrize("flag", sorted(SGLANG_CHOICES))
+@pytest.mark.parametrize("flag", sorted(sglang.CHOICES))
 def test_sglang_choices_are_the_engine_modules(flag):
-    for choice in SGLANG_CHOICES[flag]:
+    for choice in sglang.CHOICES[flag]:
         parse_engine_args("sglang", ["--model-path", M, flag, choice])
     with pytest.raises(ArgvError, match="invalid choice"):
         parse_engine_args("sglang", ["--model-path", M, flag, "no-such-choice"])
@@ -73,7 +72,7 @@ READ_KEYS = {
                "bootstrap_port": ("3", "bootstrap_port"),
                "encoder_bootstrap_port": ("3", "encoder_bootstrap_port"),
                "encoder_transfer_backend": ("mooncake", "encoder_transfer_backend")},
-    "vllm": {"tp": ("3", "tp_size"), "pp": ("3", "pp_size"), "dp": ("3", "dp_size"),
+    "vllm": {"model": ("m/x", "model"), "tp": ("3", "tp_size"), "pp": ("3", "pp_size"), "dp": ("3", "dp_size"),
              "page_size": ("3", "page_size"), "kv_cache_dtype": ("fp8", "kv_cache_dtype")},
 }
 
@@ -81,7 +80,7 @@ READ_KEYS = {
 @pytest.mark.parametrize("engine,key", [(e, k) for e in READ_KEYS for k in READ_KEYS[e]])
 def test_every_spelling_of_a_key_flag_is_read(engine, key):
     value, field = READ_KEYS[engine][key]
-    base = ["--model-path", M] if engine == "sglang" and key != "model" else ([M] if engine == "vllm" else [])
+    base = [] if key == "model" else ["--model-path", M] if engine == "sglang" else [M]
     for flag in KEY_FLAGS[engine][key]:
         c = parse_engine_args(engine, [*base, flag, value])
         assert str(getattr(c, field)) == value, (flag, getattr(c, field))
@@ -93,7 +92,7 @@ def test_the_sim_binds_the_ports_the_plan_says(path, monkeypatch):
     for spec in plan.specs:
         if "muse_launch.sim" not in spec.launcher:
             continue
-        for var in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_MOONCAKE_BOOTSTRAP_PORT"):
+        for var in (vllm.NIXL_SIDE_CHANNEL_HOST_ENV, vllm.NIXL_SIDE_CHANNEL_PORT_ENV, vllm.MOONCAKE_BOOTSTRAP_PORT_ENV):
             monkeypatch.delenv(var, raising=False)
         for var, value in spec.env.items():
             monkeypatch.setenv(var, value)
