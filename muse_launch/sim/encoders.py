@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Mapping
 import aiohttp
 from aiohttp import web
 
+from ..engines import sglang as sgl
 from . import textgen as tg
 from .api import GenError
 from .wiring import PEER_ERRORS, err_text, hostport, read_json
@@ -42,13 +43,12 @@ from .wiring import PEER_ERRORS, err_text, hostport, read_json
 if TYPE_CHECKING:
     from .server import SimEngine
 
-FAIL_THRESHOLD = 3  # SGLang evicts an encoder after this many failed probes in a row
+FAIL_THRESHOLD = sgl.ENCODER_FAIL_THRESHOLD
 REGISTER_TRIES = 30  # an encoder's tries to register with each --encoder-register-urls entry
 SIM_PROBE_INTERVAL_ENV = "MUSE_SIM_ENCODER_PROBE_INTERVAL"
-# SGLang 0.5.23's environment variables and defaults (sglang/srt/environ.py)
-PROBE_ENV = {"interval": ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL", 10.0),
-             "timeout": ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT", 2.0),
-             "evicted_ttl": ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)}
+PROBE_ENV = {"interval": sgl.ENCODER_HEALTH_CHECK_INTERVAL_ENV,
+             "timeout": sgl.ENCODER_HEALTH_CHECK_TIMEOUT_ENV,
+             "evicted_ttl": sgl.ENCODER_EVICTED_TTL_ENV}
 
 
 def probe_settings(environ: Mapping[str, str] = os.environ) -> dict[str, float]:
@@ -98,7 +98,7 @@ class EncoderWiring:
         app.router.add_get("/health", self._h_ok)
         app.router.add_post("/register_encoder_url", self._h_register)
         app.router.add_delete("/unregister_encoder_url", self._h_unregister)
-        app.router.add_get("/list_encoder_urls", self._h_list)
+        app.router.add_get(sgl.ENCODER_LIST_PATH, self._h_list)
         app.router.add_post("/sim/embeddings", self._h_embeddings)
         return app
 
