@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from . import responses as rs
 from . import textgen as tg
 from .api import GenError
 
@@ -61,9 +62,9 @@ class Generation:
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self.api.sse(request, tg.chat_chunks(c.engine, model, out, prompt_tokens,
+            return await self.api.sse(request, rs.chat_chunks(c.engine, model, out, prompt_tokens,
                                                            include_usage))
-        return web.json_response(tg.chat_response(c.engine, model, out, prompt_tokens, extra))
+        return web.json_response(rs.chat_response(c.engine, model, out, prompt_tokens, extra))
 
     async def h_completions(self, request: web.Request) -> web.StreamResponse:
         body, pre = await self.api.admit(request)
@@ -96,9 +97,9 @@ class Generation:
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self.api.sse(request, tg.completion_chunks(c.engine, model, ps, finish,
+            return await self.api.sse(request, rs.completion_chunks(c.engine, model, ps, finish,
                                                                  prompt_tokens, include_usage))
-        return web.json_response(tg.completion_response(c.engine, model, "".join(ps), finish,
+        return web.json_response(rs.completion_response(c.engine, model, "".join(ps), finish,
                                                         prompt_tokens, n, extra))
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
@@ -146,17 +147,17 @@ class Generation:
                 for j, p in enumerate(ps):
                     acc.append(p)
                     last = j == len(ps) - 1
-                    meta = tg.generate_meta(rid, finish, len(ids), j + 1, started, max_new)
+                    meta = rs.generate_meta(rid, finish, len(ids), j + 1, started, max_new)
                     if not last:
                         meta["finish_reason"] = None
                     yield {"text": "".join(acc), "output_ids": [tg.token_id(x) for x in acc],
                            "meta_info": meta, "index": 0}
                 if not ps:
                     yield {"text": "", "output_ids": [], "index": 0,
-                           "meta_info": tg.generate_meta(rid, finish, len(ids), 0, started,
+                           "meta_info": rs.generate_meta(rid, finish, len(ids), 0, started,
                                                          max_new)}
             return await self.api.sse(request, events())
         out = [{"text": "".join(ps), "output_ids": [tg.token_id(x) for x in ps],
-                "meta_info": tg.generate_meta(rid, finish, len(ids), n, started, max_new)}
+                "meta_info": rs.generate_meta(rid, finish, len(ids), n, started, max_new)}
                for rid, ids, ps, finish, n in results]
         return web.json_response(out if batch else out[0])
