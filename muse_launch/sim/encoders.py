@@ -147,11 +147,16 @@ class EncoderWiring:
                 return None if r.status == 200 else f"/health answered {r.status}"
         except PEER_ERRORS as exc:
             return f"unreachable ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # SGLang counts any probe error as a failure (a bad URL, ...)
+            return f"{type(exc).__name__}: {exc}"
 
     async def _health_check_loop(self) -> None:
         while True:
             await asyncio.sleep(self.probe["interval"])
-            await self.check_once()
+            try:
+                await self.check_once()
+            except Exception as exc:  # as SGLang: log it, keep checking
+                self.engine.log(f"Health check loop error: {type(exc).__name__}: {exc}")
 
     async def check_once(self) -> None:
         """One round of SGLang's health check over the listed and the evicted encoders."""
