@@ -313,7 +313,8 @@ def await_gpu_release(record: DeploymentRecord, read: GpuReader, seen: Mapping[i
             break
         time.sleep(GPU_POLL_SECONDS)
     if ours:
-        return GpuRelease(None, tuple(f"{held(g, owners, [h])} (role {role})" for g, h, role in ours))
+        return GpuRelease(None, tuple(held(g, owners, [h]) + ("" if owners.of(h.pid) else f" (was role {role})")
+                                      for g, h, role in ours))
     others = [g for g in view.gpus if g.index in gpus and g.holders]
     if not others:
         return GpuRelease(f"GPUs {index_ranges(gpus)} free" if len(gpus) > 1 else f"GPU {gpus[0]} free")

@@ -166,7 +166,7 @@ def test_down_names_a_holder_that_stays_and_leaves_foreign_ones_alone():
     record = record_with(None)
     view = h200s(2, {0: [GpuHolder(4242, 60 * GIB)], 1: [GpuHolder(564, 9 * GIB, "python3 serve.py")]})
     release = await_gpu_release(record, lambda: view, {4242: "prefill"}, seconds=0.2)
-    assert release.held == ("GPU 0: 60.0 of 139.8 GiB held by pid 4242 (not visible from here) (role prefill)",)
+    assert release.held == ("GPU 0: 60.0 of 139.8 GiB held by pid 4242 (not visible from here) (was role prefill)",)
     release = await_gpu_release(record, lambda: view, {}, seconds=0.2)
     assert release.held == ()
     assert release.line.startswith("GPUs 0-1: nothing of gpu-test holds memory; also held, not by gpu-test: "
