@@ -128,6 +128,9 @@ def _register_runtime() -> None:
 def main(argv: list[str] | None = None) -> None:
     """click handles usage errors (exit 2), Ctrl-C and each command's exit code; we handle ours."""
     _register_runtime()
+    from .export.command import register as register_export
+
+    register_export(app)
     try:
         app(args=argv)
     except UserError as exc:
