@@ -118,16 +118,22 @@ def container(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> 
 
 
 def probes(pod: PodCommand) -> dict[str, Any]:
-    """The plan's probe: the start-up probe allows its timeout; readiness polls the same endpoint.
-    HTTP probes with several paths poll the last, which answers only once the others do."""
+    """The plan's probe. Its paths must answer in order: the start-up probe polls the first, for as
+    long as the plan's timeout allows; readiness, which Kubernetes polls only once start-up passed,
+    the last."""
     probe, port = pod.spec.probe, pod.spec.ports.get("http")
     if port is None or probe.kind not in (ProbeKind.HTTP, ProbeKind.TCP):
         return {}
-    action: dict[str, Any] = ({"httpGet": {"path": probe.paths[-1], "port": port_name("http")}}
-                              if probe.kind is ProbeKind.HTTP else {"tcpSocket": {"port": port_name("http")}})
-    return {"startupProbe": {**action, "periodSeconds": STARTUP_PERIOD,
+
+    def action(path: str) -> dict[str, Any]:
+        if probe.kind is ProbeKind.HTTP:
+            return {"httpGet": {"path": path, "port": port_name("http")}}
+        return {"tcpSocket": {"port": port_name("http")}}
+
+    first, last = (probe.paths[0], probe.paths[-1]) if probe.paths else ("", "")
+    return {"startupProbe": {**action(first), "periodSeconds": STARTUP_PERIOD,
                              "failureThreshold": max(1, math.ceil(probe.timeout / STARTUP_PERIOD))},
-            "readinessProbe": {**action, "periodSeconds": READY_PERIOD, "failureThreshold": 3}}
+            "readinessProbe": {**action(last), "periodSeconds": READY_PERIOD, "failureThreshold": 3}}
 
 
 def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
