@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 from ..errors import CheckFailed, UserError
 from ..plan.build import build_plan
 from ..plan.spec import LaunchSpec, Plan
-from ..topology.checks import Severity, run_checks
+from ..checks import Severity, run_checks
 from ..topology.hardware import PROFILES
 from ..topology.load import ENV_REF, LoadedTopology, load_topology
 from ..topology.model import NodeConfig, Topology
