@@ -55,6 +55,10 @@ def export_command(
     typer.echo(f"{file}: wrote {objects} objects in {len(done.files)} files to {output} ({to})")
     for f in done.files:
         typer.echo(f"  {output / f.path}")
+    gpus = sum(len(s.gpus) for s in done.export.plan.specs)
+    if gpus:
+        typer.echo(f"GPUs: {gpus} in {len(done.export.plan.specs)} pods (each pod its own; roles that share GPUs "
+                   f"on one host do not share them here)")
     if done.export.secrets:
         names = done.export.names
         typer.echo(f"secrets: the pods read {', '.join(done.export.secrets)} from Secret {names.secret}; create it "

@@ -230,7 +230,8 @@ def _leader_worker(role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], 
         argv, env = replay(pod, injected)
         want = _visible_env(spec)
         if argv != list(spec.argv) or {k: v for k, v in env.items() if k in want or k not in pod.secrets} != want:
-            diff = [f"{a!r} vs {b!r}" for a, b in zip(argv, spec.argv) if a != b][:3] or ["the flags differ"]
+            diff = [f"{spec.argv[i - 1]} {b} where the template gives {a}" for i, (a, b) in enumerate(zip(argv, spec.argv))
+                    if a != b][:3] or ["their flags differ"]
             raise ExportError(
                 f"roles.{role}: {flavour.name.upper()} gives every worker of a group one template, but "
                 f"{spec.name}'s command is not {specs[1].name}'s with only the node rank, group size and "
