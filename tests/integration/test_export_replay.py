@@ -57,6 +57,7 @@ def test_exported_manifests_run(path: str, flavour: str, extra: list[str], tmp_p
     dns = replay.resolve(pods, services, SECRETS)
     assert sorted(p.role for p in pods) == sorted(dns_label(s.role) for s in exported.plan.specs)
 
+    assert not [a for p in pods for a in [*p.argv, *p.env.values()] if "$(" in a], "a variable left unexpanded"
     # The expanded commands are the plan's, with each DNS name at its address and the secrets' values.
     for role, group in groups.items():
         mine = [p for p in pods if p.role == role]
@@ -78,15 +79,18 @@ def test_exported_manifests_run(path: str, flavour: str, extra: list[str], tmp_p
                 group = groups[pod.role]
                 replay.start(pod, len(group.specs[0].launcher), group.engine, run_dir, ready_after=0.3)
                 started.append(pod)
-        else:  # RBG creates a role once the roles it depends on are ready
-            for wave in exported.plan.waves:
-                roles = {dns_label(exported.plan.spec(n).role) for n in wave}
-                batch = [p for p in pods if p.role in roles]
+        else:  # RBG creates a role once the roles it depends on (the manifest's `dependencies`) are ready
+            waiting, up = list(pods), set()
+            while waiting:
+                batch = [p for p in waiting if set(p.depends_on) <= up]
+                assert batch, f"dependencies never met: {[(p.name, p.depends_on) for p in waiting]}"
                 for pod in batch:
                     group = groups[pod.role]
                     replay.start(pod, len(group.specs[0].launcher), group.engine, run_dir, ready_after=0.3)
                     started.append(pod)
                 replay.wait_ready(batch, timeout=60)
+                up |= {p.role for p in batch}
+                waiting = [p for p in waiting if p not in batch]
         replay.wait_ready(started, timeout=90)
 
         routers = [g for g in exported.groups if g.kind == "router"]
