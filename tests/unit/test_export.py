@@ -269,3 +269,12 @@ def test_export_into_a_directory_of_other_manifests_is_refused(tmp_path: Path):
     (out / "mine.yaml").write_text("kind: Other\n")
     with pytest.raises(ExportError, match="mine.yaml"):
         export(ROOT / "topologies/epd-b300.yaml", out)
+
+
+@pytest.mark.parametrize("name,code", [("dangling-reference", 1), ("dependency-cycle", 1), ("bad-gpus-string", 2),
+                                       ("duplicate-key", 2)])
+def test_a_topology_that_fails_its_checks_is_not_exported(name: str, code: int, tmp_path: Path):
+    done = cli("export", f"tests/data/bad/{name}.yaml", "-o", tmp_path / "out")
+    assert done.returncode == code, done.stderr
+    assert f"tests/data/bad/{name}.yaml:" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
