@@ -16,11 +16,12 @@ from typing import Iterable, Mapping
 
 from ..errors import CheckFailed, UserError
 from ..plan.build import build_plan
+from ..plan.build import expand as role_instances
 from ..plan.spec import LaunchSpec, Plan
 from ..checks import Severity, run_checks
 from ..topology.hardware import PROFILES
 from ..topology.load import ENV_REF, LoadedTopology, load_topology
-from ..topology.model import NodeConfig, Topology
+from ..topology.model import NodeConfig, Role, Topology
 from .expand import expand
 from .names import LWS, Flavour, Names, dns_label
 
@@ -92,9 +93,9 @@ def load_for_export(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedT
 def export_plan(path: str | Path, flavour: Flavour, namespace: str, sets: Iterable[str] = ()) -> ExportPlan:
     loaded, secrets = load_for_export(path, sets)
     _check(loaded, "")
-    topology = loaded.topology
+    topology = split_replicas(loaded.topology)
     names = Names(flavour, dns_label(topology.name), namespace)
-    _refuse_unsupported(loaded, names)
+    _refuse_unsupported(loaded, topology, names)
     moved = k8s_topology(topology, names)
     again = LoadedTopology(moved, loaded.source, loaded.lines, loaded.secrets)
     findings, plan = _check(again, "with each address replaced by its Kubernetes DNS name: ")
@@ -112,28 +113,58 @@ def _check(loaded: LoadedTopology, context: str):
     return findings, plan
 
 
-def _refuse_unsupported(loaded: LoadedTopology, names: Names) -> None:
+def split_replicas(topology: Topology) -> Topology:
+    """A role with `replicas: N` becomes N roles named as its instances (decode-0, decode-1, ...), each
+    with the ports and GPUs of its instance, and every reference to it names them all: one group each."""
+    if all(role.replicas == 1 for role in topology.roles.values()):
+        return topology
+    split: dict[str, list[str]] = {}
+    roles: dict[str, Role] = {}
+    for name, role in topology.roles.items():
+        if role.replicas == 1:
+            roles[name] = role
+            continue
+        split[name] = []
+        for inst in role_instances(topology, name, role):
+            if inst.name in topology.roles:
+                raise ExportError(f"roles.{name}: its replica {inst.name} becomes a role of its own, but "
+                                  f"roles.{inst.name} exists; rename one")
+            roles[inst.name] = role.model_copy(update={
+                "replicas": 1, "port": inst.port, "gpus": list(inst.gpus) or None,
+                "bootstrap_port": inst.bootstrap_port, "encoder_bootstrap_port": inst.encoder_bootstrap_port,
+                "side_channel_port": inst.side_channel_port, "metrics_port": inst.metrics_port})
+            split[name].append(inst.name)
+    for name, role in roles.items():
+        update = {key: [n for ref in refs for n in split.get(ref, [ref])] for key, refs in role.references.items()
+                  if any(ref in split for ref in refs)}
+        if update:
+            roles[name] = role.model_copy(update=update)
+    return topology.model_copy(update={"roles": roles})
+
+
+def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names) -> None:
     problems = []
-    for name, role in loaded.topology.roles.items():
-        where = loaded.where(("roles", name, "replicas"))
-        if role.replicas > 1:
-            problems.append(f"{where}: roles.{name}.replicas: {role.replicas} replicas: export writes one group per "
-                            f"role; give each replica its own role (e.g. {name}-0, {name}-1) and export again")
     labels = {}
-    for name in loaded.topology.roles:
+    for name in topology.roles:
         label = dns_label(name)
         if label in labels:
-            problems.append(f"{loaded.where(('roles', name))}: roles.{name}: its Kubernetes name {label!r} is also "
+            problems.append(f"{_where(loaded, name)}: roles.{name}: its Kubernetes name {label!r} is also "
                             f"roles.{labels[label]}'s; rename one")
         labels[label] = name
         for obj in (names.workload(name), names.group_service(name), names.pod(name, 99, True)):
             if len(obj) > 63 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", obj):
-                problems.append(f"{loaded.where(('roles', name))}: roles.{name}: {obj!r} is not a valid Kubernetes "
+                problems.append(f"{_where(loaded, name)}: roles.{name}: {obj!r} is not a valid Kubernetes "
                                 f"name (a DNS label: lowercase letters, digits and '-', at most 63); shorten the "
                                 f"topology's name or the role's")
                 break
     if problems:
         raise ExportError("\n".join(dict.fromkeys(problems)))
+
+
+def _where(loaded: LoadedTopology, role: str) -> str:
+    """The file and line of a role, or of the role a replica was split from."""
+    original = role if role in loaded.topology.roles else role.rpartition("-")[0]
+    return loaded.where(("roles", original))
 
 
 def k8s_topology(topology: Topology, names: Names) -> Topology:

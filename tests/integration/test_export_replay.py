@@ -32,6 +32,7 @@ CASES = [
     ("topologies/vllm-multinode-tp-pp-b200.yaml", "rbg", []),
     ("topologies/vllm-pd-b200.yaml", "lws", ["--image", "router=example.org/vllm-router:0.1.17"]),
     ("tests/data/export/pd-secrets.yaml", "lws", ["--image", "example.org/muse:1"]),
+    ("tests/data/export/pd-replicas.yaml", "rbg", ["--image", "example.org/muse:1"]),
 ]
 SECRETS = {"HF_TOKEN": "hf-secret-value-1234", "MODEL_ALIAS": "alias-5678"}
 

@@ -165,13 +165,20 @@ def test_refuses_what_one_worker_template_cannot_say(tmp_path: Path):
         export_plan(path, LWS, "default")
 
 
-def test_replicas_are_refused_with_a_reason(tmp_path: Path):
-    path = tmp_path / "t.yaml"
-    path.write_text((ROOT / "topologies/epd-b300.yaml").read_text().replace("    port: 30002\n",
-                                                                             "    port: 30002\n    replicas: 2\n"))
-    done = cli("export", path, "-o", tmp_path / "out")
-    assert done.returncode == 1 and "replicas" in done.stderr and "Traceback" not in done.stderr
-    assert not (tmp_path / "out").exists()
+def test_replicas_become_one_group_each():
+    path = ROOT / "tests/data/export/pd-replicas.yaml"
+    done = build(path, "lws", images={"": "example.org/muse:1"})
+    assert not done.problems, done.problems
+    names = [o["metadata"]["name"] for o in _objects(done, "LeaderWorkerSet")]
+    assert names == ["pd-replicas-prefill-0", "pd-replicas-prefill-1", "pd-replicas-decode"]
+    (router,) = _objects(done, "Deployment")
+    command = router["spec"]["template"]["spec"]["containers"][0]["command"]
+    prefills = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--prefill"]
+    assert prefills == [["http://pd-replicas-prefill-0-0.pd-replicas-prefill-0.default:31001", "8998"],
+                        ["http://pd-replicas-prefill-1-0.pd-replicas-prefill-1.default:31002", "8999"]]
+    rbg = build(path, "rbg", images={"": "example.org/muse:1"})
+    (group,) = _objects(rbg, "RoleBasedGroup")
+    assert [r.get("dependencies", []) for r in group["spec"]["roles"]][-1] == ["prefill-0", "prefill-1", "decode"]
 
 
 def test_export_refuses_to_write_invalid_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
