@@ -78,7 +78,7 @@ def _check(directory: Path) -> int:
         typer.echo(f"{directory}: FAILED: a file does not read as YAML", err=True)
         return 2
     if problems:
-        typer.echo(f"{directory}: FAILED ({len(problems)} problems)", err=True)
+        typer.echo(f"{directory}: FAILED ({len(problems)} problem{'s' if len(problems) != 1 else ''})", err=True)
         return 1
     typer.echo(f"{directory}: ok")
     return 0

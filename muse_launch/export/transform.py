@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from ..errors import CheckFailed, UserError
-from ..plan.build import build_plan
+from ..plan.build import PlanError, build_plan
 from ..plan.build import expand as role_instances
 from ..plan.spec import LaunchSpec, Plan
 from ..checks import Severity, run_checks
@@ -203,7 +203,11 @@ def _groups(topology: Topology, plan: Plan, names: Names):
         if len(specs) == 1:
             yield Group(role, tuple(specs), _pod(specs[0], {}), None, depends)
             continue
-        grown = grown or build_plan(_one_more_node(topology, names))
+        if grown is None:
+            try:
+                grown = build_plan(_one_more_node(topology, names))
+            except PlanError:  # no plan with a node more: the group size stays a number
+                grown = Plan(plan.name, (), ())
         yield _leader_worker(role, specs, [s for s in grown.specs if s.role == role], names, depends)
 
 
@@ -241,7 +245,7 @@ def _leader_worker(role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], 
     size = len(specs)
     flags = set().union(*(_flag_values(s.argv) for s in specs))
     rank_flags = {f for f in flags if all(_value(s.argv, f) == str(r) for r, s in enumerate(specs))}
-    size_flags = {f for f in flags if all(_value(s.argv, f) == str(size) for s in specs)
+    size_flags = {f for f in flags if grown and all(_value(s.argv, f) == str(size) for s in specs)
                   and _value(grown[0].argv, f) == str(size + 1)}
     leader_address = names.address(role, 0, group=True)
 
