@@ -226,6 +226,11 @@ def _names(data: dict[str, Any], file: str, obj: str) -> list[Problem]:
                 if not ENV_NAME.match(e.get("name", "")):
                     out.append(Problem(file, obj, dotted((*where, "env", j, "name")), f"{e.get('name')!r} is not "
                                        f"a valid environment variable name"))
+    if kind == "Deployment":
+        selector = ((data.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        labels = (((data.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            out.append(Problem(file, obj, "spec.selector.matchLabels", "does not match spec.template.metadata.labels"))
     if kind == "RoleBasedGroup":
         roles = [r.get("name") for r in (data.get("spec") or {}).get("roles") or [] if isinstance(r, dict)]
         for i, role in enumerate((data.get("spec") or {}).get("roles") or []):

@@ -249,7 +249,19 @@ def test_check_port_names_and_names_the_api_server_would_refuse(tmp_path: Path):
         docs[1]["metadata"]["name"] = "9server"
 
     _edit(out / "server.yaml", edits)
+    (out / "router.yaml").write_text("""apiVersion: apps/v1
+kind: Deployment
+metadata: {name: router}
+spec:
+  selector: {matchLabels: {app: router}}
+  template:
+    metadata: {labels: {app: other}}
+    spec: {containers: [{name: router, image: x}]}
+""")
+    _edit(out / "kustomization.yaml", lambda docs: docs[0]["resources"].append("router.yaml"))
     lines = cli("export", "--check", out).stderr.splitlines()
+    assert any(l.endswith("router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
+                          "spec.template.metadata.labels") for l in lines), lines
     assert any("leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in l
                for l in lines), lines
     assert any("Service/9server: metadata.name: '9server' is not a DNS-1035 label" in l for l in lines), lines
