@@ -54,10 +54,14 @@ def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
     """`images`: role name -> image, and "" -> an image for every role; else the hardware's."""
     topology = export.loaded.topology
     profile = PROFILES[topology.hardware]
+    unknown = sorted(set(images) - {""} - set(topology.roles))
+    if unknown:
+        raise ExportError(f"--image {unknown[0]}=...: no role {unknown[0]!r}; roles: {', '.join(topology.roles)}")
     missing = []
     image = {}
     for group in export.groups:
-        image[group.role] = images.get(group.role) or images.get("") or image_for(group.specs[0], profile)
+        image[group.role] = (images.get(export.origin(group.role)) or images.get("")
+                             or image_for(group.specs[0], profile))
         if not image[group.role]:
             missing.append(f"roles.{group.role} ({group.engine})")
     if missing:

@@ -74,8 +74,9 @@ class ExportPlan:
     secrets: tuple[str, ...]  # environment names the file reads through ${env:...}
     warnings: tuple[str, ...] = field(default=())
 
-    def group(self, role: str) -> Group:
-        return next(g for g in self.groups if g.role == role)
+    def origin(self, role: str) -> str:
+        """The file's role a group comes from (a replica's role is its instance name)."""
+        return role if role in self.loaded.topology.roles else role.rpartition("-")[0]
 
 
 def load_for_export(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedTopology, tuple[str, ...]]:
@@ -163,8 +164,7 @@ def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names
 
 def _where(loaded: LoadedTopology, role: str) -> str:
     """The file and line of a role, or of the role a replica was split from."""
-    original = role if role in loaded.topology.roles else role.rpartition("-")[0]
-    return loaded.where(("roles", original))
+    return loaded.where(("roles", role if role in loaded.topology.roles else role.rpartition("-")[0]))
 
 
 def k8s_topology(topology: Topology, names: Names) -> Topology:

@@ -181,6 +181,11 @@ def test_replicas_become_one_group_each():
     prefills = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--prefill"]
     assert prefills == [["http://pd-replicas-prefill-0-0.pd-replicas-prefill-0.default:31001", "8998"],
                         ["http://pd-replicas-prefill-1-0.pd-replicas-prefill-1.default:31002", "8999"]]
+    images = [c["image"] for o in _objects(build(path, "lws", images={"prefill": "p:1", "": "x:1"}), "LeaderWorkerSet")
+              for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
+    assert images == ["p:1", "p:1", "x:1"]
+    with pytest.raises(ExportError, match="no role 'prefil'"):
+        build(path, "lws", images={"prefil": "p:1", "": "x:1"})
     rbg = build(path, "rbg", images={"": "example.org/muse:1"})
     (group,) = _objects(rbg, "RoleBasedGroup")
     assert [r.get("dependencies", []) for r in group["spec"]["roles"]][-1] == ["prefill-0", "prefill-1", "decode"]
