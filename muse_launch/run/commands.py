@@ -2,34 +2,45 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
-import httpx
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
-from muse_launch.errors import UsageError
-from muse_launch.run.down import bring_down, format_report
-from muse_launch.run.explain import explain_addresses
-from muse_launch.run.lifecycle import DeploymentState
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.state import RunDir, is_locked, read_state, resolve_name, running_deployments
-from muse_launch.run.status import health_now, observed, status_json, status_table
-from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
+if TYPE_CHECKING:
+    from rich.console import Console
 
+    from muse_launch.run.state import DeploymentRecord, RunDir
+
+# Start-up time is part of the interface: this module imports typer only, and each command the
+# runtime modules it needs (httpx, rich, psutil, the plan) when it runs. `down` of nothing and
+# `--help` never load them.
 FOLLOW_SECONDS = 0.2
-SMOKE_FAILURE_CHARS = 800
 
 
 def _console() -> Console:
     """Rich's 80 columns would cut a table piped to a file or grep; a terminal keeps its own width."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
+    """NAME's run directory and record; a clear error when its state is gone or unreadable."""
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.state import read_state, resolve_name
+
+    run_dir = resolve_name(name)
+    try:
+        record = read_state(run_dir)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # truncated or edited by hand
+        raise RuntimeFailure(f"{run_dir.state_file} is damaged ({type(exc).__name__}: {exc})",
+                             fix=f"`muse-launch down {run_dir.name}` still stops what it finds running") from None
+    if record is None:
+        raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                             fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+    return run_dir, record
 
 
 def up(
@@ -43,6 +54,7 @@ def up(
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.core import load_plan
+    from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
     loaded = load_plan(file, set_, rehearse=rehearse)
     for finding in loaded.findings:
@@ -59,6 +71,13 @@ def down(
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
+    from muse_launch.run.state import resolve_name, running_deployments
+
+    if name is None and not running_deployments():
+        typer.echo("no deployment is running; nothing to stop")
+        return
+    from muse_launch.run.down import bring_down, format_report
+
     report = bring_down(resolve_name(name), grace)
     for line in format_report(report):
         typer.echo(line)
@@ -71,11 +90,20 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
-    run_dir = resolve_name(name)
+    import json
+    import time
+
+    import httpx
+    from rich.live import Live
+    from rich.table import Table
+
+    from muse_launch.run.status import health_now, observed, status_json, status_table
+
+    run_dir, _ = _deployment(name)
     console = _console()
     with httpx.Client() as client:
         def render() -> str | Table:
-            record = observed(read_state(run_dir))
+            record = observed(_deployment(run_dir.name)[1])
             health = health_now(record, run_dir, client)
             if as_json:
                 return json.dumps(status_json(record, health), indent=None if watch else 2)  # --watch: JSON lines
@@ -107,13 +135,19 @@ def logs(
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
+    import time
+
+    from muse_launch.errors import UsageError
+    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+    from muse_launch.run.state import RunDir, is_locked, read_state, running_deployments
+
     roles = list(roles or [])
     is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
     if not is_deployment and len(running_deployments()) == 1:
         roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
         name = None
-    run_dir = resolve_name(name)
-    record = read_state(run_dir)
+    run_dir, record = _deployment(name)
     known = [r.name for r in record.roles]
     unknown = [r for r in roles if r not in known]
     if unknown:
@@ -132,7 +166,7 @@ def logs(
         while True:
             follower.print_new(printer)
             record = read_state(run_dir)
-            if record.state is DeploymentState.STOPPED and not is_locked(run_dir):
+            if (record is None or record.state is DeploymentState.STOPPED) and not is_locked(run_dir):
                 follower.print_new(printer)
                 return
             time.sleep(FOLLOW_SECONDS)
@@ -145,35 +179,19 @@ def smoke(
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
-    from muse_launch.plan.render import has_flag, last_value
-    from muse_launch.smoke import run_smoke
+    from muse_launch.smoke import smoke_deployment
 
-    record = read_state(resolve_name(name))
-    routers = [r for r in record.roles if r.kind == "router" and r.url]
-    front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)
-    if front is None:
-        raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
-    workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
-    reasoning = any(has_flag(r.argv, "--reasoning-parser") for r in workers)
-    tools = any(has_flag(r.argv, "--tool-call-parser") for r in workers)
-    served = next((last_value(r.argv, "--served-model-name") for r in workers
-                   if last_value(r.argv, "--served-model-name")), None)
-    base = front.url.replace("0.0.0.0", "127.0.0.1")
-    typer.echo(f"{record.name}: smoke through {front.name} at {base}")
-    results = run_smoke(base, reasoning, tools, timeout, model=served)
-    for result in results:
-        timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
-        mark = "ok  " if result.ok else "FAIL"
-        detail = result.detail[:160] if result.ok else result.detail[:SMOKE_FAILURE_CHARS]  # a failure at length
-        typer.echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
-    failures = "\n".join(r.detail for r in results if not r.ok)
-    for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
-        typer.echo(f"  where: {line}")
-    raise typer.Exit(0 if results and all(r.ok for r in results) else 1)
+    _, record = _deployment(name)
+    raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
 def ls() -> None:
     """Running deployments."""
+    from rich.table import Table
+
+    from muse_launch.run.state import running_deployments
+    from muse_launch.run.status import observed
+
     running = running_deployments()
     if not running:
         typer.echo("no deployment is running")

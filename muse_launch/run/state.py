@@ -11,12 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
-from muse_launch.run.probe import connect_host
 from muse_launch.run.process import ProcessRef, StopTarget
 
 
@@ -154,6 +151,8 @@ class DeploymentRecord:
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> DeploymentRecord:
     """Every role pending; URLs redacted, since a host may come from a secret `${env:...}`."""
+    from muse_launch.run.probe import connect_host  # httpx with it: `down` and `ls` never need them
+
     roles = tuple(
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
@@ -234,13 +233,20 @@ def resolve_name(name: str | None) -> RunDir:
     """NAME, a topology FILE (its `name:`), or the one deployment running."""
     if name is None:
         running = running_deployments()
-        if len(running) != 1:
-            which = ", ".join(r.name for r in running) if running else "none is running"
-            raise UsageError(f"give a deployment name ({which})")
+        if not running:
+            raise RuntimeFailure("no deployment is running", fix="`muse-launch up FILE -d` starts one; "
+                                 "`muse-launch ls` lists those running")
+        if len(running) > 1:
+            raise UsageError(f"give a deployment name ({', '.join(r.name for r in running)})")
         return RunDir.of(running[0].name)
     if Path(name).is_file():
         # Only the name: a file that no longer passes its checks must still be stoppable.
-        data = yaml.safe_load(Path(name).read_text())
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(name).read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); give the deployment's name") from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]
