@@ -181,7 +181,7 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
 
     record = observed(record)  # roles that died with no supervisor watching show as failed
     if record.state is DeploymentState.STOPPED:
-        raise RuntimeFailure(f"deployment {record.name!r} is not running (stopped)",
+        raise RuntimeFailure(f"deployment {record.name!r} is not running: no role of it is alive",
                              fix=f"muse-launch up {record.source} -d")
     routers = [r for r in record.roles if r.kind == "router" and r.url]
     front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)

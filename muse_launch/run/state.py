@@ -250,8 +250,10 @@ def resolve_name(name: str | None) -> RunDir:
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]
+    if not name or "/" in name or name in (".", ".."):
+        raise UsageError(f"{name!r} is neither a deployment name nor a topology file")
     run_dir = RunDir.of(name)
-    if not run_dir.state_file.exists():
+    if not run_dir.state_file.exists() and not run_dir.path.is_dir():  # a run dir that lost its state is still one
         known = ", ".join(r.name for r in deployments()) or "none"
         raise UsageError(f"no deployment named {name!r} (known: {known})")
     return run_dir

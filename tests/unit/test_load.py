@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_run import Ran, muse
 from muse_launch.errors import TopologyError
 from muse_launch.topology.checks import run_checks
 from muse_launch.topology.load import load_topology, parse_topology
@@ -20,9 +19,8 @@ SECRET_TOKEN = "hf_s3cr3t_T0KEN_4471"
 SECRET_MODEL = "private-org/unreleased-model-9"
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=60)
+def cli(*args: str, env: dict[str, str] | None = None) -> Ran:
+    return muse(*args, env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
 def line_containing(text: str, needle: str, after: str | None = None) -> int:
