@@ -47,7 +47,7 @@ def validate(
     import json
 
     from .core import check_file
-    from .topology.checks import Severity
+    from .checks import Severity
 
     try:
         loaded, findings, _ = check_file(file, set_)

@@ -173,8 +173,8 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
 
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
+    from muse_launch.engines import ENGINES
     from muse_launch.errors import RuntimeFailure, UsageError
-    from muse_launch.plan.render import has_flag
     from muse_launch.run.explain import explain_addresses
     from muse_launch.run.lifecycle import DeploymentState
     from muse_launch.run.status import observed
@@ -188,8 +188,9 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
     if front is None:
         raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
     workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
-    reasoning = any(has_flag(r.argv, "--reasoning-parser") for r in workers)
-    tools = any(has_flag(r.argv, "--tool-call-parser") for r in workers)
+    readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
+    reasoning = any(engine.reasoning(argv) for engine, argv in readers)
+    tools = any(engine.tool_calls(argv) for engine, argv in readers)
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
     results = run_smoke(base, reasoning, tools, timeout)
