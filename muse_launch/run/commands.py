@@ -26,6 +26,15 @@ def _console() -> Console:
     return Console() if sys.stdout.isatty() else Console(width=200)
 
 
+def _names(incomplete: str) -> list[str]:
+    """Shell completion of NAME: the deployments in the state home."""
+    from muse_launch.run.state import state_home
+
+    home = state_home()
+    return sorted(p.name for p in home.iterdir() if p.is_dir() and p.name.startswith(incomplete)) \
+        if home.is_dir() else []
+
+
 def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     """NAME's run directory and record; a clear error when its state is gone or unreadable."""
     from muse_launch.errors import RuntimeFailure
@@ -66,7 +75,8 @@ def up(
 
 
 def down(
-    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)",
+                                         autocompletion=_names),
     grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
@@ -85,7 +95,8 @@ def down(
 
 
 def status(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
@@ -129,7 +140,8 @@ def status(
 
 
 def logs(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
@@ -175,7 +187,8 @@ def logs(
 
 
 def smoke(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
