@@ -189,7 +189,7 @@ HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "
 ])
 def test_each_command_imports_only_what_it_needs(argv: list[str], allowed: set[str], home: Path) -> None:
     probe = ("import json, sys\nfrom muse_launch.cli import run\ncode = run(sys.argv[1:])\n"
-             "print(json.dumps([code, sorted({m.split('.')[0] for m in sys.modules})]), file=sys.stderr)\n")
+             "print(json.dumps([code, sorted({m.split('.')[0] for m, v in sys.modules.items() if v is not None})]), file=sys.stderr)\n")
     run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)})
     code, modules = json.loads(run.stderr.splitlines()[-1])
