@@ -75,10 +75,10 @@ def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "t.yaml"
     path.write_text("version: 1\n")
 
-    def refuse(self: Path, *args: object, **kwargs: object) -> str:
+    def refuse(self: Path, *args: object, **kwargs: object) -> bytes:
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "read_text", refuse)  # root reads any file: a chmod cannot show this
+    monkeypatch.setattr(Path, "read_bytes", refuse)  # root reads any file: a chmod cannot show this
     run = muse("validate", path)
     assert run.returncode == 2 and run.stderr == f"{path}: cannot read the topology file: Permission denied\n"
 
