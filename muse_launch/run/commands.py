@@ -41,11 +41,7 @@ def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     from muse_launch.run.state import read_state, resolve_name
 
     run_dir = resolve_name(name)
-    try:
-        record = read_state(run_dir)
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:  # truncated or edited by hand
-        raise RuntimeFailure(f"{run_dir.state_file} is damaged ({type(exc).__name__}: {exc})",
-                             fix=f"`muse-launch down {run_dir.name}` still stops what it finds running") from None
+    record = read_state(run_dir)  # StateDamaged (exit 1) when it cannot be read back
     if record is None:
         raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
                              fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
@@ -81,14 +77,26 @@ def down(
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
-    from muse_launch.run.state import resolve_name, running_deployments
+    from muse_launch.errors import UsageError
+    from muse_launch.run.state import StateDamaged, resolve_name, running_deployments
 
-    if name is None and not running_deployments():
+    damaged: list[StateDamaged] = []
+    if name is None and not running_deployments(damaged):
+        if damaged:
+            names = ", ".join(exc.run_dir.name for exc in damaged)
+            raise UsageError(f"no deployment is running whose state reads back; damaged: {names}",
+                             fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
         typer.echo("no deployment is running; nothing to stop")
         return
-    from muse_launch.run.down import bring_down, format_report
+    from muse_launch.run.down import bring_down, bring_down_without_state, format_report
+    from muse_launch.run.state import read_state
 
-    report = bring_down(resolve_name(name), grace)
+    run_dir = resolve_name(name)
+    try:
+        whole = read_state(run_dir) is not None
+    except StateDamaged:
+        whole = False
+    report = bring_down(run_dir, grace) if whole else bring_down_without_state(run_dir, grace)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
@@ -202,11 +210,12 @@ def ls() -> None:
     """Running deployments."""
     from rich.table import Table
 
-    from muse_launch.run.state import running_deployments
+    from muse_launch.run.state import StateDamaged, running_deployments
     from muse_launch.run.status import observed
 
-    running = running_deployments()
-    if not running:
+    damaged: list[StateDamaged] = []
+    running = running_deployments(damaged)
+    if not running and not damaged:
         typer.echo("no deployment is running")
         return
     table = Table("name", "state", "roles", "supervisor", "file")
@@ -214,7 +223,12 @@ def ls() -> None:
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)
+    for exc in damaged:
+        table.add_row(exc.run_dir.name, "state damaged", "-", "-", str(exc.run_dir.state_file))
     _console().print(table)
+    for exc in damaged:  # said once per deployment; the others are listed as usual
+        for line in exc.lines():
+            typer.echo(line, err=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -172,11 +172,27 @@ def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
     os.replace(tmp, run_dir.state_file)
 
 
+class StateDamaged(RuntimeFailure):
+    """state.json exists but cannot be read back (truncated, edited, from another version)."""
+
+    def __init__(self, run_dir: RunDir, problem: str):
+        self.run_dir = run_dir
+        super().__init__(f"{run_dir.state_file} is damaged ({problem})",
+                         fix=f"`muse-launch down {run_dir.name}` stops what still carries the deployment's marker")
+
+
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
+    """None when there is no state.json; StateDamaged when it cannot be read back."""
     try:
-        return DeploymentRecord.from_json(json.loads(run_dir.state_file.read_text()))
+        text = run_dir.state_file.read_text()
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
+    try:
+        return DeploymentRecord.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
 
 
 class DeploymentLock:
@@ -219,14 +235,23 @@ def is_locked(run_dir: RunDir) -> bool:
         os.close(fd)
 
 
-def deployments() -> list[DeploymentRecord]:
+def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRecord]:
+    """Every deployment in the home whose state reads back; those whose state is damaged go to `damaged`
+    (one broken state.json must not hide the others from `ls`, `status` or `down`)."""
     home = state_home()
-    records = [read_state(RunDir(p)) for p in sorted(home.iterdir())] if home.is_dir() else []
+    records = []
+    for path in sorted(home.iterdir()) if home.is_dir() else []:
+        try:
+            records.append(read_state(RunDir(path)))
+        except StateDamaged as exc:
+            if damaged is not None:
+                damaged.append(exc)
     return [r for r in records if r is not None]
 
 
-def running_deployments() -> list[DeploymentRecord]:
-    return [r for r in deployments() if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
+def running_deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRecord]:
+    return [r for r in deployments(damaged)
+            if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
 
 
 def resolve_name(name: str | None) -> RunDir:

@@ -209,3 +209,31 @@ def test_shell_completion_is_on(home: Path) -> None:
     (home / "other").mkdir()
     assert complete("muse-launch status d") == ["demo"]
     assert "--install-completion" in script("--help", home=home).stdout
+
+
+# ---- a damaged or missing state.json (issue 9, item 6): reported for that deployment only --------------
+
+def test_a_damaged_state_is_reported_for_that_deployment_and_down_still_stops_it(home: Path) -> None:
+    from muse_launch.run.process import Marker
+    from muse_launch.run.state import RunDir
+
+    run_dir = RunDir(home / "broken")
+    run_dir.path.mkdir(parents=True)
+    run_dir.state_file.write_text('{"name": "broken", "roles": [')  # truncated by a full disk
+    role = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
+                            env={**os.environ, **Marker("broken", str(run_dir.path)).env("prefill")})
+    try:
+        listed = muse("ls")
+        assert listed.returncode == 0 and "state damaged" in listed.stdout, listed.stdout + listed.stderr
+        assert f"error: {run_dir.state_file} is damaged (JSONDecodeError" in listed.stderr
+        status = muse("status", "broken")
+        assert status.returncode == 1 and "fix: `muse-launch down broken`" in status.stderr
+        nameless = muse("down")
+        assert nameless.returncode == 2 and "damaged: broken" in nameless.stderr
+        down = muse("down", "broken")
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert "missing or damaged" in down.stdout and "broken: stopped prefill" in down.stdout
+        assert role.wait(timeout=10) is not None  # stopped by its marker, though the state said nothing
+    finally:
+        role.kill()
+        role.wait()
