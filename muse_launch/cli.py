@@ -132,11 +132,20 @@ def init(
         typer.echo(text, nl=False)
 
 
-def _register_runtime() -> None:
-    from .run import commands  # imports typer only: a missing runtime dependency surfaces when a command runs
+# Modules that add commands: each exposes register(app) and imports typer only at module level (its
+# commands import what they need when they run), so `--help` stays fast and a missing package is named
+# by the command that needs it. Add a module here rather than importing it above.
+COMMAND_MODULES = ("muse_launch.run.commands",)
+_registered: list[str] = []
 
-    if "up" not in {c.name or c.callback.__name__ for c in app.registered_commands}:
-        commands.register(app)
+
+def _register_commands() -> None:
+    import importlib
+
+    for name in COMMAND_MODULES:
+        if name not in _registered:
+            importlib.import_module(name).register(app)
+            _registered.append(name)
 
 
 def _exit_code(code: object) -> int:
@@ -153,7 +162,7 @@ def run(argv: list[str] | None = None) -> int:
     """Run one command in this process and return its exit code; never raises (tests call this)."""
     args = sys.argv[1:] if argv is None else [str(a) for a in argv]
     try:
-        _register_runtime()
+        _register_commands()
         app(args=args, prog_name="muse-launch")
     except SystemExit as exc:  # click's usage errors (2), typer.Exit, --help
         return _exit_code(exc.code)
