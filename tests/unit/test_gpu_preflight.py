@@ -219,3 +219,13 @@ def test_gpu_roles_number_gpus_in_pci_order_unless_the_file_says_otherwise():
     assert plan.spec("prefill").env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert plan.spec("decode").env["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
     assert "CUDA_DEVICE_ORDER" not in plan.spec("router").env  # no GPU
+
+
+def test_status_json_carries_each_roles_gpu_memory_or_null():
+    from muse_launch.run.status import gpu_memory_now, status_json
+
+    record = record_with(None)
+    out = status_json(record, {"prefill": None}, {"prefill": {0: 60 * GIB, 1: 50 * GIB}})
+    assert out["roles"][0]["gpu_memory"] == {"total_bytes": 110 * GIB, "by_gpu": {"0": 60 * GIB, "1": 50 * GIB}}
+    unreadable = gpu_memory_now(record, lambda: GpuView("none", unavailable="no NVML"))
+    assert unreadable is None and status_json(record, {"prefill": None}, unreadable)["roles"][0]["gpu_memory"] is None
