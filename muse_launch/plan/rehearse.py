@@ -24,7 +24,12 @@ def rehearsal_topology(topology: Topology) -> Topology:
 
 def rehearsal_plan(topology: Topology, python: str) -> Plan:
     """`python` runs `-m muse_launch.sim`; passed in so that planning stays pure."""
-    plan = build_plan(rehearsal_topology(topology))
+    return simulated(build_plan(rehearsal_topology(topology)), python)
+
+
+def simulated(plan: Plan, python: str) -> Plan:
+    """The plan with its GPU engines replaced by the simulated engine (`up --on slurm --rehearse`
+    plans with the allocation's addresses, then simulates)."""
     specs = []
     for spec in plan.specs:
         if spec.engine in SIMULATED_ENGINES:

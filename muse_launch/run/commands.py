@@ -40,6 +40,11 @@ def up(
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
     only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
+    partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
+    account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
+    sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.core import load_plan
@@ -47,6 +52,12 @@ def up(
     loaded = load_plan(file, set_, rehearse=rehearse)
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    if on is not None:
+        from muse_launch.slurm.commands import up_on
+
+        raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
+                               sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
+                               sets=tuple(set_)))
     if not rehearse:
         refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
@@ -59,7 +70,9 @@ def down(
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
-    report = bring_down(resolve_name(name), grace)
+    from muse_launch.slurm.commands import down_any
+
+    report = down_any(resolve_name(name), grace, bring_down)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
@@ -71,10 +84,14 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
+    from muse_launch.slurm.commands import slurm_status
+
     run_dir = resolve_name(name)
     console = _console()
     with httpx.Client() as client:
         def render() -> str | Table:
+            if slurm := slurm_status(run_dir, client, as_json, watch):
+                return slurm
             record = observed(read_state(run_dir))
             health = health_now(record, run_dir, client)
             if as_json:

@@ -1,0 +1,53 @@
+"""The CLI's entry points for SLURM deployments, so that run/commands.py only dispatches."""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from muse_launch.errors import UsageError
+from muse_launch.run.down import DownReport
+from muse_launch.run.state import RunDir, read_state
+from muse_launch.run.status import health_now
+
+from .files import SlurmFiles
+
+TARGETS = ("slurm",)
+
+
+def up_on(target: str, loaded, console: Console, **options) -> int:
+    from .up import SlurmOptions, up_on_slurm
+
+    if target not in TARGETS:
+        raise UsageError(f"--on {target}: unknown; one of: {', '.join(TARGETS)}")
+    return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, SlurmOptions(**options),
+                       console)
+
+
+def is_slurm(run_dir: RunDir) -> bool:
+    return SlurmFiles(run_dir).exists()
+
+
+def down_any(run_dir: RunDir, grace: float | None, local: Callable[[RunDir, float | None], DownReport]) -> DownReport:
+    if not is_slurm(run_dir):
+        return local(run_dir, grace)
+    from .down import down_on_slurm
+
+    return down_on_slurm(run_dir, grace)
+
+
+def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table | None:
+    """None for a deployment on this host."""
+    if not is_slurm(run_dir):
+        return None
+    from .status import slurm_table, slurm_view
+
+    view = slurm_view(run_dir, read_state(run_dir))
+    health = health_now(view.record, run_dir, client)
+    if as_json:
+        return json.dumps(view.to_json(health), indent=None if watch else 2)
+    return slurm_table(view, health)
