@@ -11,6 +11,7 @@
 #   scripts/slurm_local.sh stop [DIR]     cancel every job, stop the daemons it started (pid files),
 #                                         kill what they left (slurmstepd, step processes), remove DIR
 #   scripts/slurm_local.sh status [DIR]   daemons, nodes and jobs
+#   scripts/slurm_local.sh install        only the packages (scripts/test.sh, before a test's `unshare -n`)
 #
 # Everything (config, keys, sockets, spool, logs, pid files, devices) lives under DIR
 # (default: .slurm-local in the repository, or $MUSE_SLURM_DIR). Needs root (the daemons run as
@@ -203,5 +204,6 @@ case "$ACTION" in
   start) start ;;
   stop) stop ;;
   status) status ;;
-  *) echo "usage: $0 start|stop|status [DIR]" >&2; exit 2 ;;
+  install) install_packages ;;
+  *) echo "usage: $0 start|stop|status [DIR] | install" >&2; exit 2 ;;
 esac

@@ -25,6 +25,7 @@ from .processes import stop_steps
 
 SUPERVISOR_ACK_SECONDS = 5.0
 JOB_GONE_SECONDS = 60.0
+BATCH_EXIT_SECONDS = 5.0
 
 
 def _listening(host: str, port: int) -> bool:
@@ -42,6 +43,7 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
     job_id = files.job_id()
     if record is None or job_id is None:
         raise RuntimeFailure(f"{run_dir.path}: no SLURM job recorded; nothing to stop")
+    files.write_json(files.job, {**(files.read_json(files.job) or {}), "down_at": time.time()})
     notes: list[str] = []
     killed: list[str] = []
     survivors: list[str] = []
@@ -57,10 +59,12 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
         if not files.done.exists():
             notes.append(f"the batch supervisor did not finish stopping within {waves_grace:g}s; "
                          "stopping the steps from here")
+        else:
+            cluster.wait_gone(job_id, BATCH_EXIT_SECONDS)  # the batch script ends the job itself
     elif job.active:
         notes.append("no supervisor was running; stopping the steps through SLURM")
     elif job.state != "GONE":
-        notes.append(f"SLURM job {job_id} had already ended: {job.state.lower()}")
+        notes.append(f"SLURM job {job_id} had already ended ({job.state.lower()})")
     record = read_state(run_dir) or record
     if cluster.job(job_id).active:
         for wave in record.stop_waves:
@@ -88,4 +92,4 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
     files.down_request.unlink(missing_ok=True)
     stopped = tuple(r.name for r in initial.roles if r.process or r.name in had_steps)
     return DownReport(record.name, time.monotonic() - started, stopped, tuple(killed), tuple(survivors),
-                      tuple(open_ports), tuple([f"SLURM job {job_id}: {gone.state.lower()}", *notes]))
+                      tuple(open_ports), tuple(notes or [f"SLURM job {job_id}: {gone.state.lower()}"]))

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 from ..plan.spec import LaunchSpec, Plan
 from ..topology.model import NodeConfig, Topology
 
-SINGLE_NODE = "node0"  # the one node of a file that declares none
+SINGLE_NODE = "(host)"  # the one node of a file that declares none (not a valid node name: has parentheses)
 WILDCARDS = ("0.0.0.0", "::", "")
 
 

@@ -51,7 +51,7 @@ def slurm_view(run_dir: RunDir, record: DeploymentRecord) -> SlurmView:
         ended = job.state.lower() if job.state != "GONE" else "gone"
         roles = tuple(replace(r, state=RoleState.FAILED, process=None, reason=f"SLURM job {job.id} {ended}")
                       if r.live else r for r in record.roles)
-        if any(r.live for r in record.roles):
+        if not (files.read_json(files.job) or {}).get("down_at"):  # it ended without `down`
             state = "cancelled" if job.state == "CANCELLED" else "failed"
         record = replace(record, roles=roles, supervisor=None)
     elif job.state == "PENDING":
