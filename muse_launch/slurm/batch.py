@@ -24,17 +24,19 @@ from pathlib import Path
 import httpx
 import psutil
 
-from muse_launch.plan.rehearse import simulated
+from muse_launch.addresses import is_wildcard
+from muse_launch.checks import Severity, recheck_placement
+from muse_launch.core import load_plan
+from muse_launch.errors import UserError
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso, planned_record, write_state
 from muse_launch.run.supervisor import Outcome, Supervisor
-from muse_launch.topology.load import load_topology
 
 from . import cluster
 from .files import HEARTBEAT_SECONDS, SlurmFiles
-from .placement import WILDCARDS, AllocatedNode, allocated_topology, placement
-from .processes import SlurmProcesses, cpu_shares
+from .placement import AllocatedNode, allocated_plan, placement
+from .processes import SlurmProcesses, cpu_shares, shared_gpus
 
 REQUEST_POLL = 0.2
 
@@ -47,7 +49,7 @@ def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
     """A role listening on every interface is probed at its node's address, not at loopback."""
     hosts = {s.name: s.host for s in plan.specs}
     return replace(record, roles=tuple(
-        replace(r, probe_host=hosts[r.name] if plan.spec(r.name).bind in WILDCARDS else r.probe_host)
+        replace(r, probe_host=hosts[r.name] if is_wildcard(plan.spec(r.name).bind) else r.probe_host)
         for r in record.roles))
 
 
@@ -73,30 +75,29 @@ def run(args: argparse.Namespace) -> int:
     run_dir = RunDir(Path(args.run_dir))
     files = SlurmFiles(run_dir)
     job_id = os.environ["SLURM_JOB_ID"]
-    from muse_launch.topology.checks import Severity, run_checks
-
     allocation = allocation_nodes()
-    loaded = load_topology(args.topology, args.set)
-    topology = allocated_topology(loaded.topology, allocation, args.rehearse)
-    findings, plan = run_checks(replace(loaded, topology=topology))
+    checked = load_plan(args.topology, args.set)  # the same checks as at submission
+    topology = checked.loaded.topology
+    plan = allocated_plan(checked.plan, topology, allocation, args.rehearse, sys.executable)
+    findings = recheck_placement(topology, plan)
     for f in findings:
-        print(f"muse-launch: on the allocation: {f.format(loaded)}", flush=True)
-    if plan is None or any(f.severity is Severity.ERROR for f in findings):
-        print("muse-launch: the plan for the allocated nodes does not pass its checks; nothing started", flush=True)
+        print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)
+    if any(f.severity is Severity.ERROR for f in findings):
+        print("muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
+              flush=True)
         return 1
-    if args.rehearse:
-        plan = simulated(plan, sys.executable)
-    where = placement(topology, plan, allocation)
+    where = placement(checked.plan, topology, allocation)
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
     files.write_json(files.placement, {
         "job_id": job_id, "batch_host": allocation[0].name, "started_at": time.time(),
         "nodes": [{"name": n.name, "address": n.address} for n in allocation],
         "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
     })
+    loaded = checked.loaded
     me = ProcessRef(os.getpid(), psutil.Process().create_time())
     record = replace(reached_at(planned_record(plan, str(loaded.source), loaded.redact), plan), supervisor=me)
     processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
-                               cpu_shares(where, list(plan.specs), cpus))
+                               cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()
     with httpx.Client() as client:
         sup = Supervisor(plan, record, run_dir, processes, client, on_change=lambda r: write_state(run_dir, r))
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     code = 1
     try:
         code = run(args)
+    except UserError as exc:  # the file no longer loads or passes its checks
+        print(f"muse-launch: {exc}", flush=True)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -1,25 +1,27 @@
-"""Where a topology's roles go on a SLURM allocation, as pure functions.
+"""Where a plan's instances go on a SLURM allocation: a transformation of the checked Plan, as
+the rehearsal is (plan/rehearse.py), then the placement checks again.
 
-One allocation of N whole nodes, mapped role by role: the topology's nodes, in the order the
-file declares them, become the allocation's nodes in SLURM's order (node0 -> the first, which is
-also the batch host). A role without `nodes:` runs on the node whose address is its `host`
-(the router of a PD file next to its prefill), else on the first node; a file without nodes is
-one node. The plan for the allocation is the same topology re-planned with the allocated nodes'
-addresses in place of the file's: the engine modules render --dist-init-addr, --nnodes,
---node-rank, the workers' URLs and the router's upstreams from them, and the checks run again.
+One allocation of N whole nodes, mapped role by role. The plan's machines (each node address
+the file declares, in file order, then any other host a role names; loopback and wildcard hosts
+are "this host") become the allocation's nodes in SLURM's order: the first machine is the first
+node, which is also the batch host. Every instance moves to its machine's node address: its
+host, its bind (a wildcard stays a wildcard outside a rehearsal: a real server listens on every
+interface of its node), and every address, host:port or URL in its argv and env naming a moved
+machine (--dist-init-addr, --master-addr, --data-parallel-address, the router's upstream URLs,
+VLLM_NIXL_SIDE_CHANNEL_HOST). No flag is written here: the engine modules rendered them.
 """
 
 from __future__ import annotations
 
-import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+from ..addresses import is_loopback, is_wildcard
+from ..plan.rehearse import loopback_addresses, rehearsal_plan, relocate
 from ..plan.spec import LaunchSpec, Plan
-from ..topology.model import NodeConfig, Topology
+from ..topology.model import Topology
 
-SINGLE_NODE = "(host)"  # the one node of a file that declares none (not a valid node name: has parentheses)
-WILDCARDS = ("0.0.0.0", "::", "")
+THIS_HOST = "this host"
 
 
 @dataclass(frozen=True)
@@ -28,97 +30,87 @@ class AllocatedNode:
     address: str  # its NodeAddr: where the others reach the roles on it
 
 
-def topology_nodes(topology: Topology) -> list[str]:
-    """The file's nodes in declaration order (names used only in a role's `nodes:` last)."""
-    names = list(topology.nodes)
-    for role in topology.roles.values():
-        names += [n for n in role.nodes if n not in names]
-    return names or [SINGLE_NODE]
+def machine(address: str) -> str:
+    return THIS_HOST if is_wildcard(address) or is_loopback(address) else address
 
 
-def _old_address(topology: Topology, node: str) -> str:
-    if node in topology.nodes:
-        return topology.nodes[node].address
-    return node if node != SINGLE_NODE else topology.host
+def machines(plan: Plan, topology: Topology) -> list[str]:
+    """The plan's machines in allocation order (the rehearsal numbers its loopback addresses alike)."""
+    out: list[str] = []
+    for address in [n.address for n in topology.nodes.values()] + [s.host for s in plan.specs]:
+        if machine(address) not in out:
+            out.append(machine(address))
+    return out
 
 
-def node_of_address(topology: Topology, host: str | None) -> str:
-    """The node a role without `nodes:` runs on: the one at its host, else the first."""
-    names = topology_nodes(topology)
-    for name in names:
-        if host is not None and _old_address(topology, name) == host:
-            return name
-    return names[0]
+def machine_label(topology: Topology, key: str) -> str:
+    names = [name for name, node in topology.nodes.items() if machine(node.address) == key]
+    return f"{'/'.join(names)} ({key})" if names else key
 
 
-def spec_node(topology: Topology, spec: LaunchSpec) -> str:
-    """The topology node of a planned instance (its node rank's node, or where its host is)."""
-    return spec.node or node_of_address(topology, spec.host)
+def node_gpus(specs: Sequence[LaunchSpec]) -> tuple[int, bool]:
+    """The GPUs one node needs for these instances, and whether some of them share a GPU (the
+    cookbook's EPD puts its encoder on its prefill's GPUs), which per-step counts cannot say."""
+    indices = [g for s in specs for g in s.gpus]
+    shared = len(set(indices)) < len(indices)
+    return (len(set(indices)) if shared else len(indices)), shared
 
 
 @dataclass(frozen=True)
 class Shape:
     """What to ask SLURM for: whole nodes, and the most GPUs any one node needs."""
 
-    nodes: tuple[str, ...]  # the topology's nodes, in allocation order
+    machines: tuple[str, ...]  # labels, in allocation order
     gpus_per_node: int
-    by_node: Mapping[str, tuple[str, ...]]  # topology node -> instance names on it
+    by_machine: Mapping[str, tuple[str, ...]]  # label -> instance names on it
+    shared: tuple[str, ...] = ()  # labels of machines whose instances share GPUs
 
     @property
     def count(self) -> int:
-        return len(self.nodes)
+        return len(self.machines)
 
 
-def shape(topology: Topology, plan: Plan) -> Shape:
-    nodes = topology_nodes(topology)
-    by_node: dict[str, list[LaunchSpec]] = {n: [] for n in nodes}
+def shape(plan: Plan, topology: Topology) -> Shape:
+    keys = machines(plan, topology)
+    on: dict[str, list[LaunchSpec]] = {k: [] for k in keys}
     for spec in plan.specs:
-        by_node.setdefault(spec_node(topology, spec), []).append(spec)
-    gpus = max((sum(len(s.gpus) for s in specs) for specs in by_node.values()), default=0)
-    return Shape(tuple(by_node), gpus, {n: tuple(s.name for s in specs) for n, specs in by_node.items()})
+        on[machine(spec.host)].append(spec)
+    need = {k: node_gpus(specs) for k, specs in on.items()}
+    labels = {k: machine_label(topology, k) for k in keys}
+    return Shape(tuple(labels[k] for k in keys), max((n for n, _ in need.values()), default=0),
+                 {labels[k]: tuple(s.name for s in on[k]) for k in keys},
+                 tuple(labels[k] for k, (_, shared) in need.items() if shared))
 
 
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
+def placement(plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode]) -> dict[str, AllocatedNode]:
+    """Each instance of the checked plan -> the allocated node it runs on."""
+    keys = machines(plan, topology)
+    if len(allocation) < len(keys):
+        raise ValueError(f"{plan.name} needs {len(keys)} nodes; the allocation has {len(allocation)}")
+    return {spec.name: allocation[keys.index(machine(spec.host))] for spec in plan.specs}
 
 
-def allocated_topology(topology: Topology, allocation: Sequence[AllocatedNode], rehearse: bool) -> Topology:
-    """The topology with each of its nodes at its allocated node's address.
-
-    A host that was a node's address becomes that node's new address; a loopback host (a file
-    without nodes) becomes the first node's. Binds: a wildcard stays (a real deployment listens on
-    every interface of its node); in a rehearsal each server binds its node's address, as the
-    single-host rehearsal binds each node's loopback address.
-    """
-    names = topology_nodes(topology)
-    if len(allocation) < len(names):
-        raise ValueError(f"{topology.name} needs {len(names)} nodes; the allocation has {len(allocation)}")
-    new = {_old_address(topology, n): allocation[i].address for i, n in enumerate(names)}
-    first = allocation[0].address
-
-    def moved(address: str | None) -> str | None:
-        if address is None:
-            return None
-        if address in new:
-            return new[address]
-        return first if _is_loopback(address) else address
-
-    def bound(address: str | None) -> str | None:
-        if rehearse or address is None:
-            return None
-        return address if address in WILDCARDS else moved(address)
-
-    nodes = {n: NodeConfig(address=allocation[i].address) for i, n in enumerate(names) if n != SINGLE_NODE}
-    roles = {name: role.model_copy(update={"host": moved(role.host), "bind": bound(role.bind)})
-             for name, role in topology.roles.items()}
-    return topology.model_copy(update={"host": moved(topology.host), "bind": bound(topology.bind),
-                                       "nodes": nodes, "roles": roles})
+def _moved(spec: LaunchSpec, moves: Mapping[str, str], here: str, keep_wildcard: bool) -> LaunchSpec:
+    bind = spec.bind if keep_wildcard and is_wildcard(spec.bind) else here
+    own = dict(moves) if keep_wildcard else {**moves, spec.bind: here}
+    return replace(spec, host=here, bind=bind, args=tuple(relocate(a, own) for a in spec.args),
+                   env={k: relocate(v, own) for k, v in spec.env.items()})
 
 
-def placement(topology: Topology, plan: Plan, allocation: Sequence[AllocatedNode]) -> dict[str, AllocatedNode]:
-    """Each instance of the allocated plan -> the node it runs on."""
-    index = {n: i for i, n in enumerate(topology_nodes(topology))}
-    return {spec.name: allocation[index[spec_node(topology, spec)]] for spec in plan.specs}
+def allocated_plan(plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode], rehearse: bool,
+                   python: str) -> Plan:
+    """The checked plan moved onto the allocation; in a rehearsal, the rehearsal plan (simulated
+    engines, each server bound to its machine's address) moved the same way."""
+    where = placement(plan, topology, allocation)
+    keys = machines(plan, topology)
+    address_of = {k: allocation[i].address for i, k in enumerate(keys)}
+    if rehearse:
+        stand_in = loopback_addresses(plan, topology)  # file address -> the rehearsal's 127.0.0.N
+        moves = {stand_in[a]: address_of[machine(a)] for a in stand_in}
+        rehearsed = rehearsal_plan(plan, topology, python)
+        specs = [_moved(s, moves, where[s.name].address, keep_wildcard=False) for s in rehearsed.specs]
+    else:
+        addresses = [n.address for n in topology.nodes.values()] + [a for s in plan.specs for a in (s.host, s.bind)]
+        moves = {a: address_of[machine(a)] for a in addresses if not is_wildcard(a)}
+        specs = [_moved(s, moves, where[s.name].address, keep_wildcard=True) for s in plan.specs]
+    return replace(plan, specs=tuple(specs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,22 +33,38 @@ from muse_launch.run.process import (
 from muse_launch.run.state import RunDir
 
 from . import cluster
-from .placement import AllocatedNode
+from .placement import AllocatedNode, node_gpus
 
 VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 POLL_SECONDS = 0.1
 AFTER_KILL_SECONDS = 15.0  # SLURM's KillWait and a node's slurmstepd between them
 
 
-def srun_argv(spec: LaunchSpec, node: AllocatedNode, cpus: int) -> list[str]:
-    """`srun` for one instance on one node, named after it (squeue --steps, scancel JOB.STEP)."""
+def srun_argv(spec: LaunchSpec, node: AllocatedNode, cpus: int, shared_gpus: int | None = None) -> list[str]:
+    """`srun` for one instance on one node, named after it (squeue --steps, scancel JOB.STEP).
+
+    Where the node's roles share GPUs (`shared_gpus`: the node's count), the step gets them all
+    and muse_launch.slurm.step keeps the plan's."""
     argv = ["srun", f"--job-name={spec.name}", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}",
             "--kill-on-bad-exit=1", "--unbuffered", "--mem=0"]  # --mem=0: the node's memory, shared by its steps
-    if spec.gpus:
+    if spec.gpus and shared_gpus:
+        argv += ["--overlap", f"--gres=gpu:{shared_gpus}"]
+    elif spec.gpus:
         argv += ["--exact", f"--gres=gpu:{len(spec.gpus)}", f"--cpus-per-task={max(1, cpus)}"]
     else:
         argv += ["--overlap", "--gres=none"]
     return argv
+
+
+def shared_gpus(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec]) -> dict[str, int]:
+    """Instance -> its node's GPU count, for the instances on nodes whose roles share GPUs."""
+    out: dict[str, int] = {}
+    for node in {n.name for n in placement.values()}:
+        here = [s for s in specs if placement[s.name].name == node]
+        count, shared = node_gpus(here)
+        if shared:
+            out.update((s.name, count) for s in here)
+    return out
 
 
 def cpu_shares(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec], cpus_per_node: int) -> dict[str, int]:
@@ -66,6 +83,7 @@ class SlurmProcesses:
     marker: Marker
     placement: Mapping[str, AllocatedNode]
     cpus: Mapping[str, int]
+    shared: Mapping[str, int] = field(default_factory=dict)  # instance -> its node's GPUs, where roles share
     step_ids: dict[str, str] = field(default_factory=dict)
     clients: dict[str, SpawnedProcess] = field(default_factory=dict)
 
@@ -75,8 +93,10 @@ class SlurmProcesses:
         env = {**os.environ, **spec.env, **self.marker.env(spec.name)}
         for var in VISIBLE_DEVICES:  # SLURM sets them for the step's GPUs; the batch step's must not leak
             env.pop(var, None)
-        argv = [*srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0)),
-                program_path(spec.argv[0], env), *spec.argv[1:]]
+        shared = self.shared.get(spec.name) if spec.gpus else None
+        narrow = [sys.executable, "-m", "muse_launch.slurm.step", "--gpus", ",".join(map(str, spec.gpus)), "--"]
+        argv = [*srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0), shared),
+                *(narrow if shared else []), program_path(spec.argv[0], env), *spec.argv[1:]]
         try:
             with open(log_path, "ab" if restart_note else "wb") as log:
                 if restart_note:

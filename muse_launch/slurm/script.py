@@ -29,7 +29,7 @@ def render_script(topology: Topology, files: SlurmFiles, python: str, rehearse: 
                   sets: list[str], fail_fast: bool = False) -> str:
     """From the file's own plan (the rehearsal keeps its shape): nodes, GPUs, which role goes where."""
     plan = build_plan(topology)
-    s = shape(topology, plan)
+    s = shape(plan, topology)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={plan.name}",
@@ -40,11 +40,12 @@ def render_script(topology: Topology, files: SlurmFiles, python: str, rehearse: 
         f"#SBATCH --output={files.batch_log}",
         "#",
         f"# muse-launch: {plan.name}{' (rehearsal)' if rehearse else ''}, {s.count} node(s) mapped role by role,",
-        "# the topology's nodes onto the allocation's in order:",
+        "# the plan's machines onto the allocation's nodes in order:",
     ]
-    for i, node in enumerate(s.nodes, 1):
-        roles = ", ".join(s.by_node[node]) or "nothing"
-        lines.append(f"#   {node} -> allocated node {i}: {roles}")
+    for i, where in enumerate(s.machines, 1):
+        lines.append(f"#   {where} -> allocated node {i}: {', '.join(s.by_machine[where]) or 'nothing'}")
+    for where in s.shared:
+        lines.append(f"#   {where}: its roles share GPUs, so each step there gets the node's GPUs and keeps the plan's")
     lines += [
         "# The supervisor below runs on the batch host and starts each role as a named step on its node",
         "# (srun --nodelist --gres=gpu:K: SLURM sets the visible GPUs). `muse-launch status/logs/down` follow it.",
