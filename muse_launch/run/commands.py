@@ -57,7 +57,7 @@ def up(
 
         raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
                                sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
-                               sets=tuple(set_)))
+                               sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)

@@ -19,11 +19,13 @@ from .files import SlurmFiles
 TARGETS = ("slurm",)
 
 
-def up_on(target: str, loaded, console: Console, **options) -> int:
+def up_on(target: str, loaded, console: Console, one_host_only: dict[str, object], **options) -> int:
     from .up import SlurmOptions, up_on_slurm
 
     if target not in TARGETS:
         raise UsageError(f"--on {target}: unknown; one of: {', '.join(TARGETS)}")
+    if given := [flag for flag, value in one_host_only.items() if value]:
+        raise UsageError(f"{', '.join(given)}: not with --on {target} (one job runs every role)")
     return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, SlurmOptions(**options),
                        console)
 
