@@ -44,47 +44,46 @@ def engine_choices(ctx: CheckContext) -> Iterator[Finding]:
 @plan_check
 def disaggregation_mode_matches_kind(ctx: CheckContext) -> Iterator[Finding]:
     """A --disaggregation-mode in args must not contradict the role's kind (the router wires by kind)."""
+    flag = sglang.DISAGGREGATION_MODE
     for spec in roles(ctx, (sglang.NAME,)):
-        mode = last_value(spec.args, sglang.DISAGGREGATION_MODE)
+        mode = last_value(spec.args, flag)
         if spec.kind in ("prefill", "decode") and mode != spec.kind:
-            yield error(origin(ctx, spec, sglang.DISAGGREGATION_MODE), f"--disaggregation-mode {mode} contradicts "
-                        f"kind: {spec.kind}", f"remove --disaggregation-mode from {spec.role}'s args (kind sets it)",
-                        spec.role)
+            yield error(origin(ctx, spec, flag), f"{flag} {mode} contradicts kind: {spec.kind}",
+                        f"remove {flag} from {spec.role}'s args (kind sets it)", spec.role)
         elif spec.kind == "worker" and mode in ("prefill", "decode"):
-            yield error(origin(ctx, spec, sglang.DISAGGREGATION_MODE), f"{spec.role} is kind: worker but its args set "
-                        f"--disaggregation-mode {mode}", f"make it kind: {mode} and list it under the router's {mode}",
-                        spec.role)
+            yield error(origin(ctx, spec, flag), f"{spec.role} is kind: worker but its args set {flag} {mode}",
+                        f"make it kind: {mode} and list it under the router's {mode}", spec.role)
 
 
 @plan_check
 def encoder_only_exclusive(ctx: CheckContext) -> Iterator[Finding]:
     """SGLang: --encoder-only excludes --language-only and --disaggregation-mode prefill|decode."""
+    encoder_only, language_only, mode_flag = sglang.ENCODER_ONLY, sglang.LANGUAGE_ONLY, sglang.DISAGGREGATION_MODE
     for spec in roles(ctx, (sglang.NAME,)):
-        if not has_flag(spec.args, sglang.ENCODER_ONLY):
+        if not has_flag(spec.args, encoder_only):
             continue
-        if has_flag(spec.args, sglang.LANGUAGE_ONLY):
-            yield error(origin(ctx, spec, sglang.LANGUAGE_ONLY), f"{spec.role} sets both {sglang.ENCODER_ONLY} and "
-                        f"{sglang.LANGUAGE_ONLY}", f"keep {spec.role} an encoder: remove --language-only from its args",
-                        spec.role)
-        mode = last_value(spec.args, sglang.DISAGGREGATION_MODE)
+        if has_flag(spec.args, language_only):
+            yield error(origin(ctx, spec, language_only), f"{spec.role} sets both {encoder_only} and {language_only}",
+                        f"keep {spec.role} an encoder: remove {language_only} from its args", spec.role)
+        mode = last_value(spec.args, mode_flag)
         if mode in ("prefill", "decode"):
-            yield error(origin(ctx, spec, sglang.DISAGGREGATION_MODE), f"{spec.role} runs --encoder-only, which "
-                        f"excludes --disaggregation-mode {mode}",
-                        f"remove --disaggregation-mode from {spec.role}'s args", spec.role)
+            yield error(origin(ctx, spec, mode_flag), f"{spec.role} runs {encoder_only}, which excludes {mode_flag} "
+                        f"{mode}", f"remove {mode_flag} from {spec.role}'s args", spec.role)
 
 
 @plan_check
 def language_only_wiring(ctx: CheckContext) -> Iterator[Finding]:
     """--language-only without --encoder-urls makes encoders register themselves, reversing the start order."""
     encoders = [n for n, r in ctx.topology.roles.items() if r.kind == "encoder"]
+    language_only, urls = sglang.LANGUAGE_ONLY, sglang.ENCODER_URLS
     for spec in roles(ctx, (sglang.NAME,)):
-        if has_flag(spec.args, sglang.LANGUAGE_ONLY) and not has_flag(spec.args, sglang.ENCODER_URLS) \
+        if has_flag(spec.args, language_only) and not has_flag(spec.args, urls) \
                 and not has_flag(spec.args, sglang.ENCODER_ONLY):
             listed = ", ".join(encoders) or "ENCODER"
-            yield warning(origin(ctx, spec, sglang.LANGUAGE_ONLY), f"{spec.role} runs --language-only without "
-                          f"--encoder-urls, so encoders must register themselves (--encoder-register-urls), which "
-                          f"reverses the start order", f"list {spec.role}.encoders: [{listed}] so muse-launch wires "
-                          f"--encoder-urls and starts encoders first", spec.role)
+            yield warning(origin(ctx, spec, language_only), f"{spec.role} runs {language_only} without {urls}, so "
+                          f"encoders must register themselves ({sglang.ENCODER_REGISTER_URLS}), which reverses the "
+                          f"start order", f"list {spec.role}.encoders: [{listed}] so muse-launch wires {urls} and "
+                          f"starts encoders first", spec.role)
 
 
 @plan_check

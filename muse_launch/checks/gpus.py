@@ -97,7 +97,7 @@ def sglang_parallel_rules(ctx: CheckContext) -> Iterator[Finding]:
             yield error(origin(ctx, spec, sglang.KEY_FLAGS["ep"], "ep"), f"ep {p.ep} does not divide tp {p.tp}",
                         f"use ep {', '.join(map(str, divisors))} (MoE EP splits the TP group)", spec.role)
         if p.dp_attention and p.tp % p.dp:
-            yield error(origin(ctx, spec, sglang.KEY_FLAGS["dp"], "dp"), f"--enable-dp-attention needs dp to "
+            yield error(origin(ctx, spec, sglang.KEY_FLAGS["dp"], "dp"), f"{sglang.DP_ATTENTION} needs dp to "
                         f"divide tp; {spec.role} has tp {p.tp}, dp {p.dp}", f"set dp to a divisor of {p.tp}", spec.role)
 
 

@@ -66,7 +66,7 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         used[key[0]].add(free)
         yield error(origin(ctx, spec, sglang.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
                     f"{spec.name} and {other.name} both bind encoder bootstrap port {port} on {key[0]}; each "
-                    f"--language-only worker needs its own",
+                    f"{sglang.LANGUAGE_ONLY} worker needs its own",
                     f"give {spec.role} encoder_bootstrap_port {free}", spec.name, other.name)
 
 

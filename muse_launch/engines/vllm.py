@@ -20,7 +20,12 @@ DEFAULT_LAUNCHER = ("vllm", "serve")
 # KV connectors: the topology's transfer_backend names, and every class vLLM 0.33 registers.
 CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "example": "ExampleConnector",
               "lmcache": "LMCacheConnectorV1"}
-KNOWN_CONNECTORS = (*CONNECTORS.values(), "MultiConnector", "OffloadingConnector")
+# Every connector vLLM 0.33.0 registers (vllm/distributed/kv_transfer/kv_connector/factory.py).
+KNOWN_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector", "MooncakeConnector",
+                    "MooncakeStoreConnector", "ExampleConnector", "ExampleHiddenStatesConnector",
+                    "LMCacheConnectorV1", "LMCacheMPConnector", "MultiConnector", "OffloadingConnector",
+                    "SimpleCPUOffloadConnector", "DecodeBenchConnector", "HiSparseConnector", "MoRIIOConnector",
+                    "FlexKVConnectorV1", "HF3FSKVConnector")
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 NIXL_SIDE_CHANNEL_BASE = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
 MOONCAKE_BOOTSTRAP_BASE = 8998  # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default

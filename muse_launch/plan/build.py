@@ -91,7 +91,8 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
             encoder_bootstrap_port=_port(role.encoder_bootstrap_port, i,
                                          sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT + i if language else None),
             side_channel_port=_port(role.side_channel_port, i),
-            metrics_port=_port(role.metrics_port, i, router.default_metrics_port(port) if role.kind == "router" else None),
+            metrics_port=_port(role.metrics_port, i,
+                               router.default_metrics_port(port) if role.kind == "router" else None),
             replica=i if role.replicas > 1 else None, replicas=role.replicas, **base))
     return out
 

@@ -163,6 +163,7 @@ def smoke(
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
     from muse_launch.engines import ENGINES
+    from muse_launch.engines.argv import last_value
     from muse_launch.smoke import run_smoke
 
     record = read_state(resolve_name(name))
@@ -174,7 +175,8 @@ def smoke(
     readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
     reasoning = any(engine.reasoning(argv) for engine, argv in readers)
     tools = any(engine.tool_calls(argv) for engine, argv in readers)
-    served = next((name for engine, argv in readers if (name := engine.served_model_name(argv))), None)
+    # argv starts with the launcher: read the flag only, not the engine's positional model
+    served = next((name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME))), None)
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     typer.echo(f"{record.name}: smoke through {front.name} at {base}")
     results = run_smoke(base, reasoning, tools, timeout, model=served)
