@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 from typing import Callable
 
 import httpx
 from rich.console import Console
 from rich.table import Table
 
-from muse_launch.errors import UsageError
+from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.run.down import DownReport
 from muse_launch.run.state import RunDir, read_state
 from muse_launch.run.status import health_now
@@ -32,6 +33,21 @@ def up_on(target: str, loaded, console: Console, one_host_only: dict[str, object
 
 def is_slurm(run_dir: RunDir) -> bool:
     return SlurmFiles(run_dir).exists()
+
+
+def leave_slurm(run_dir: RunDir) -> None:
+    """Before a deployment on this host: its name's SLURM job must be over, and is then forgotten
+    (so that `status` and `down` treat the name as this host's)."""
+    files = SlurmFiles(run_dir)
+    if not files.exists():
+        return
+    from . import cluster
+
+    job_id = files.job_id()
+    if job_id and cluster.job(job_id).active:
+        raise RuntimeFailure(f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
+                             f"`muse-launch down {run_dir.name}` first")
+    shutil.rmtree(files.dir, ignore_errors=True)
 
 
 def down_any(run_dir: RunDir, grace: float | None, local: Callable[[RunDir, float | None], DownReport]) -> DownReport:

@@ -188,3 +188,32 @@ def test_scancel_by_hand_then_status_and_down(cluster: Path, tmp_path: Path):
         assert "already ended" in out, out
     finally:
         d.kill_leftovers()
+
+
+def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_path: Path):
+    d = Deployment(tmp_path / "home", "helion-gb300")
+    d.home.mkdir()
+    result = up(d, PD_TWO_NODES)
+    try:
+        assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
+        job = job_id(d)
+
+        def decode_step() -> str | None:
+            return next((line.split()[0] for line in squeue("--steps", "--jobs", job, "--format", "%i %j")
+                         if line.split()[1] == "decode@tray1"), None)
+
+        before = decode_step()
+        engine = [p for p in d.alive() if "muse_launch.sim" in " ".join(p.cmdline())
+                  and p.environ().get("MUSE_LAUNCH_ROLE") == "decode@tray1" and "srun" not in p.cmdline()[0]]
+        assert engine, "the decode engine is not running on this machine"
+        for proc in engine:
+            proc.kill()
+        wait_for(lambda: (r := d.role("decode@tray1"))["restarts"] == 1 and r["state"] == "ready"
+                 and r["health"] == "ok", timeout=30)
+        assert decode_step() not in (None, before)
+        smoke = d.cli("smoke", d.name, "--timeout", "60", timeout=120)
+        assert smoke.returncode == 0, smoke.stdout
+        down_clean(d, job)
+    finally:
+        subprocess.run(["scancel", job_id(d)], timeout=30)
+        d.kill_leftovers()
