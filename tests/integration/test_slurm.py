@@ -90,7 +90,11 @@ def down_clean(d: Deployment, job: str) -> str:
     return down.stdout
 
 
-@pytest.mark.parametrize("name", ["h200-bf16-2node", "vllm-multinode-tp-b200", "helion-gb300"])
+MULTI_NODE_ENGINES = ["h200-bf16-2node", "vllm-multinode-tp-b200", "vllm-multinode-tp-pp-b200",
+                      "vllm-multinode-tep-b200", "vllm-multinode-dep-b200"]
+
+
+@pytest.mark.parametrize("name", [*MULTI_NODE_ENGINES, "helion-gb300", "epd-b300"])
 def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
     path = REPO / "topologies" / f"{name}.yaml"
     d = Deployment(tmp_path / "home", name)
@@ -108,6 +112,8 @@ def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
         if name == "helion-gb300":  # prefill and decode on two nodes, the router beside its prefill
             assert nodes["prefill@tray0"] != nodes["decode@tray1"], nodes
             assert nodes["router"] == nodes["prefill@tray0"], nodes
+        elif name == "epd-b300":  # a file without nodes: one allocated node, its roles sharing GPUs 0-1
+            assert len(set(nodes.values())) == 1, nodes
         else:  # one engine over two nodes: rank 1 meets rank 0 at rank 0's allocated address
             assert len(set(nodes.values())) == 2, nodes
             recorded = {r["name"]: r for r in d.state_file()["roles"]}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.engines.argv import last_value
 from muse_launch.run.state import RunDir
@@ -107,3 +108,18 @@ def test_the_script_asks_for_the_shape_and_runs_the_batch_supervisor(tmp_path: P
         assert line in script.splitlines()
     assert f"/venv/python -m muse_launch.slurm.batch --run-dir {files.run_dir.path} --rehearse --set 'a=b c' " \
            f"{files.topology}" in script
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "topologies").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_topology_moves_onto_an_allocation_and_passes_its_checks_again(path: Path):
+    loaded = load_plan(path)
+    plan, topology = loaded.plan, loaded.loaded.topology
+    count = shape(plan, topology).count
+    assert count == max(1, len({s.node for s in plan.specs if s.node}) + (
+        1 if any(s.node is None and s.host not in {n.address for n in topology.nodes.values()}
+                 for s in plan.specs) else 0))
+    for rehearse in (False, True):
+        moved = allocated_plan(plan, topology, ALLOCATION[:count], rehearse=rehearse, python="py")
+        errors = [f for f in recheck_placement(topology, moved) if f.severity is Severity.ERROR]
+        assert not errors, [f.format(loaded.loaded) for f in errors]
+        assert {s.host for s in moved.specs} <= {a.address for a in ALLOCATION[:count]}
