@@ -35,6 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     start = subprocess.run(["bash", str(SCRIPT), "start", str(where / "c")], capture_output=True, text=True,
                            timeout=180)
     assert start.returncode == 0, f"slurm_local.sh start:\n{start.stdout}{start.stderr}"
+    assert len(cluster_processes(where / "c")) >= 5  # munged, slurmctld, three slurmd: what stop must end
     saved = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(where / "c" / "slurm.conf")
     try:
@@ -47,7 +48,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         else:
             os.environ["SLURM_CONF"] = saved
         assert stop.returncode == 0, stop.stderr
-        assert not (where / "c").exists()
+        assert not (where / "c").exists(), "stop leaves the cluster's directory"
+        assert not cluster_processes(where / "c"), f"stop leaves daemons: {cluster_processes(where / 'c')}"
+
+
+def cluster_processes(directory: Path) -> list[str]:
+    """The daemons (and the slurmstepd they forked) carry the script's mark in their environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("MUSE_SLURM_LOCAL") == str(directory) and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"pid {proc.pid} {' '.join(proc.cmdline())}")
+        except psutil.Error:
+            continue
+    return found
 
 
 def squeue(*args: str) -> list[str]:
