@@ -53,8 +53,9 @@ def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
         for r in record.roles))
 
 
-def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event) -> None:
-    """Heartbeat for `status`/`down`, and `down`'s request to stop (with its --grace)."""
+def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict) -> None:
+    """Heartbeat for `status`/`down`, and `down`'s request to stop (its --grace goes in `asked`: the
+    record is the supervisor loop's to change)."""
     last_beat = 0.0
     while not stopping.is_set():
         if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
@@ -63,15 +64,15 @@ def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event) -> Non
         request = files.read_json(files.down_request)
         if request is not None and not sup.stop_requested.is_set():
             grace = request.get("grace")
-            if grace is not None:
-                sup.record = replace(sup.record, roles=tuple(replace(r, grace=float(grace)) for r in sup.record.roles))
+            asked["grace"] = grace
             print(f"muse-launch: `down` asked to stop (grace {grace if grace is not None else 'per role'})",
                   flush=True)
             sup.request_stop()
         time.sleep(REQUEST_POLL)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, stopped: dict) -> int:
+    """Returns the exit code; `stopped` gets what stopping the roles had to SIGKILL, for `down`."""
     run_dir = RunDir(Path(args.run_dir))
     files = SlurmFiles(run_dir)
     job_id = os.environ["SLURM_JOB_ID"]
@@ -104,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         write_state(run_dir, record)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())
-        watcher = threading.Thread(target=_watch, args=(files, sup, stopping), daemon=True)
+        asked: dict = {}
+        watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked), daemon=True)
         watcher.start()
         try:
             outcome = sup.start()
@@ -117,7 +119,11 @@ def run(args: argparse.Namespace) -> int:
                 failed = sup.record.role(sup.failed_role) if sup.failed_role else None
                 print(f"muse-launch: role {failed.name if failed else '?'} failed: "
                       f"{failed.reason if failed else ''}; stopping everything", flush=True)
+            if asked.get("grace") is not None:  # `down --grace S`
+                grace = float(asked["grace"])
+                sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))
             report = sup.stop()
+            stopped["killed"], stopped["survivors"] = list(report.killed), list(report.survivors)
             for line in report.killed:
                 print(f"muse-launch: had to SIGKILL {line}", flush=True)
             for line in report.survivors:
@@ -141,14 +147,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     files = SlurmFiles(RunDir(Path(args.run_dir)))
     code = 1
+    stopped: dict = {}
     try:
-        code = run(args)
+        code = run(args, stopped)
     except UserError as exc:  # the file no longer loads or passes its checks
         print(f"muse-launch: {exc}", flush=True)
     except BaseException:
         traceback.print_exc()
     finally:
-        files.write_json(files.done, {"exit": code, "at": time.time()})
+        files.write_json(files.done, {"exit": code, "at": time.time(), **stopped})
     return code
 
 

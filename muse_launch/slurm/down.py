@@ -60,6 +60,9 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
             notes.append(f"the batch supervisor did not finish stopping within {waves_grace:g}s; "
                          "stopping the steps from here")
         else:
+            done = files.read_json(files.done) or {}
+            killed += [f"{k} (by the batch supervisor)" for k in done.get("killed", [])]
+            survivors += done.get("survivors", [])
             cluster.wait_gone(job_id, BATCH_EXIT_SECONDS)  # the batch script ends the job itself
     elif job.active:
         notes.append("no supervisor was running; stopping the steps through SLURM")
