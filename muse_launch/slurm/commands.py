@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import Callable
-
-import httpx
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING, Callable
 
 from muse_launch.errors import RuntimeFailure, UsageError
-from muse_launch.run.down import DownReport
 from muse_launch.run.state import RunDir, read_state
-from muse_launch.run.status import health_now
 
 from .files import SlurmFiles
+
+if TYPE_CHECKING:  # each command imports what it runs: a deployment on this host never loads these
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    from muse_launch.run.down import DownReport
 
 TARGETS = ("slurm",)
 
@@ -62,6 +63,8 @@ def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bo
     """None for a deployment on this host."""
     if not is_slurm(run_dir):
         return None
+    from muse_launch.run.status import health_now
+
     from .status import slurm_table, slurm_view
 
     view = slurm_view(run_dir, read_state(run_dir))
