@@ -64,6 +64,8 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
             killed += [f"{k} (by the batch supervisor)" for k in done.get("killed", [])]
             survivors += done.get("survivors", [])
             cluster.wait_gone(job_id, BATCH_EXIT_SECONDS)  # the batch script ends the job itself
+    elif job.state == "PENDING":
+        notes.append(f"SLURM job {job_id} was still pending; cancelling it")
     elif job.active:
         notes.append("no supervisor was running; stopping the steps through SLURM")
     elif job.state != "GONE":

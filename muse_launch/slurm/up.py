@@ -112,6 +112,9 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
         say(f"{plan.name}: interrupted; stopping SLURM job {job_id}")
         down_on_slurm(run_dir)
         return 130
+    if (files.read_json(files.job) or {}).get("down_at"):
+        say(f"{plan.name}: stopped by `muse-launch down` before it was ready")
+        return 1
     _say_failure(say, files, final)
     cluster.cancel(job_id)
     gone = cluster.wait_gone(job_id, CANCEL_WAIT_SECONDS)
