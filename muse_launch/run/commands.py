@@ -234,8 +234,10 @@ def ls() -> None:
     if not running and not damaged:
         typer.echo("no deployment is running")
         return
+    from muse_launch.slurm.commands import observed_any
+
     table = Table("name", "state", "roles", "supervisor", "file")
-    for record in map(observed, running):
+    for record in (observed_any(r, observed) for r in running):
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)

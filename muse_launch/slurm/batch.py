@@ -96,7 +96,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     })
     loaded = checked.loaded
     me = ProcessRef(os.getpid(), psutil.Process().create_time())
-    record = replace(reached_at(planned_record(plan, str(loaded.source), loaded.redact), plan), supervisor=me)
+    source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
+    record = replace(reached_at(planned_record(plan, source, loaded.redact), plan), supervisor=me)
     processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
                                cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()

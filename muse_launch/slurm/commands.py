@@ -7,7 +7,7 @@ import shutil
 from typing import TYPE_CHECKING, Callable
 
 from muse_launch.errors import RuntimeFailure, UsageError
-from muse_launch.run.state import RunDir, read_state
+from muse_launch.run.state import DeploymentRecord, RunDir, read_state
 
 from .files import SlurmFiles
 
@@ -57,6 +57,16 @@ def down_any(run_dir: RunDir, grace: float | None, local: Callable[[RunDir, floa
     from .down import down_on_slurm
 
     return down_on_slurm(run_dir, grace)
+
+
+def observed_any(record: DeploymentRecord, local: Callable[[DeploymentRecord], DeploymentRecord]) -> DeploymentRecord:
+    """A SLURM deployment's roles as SLURM sees them now (its supervisor's pid is on the batch host)."""
+    run_dir = RunDir.of(record.name)
+    if not is_slurm(run_dir):
+        return local(record)
+    from .status import slurm_view
+
+    return slurm_view(run_dir, record).record
 
 
 def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table | None:

@@ -34,6 +34,11 @@ class SlurmFiles:
         return self.dir / "topology.yaml"
 
     @property
+    def source(self) -> Path:
+        """The path of the file the user gave `up` (the batch host plans from the copy beside it)."""
+        return self.dir / "source"
+
+    @property
     def job(self) -> Path:
         return self.dir / "job.json"
 

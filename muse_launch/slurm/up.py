@@ -79,6 +79,7 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
                            options.fail_fast)
     files.clear_run()
     shutil.copyfile(source, files.topology)  # what was checked is what the batch host plans
+    files.source.write_text(str(Path(source).resolve()))
     files.script.write_text(script)
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     for spec in plan.specs:
