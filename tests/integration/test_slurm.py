@@ -237,3 +237,24 @@ def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_pa
     finally:
         subprocess.run(["scancel", job_id(d)], timeout=30)
         d.kill_leftovers()
+
+
+def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: Path, tmp_path: Path):
+    d = Deployment(tmp_path / "home", "h200-bf16-2node")
+    d.home.mkdir()
+    up_process = d.start("up", REPO / "topologies" / "h200-bf16-2node.yaml", "--on", "slurm", "--rehearse",
+                         "--set", READY_AFTER)
+    try:
+        seen: list[str] = []
+        wait_for(lambda: seen.append(up_process.stdout.readline()) or "Ctrl-C stops it" in seen[-1], timeout=120)
+        job = job_id(d)
+        assert d.status()["state"] == "ready"
+        up_process.send_signal(signal.SIGINT)
+        assert up_process.wait(timeout=120) == 130, "".join(seen) + up_process.stdout.read()
+        assert_nothing_left(d, job)
+    finally:
+        if up_process.poll() is None:
+            up_process.kill()
+        if (d.run_dir / "slurm" / "job.json").exists():
+            subprocess.run(["scancel", job_id(d)], timeout=30)
+        d.kill_leftovers()
