@@ -11,6 +11,7 @@ step no more and the srun client has exited.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -134,6 +135,8 @@ def stop_steps(job_id: str, targets: list[StopTarget], kill_now: threading.Event
     for t in targets:
         if step_ids[t.role]:
             cluster.signal_step(step_ids[t.role], t.signal)
+        elif (client := clients.get(t.role)) is not None and client.poll() is None:
+            client.popen.send_signal(signal.Signals[t.signal])  # no step yet: srun cancels its request
     remaining = {t.role: t for t in targets}
     killed_at: dict[str, float] = {}
     killed: list[str] = []
