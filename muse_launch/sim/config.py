@@ -387,7 +387,7 @@ def startup_errors(cfg: SimConfig) -> list[str]:
                                                              "kv_both"):
                 errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
                             "['kv_producer', 'kv_consumer', 'kv_both']")
-            if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get("kv_connector_module_path"):
+            if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get(vllm.CONNECTOR_MODULE_PATH):
                 errs.append(f"Unsupported connector type: {conn}")
         if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
             errs.append(f"When `--enable-auto-tool-choice` is set, `{vllm.TOOL_CALL_PARSER}` "
