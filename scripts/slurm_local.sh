@@ -124,8 +124,17 @@ add_addresses() {
 
 pid_alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# The nodes' 10.200.0.x addresses belong in a network namespace of the caller's own, never on the
+# host's network: refuse where any interface other than loopback and this script's veth pairs exists.
+in_own_namespace() { ! ip -o link show | awk -F': ' '{print $2}' | grep -qvE '^(lo|msl[0-9a-f]{8}(p)?(@.*)?)$'; }
+
 start() {
   install_packages
+  if ! in_own_namespace && [ -z "${SLURM_LOCAL_HOST_NETWORK:-}" ]; then
+    say "refusing to add node addresses ($NET.x) to this host's network; run it in a namespace of its own:"
+    say "  unshare -n bash -c 'ip link set lo up; scripts/slurm_local.sh start; exec bash'"
+    exit 2
+  fi
   if pid_alive "$DIR/run/slurmctld.pid"; then
     say "already running in $DIR"
     echo "export SLURM_CONF=$DIR/slurm.conf"
