@@ -11,7 +11,7 @@ import httpx
 
 from muse_launch.plan.spec import Probe, ProbeKind
 
-HTTP_TIMEOUT = 2.0  # an answer slower than this counts as "not ready yet"
+HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 
 
 def connect_host(bind: str) -> str:
@@ -52,6 +52,9 @@ class ReadinessCheck:
                 answer = self.client.get(base_url(self.host, self.port) + path, timeout=HTTP_TIMEOUT)
             except httpx.ConnectError:
                 self.last_seen = f"GET {path}: connection refused"
+                return False
+            except httpx.TimeoutException:
+                self.last_seen = f"GET {path}: no answer within {HTTP_TIMEOUT:g}s"
                 return False
             except httpx.TransportError as e:
                 self.last_seen = f"GET {path}: {type(e).__name__}"

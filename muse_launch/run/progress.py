@@ -21,7 +21,8 @@ from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
 
 STATE_STYLES = {
     RoleState.PENDING: "dim", RoleState.STARTING: "yellow", RoleState.READY: "green",
-    RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPED: "dim",
+    RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPING: "yellow",
+    RoleState.STOPPED: "dim",
 }
 
 

@@ -23,6 +23,7 @@ from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
 from muse_launch.run.progress import LiveProgress, PlainProgress
@@ -116,7 +117,10 @@ def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
 
 
 def _handle_signals(sup: Supervisor) -> dict[str, int]:
-    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over."""
+    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over.
+
+    The handlers only note the signal and wake the supervisor's loop (a flag and a byte down a pipe):
+    they take no lock and do no I/O that could block, whatever the loop was doing when they ran."""
     received: dict[str, int] = {}
 
     def interrupt(signum: int, frame) -> None:
@@ -130,20 +134,30 @@ def _handle_signals(sup: Supervisor) -> dict[str, int]:
 
 
 def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console) -> int:
-    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
-    with httpx.Client() as client:
-        sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r))
-        received = _handle_signals(sup)
-        started = time.monotonic()
-        with progress:
-            outcome = sup.start()
-        if outcome is Outcome.READY:
-            _say_ready(console, sup.record, time.monotonic() - started, detached=False)
-            progress = PlainProgress(console.file, sup.record)  # after ready: a line per change, between logs
-            printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
-            follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
-            outcome = sup.supervise(options.fail_fast, on_tick=lambda: follower.print_new(printer))
-        return _finish(sup, outcome, options, received, console, run_dir)
+    # Everything this process prints goes through a thread of its own: a slow reader never stops supervision.
+    out = BackgroundWriter(console.file)
+    quiet = Console(file=out, force_terminal=console.is_terminal, width=console.width, color_system=console.color_system)
+    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
+    try:
+        with httpx.Client() as client:
+            sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r))
+            try:
+                received = _handle_signals(sup)
+                started = time.monotonic()
+                with progress:
+                    outcome = sup.start()
+                if outcome is Outcome.READY:
+                    _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
+                    progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
+                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+                    follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
+                    out.follow(lambda: follower.print_new(printer))
+                    outcome = sup.supervise(options.fail_fast)
+                return _finish(sup, outcome, options, received, quiet, run_dir)
+            finally:
+                sup.close()
+    finally:
+        out.close()
 
 
 def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dict[str, int], console: Console,
@@ -222,6 +236,9 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
         try:
             code = _run_detached(plan, record, run_dir, options, write_end)
         finally:
+            # Free the lock now: a process with threads (the probes') is a zombie to `down` before
+            # the kernel closes its files, and `down` takes the lock as soon as it sees a zombie.
+            lock.release()
             os._exit(code)  # never back into the command line's code in this process
     os.close(write_end)
     os.waitpid(child, 0)
@@ -247,7 +264,9 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
                 os.close(pipe)
                 pipe = -1
                 outcome = sup.supervise(options.fail_fast)
-            return _finish(sup, outcome, options, received, console, run_dir)
+            code = _finish(sup, outcome, options, received, console, run_dir)
+            sup.close()
+            return code
     except BaseException:
         traceback.print_exc()
         return 1

@@ -54,6 +54,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
     p.add_argument("--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent")
     p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
+    p.add_argument("--hang", action="store_true", help="accept every connection and never answer")
+    p.add_argument("--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second")
     p.add_argument("--model-path", default=os.path.dirname(os.path.abspath(__file__)))
     # SGLang's own flags, when the planner renders this script in place of `sglang serve`.
     p.add_argument("--disaggregation-mode")
@@ -79,6 +81,8 @@ def main(argv: list[str]) -> None:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if args.hang:
+                time.sleep(3600)  # the connection stays open, unanswered
             if path in HEALTH_PATHS:
                 self.reply(200 if is_ready() else 503, {"status": "ok" if is_ready() else "starting"})
             elif path in SERVER_INFO_PATHS:
@@ -131,6 +135,14 @@ def main(argv: list[str]) -> None:
     watch_lifecycle(args, ready_at)
 
 
+def spew(per_second: int) -> None:
+    for second in range(3600):
+        for i in range(per_second // 100):
+            print(f"{second:04d} {i:06d} " + "x" * 88)
+        sys.stdout.flush()
+        time.sleep(1.0)
+
+
 def stop_later(delay: float) -> None:
     print(f"SIGTERM: stopping in {delay}s", flush=True)
     threading.Timer(delay, lambda: os._exit(0)).start()
@@ -144,6 +156,8 @@ def watch_lifecycle(args: argparse.Namespace, ready_at: float) -> None:
     if ready_at != float("inf"):
         time.sleep(max(0.0, ready_at - process_age()))
         print(f"ready after {process_age():.2f}s", flush=True)
+        if args.spew:
+            threading.Thread(target=spew, args=(args.spew,), daemon=True).start()
         if args.crash_after_ready is not None and not (args.crash_once and os.path.exists(args.crash_once)):
             time.sleep(args.crash_after_ready)
             if args.crash_once:

@@ -31,6 +31,7 @@ def test_transitions_are_guarded():
     ([RoleState.READY, RoleState.RESTARTING], DeploymentState.DEGRADED),
     ([RoleState.READY, RoleState.FAILED], DeploymentState.DEGRADED),
     ([RoleState.STOPPED, RoleState.FAILED], DeploymentState.STOPPED),
+    ([RoleState.READY, RoleState.STOPPING, RoleState.STOPPED], DeploymentState.STOPPING),
 ])
 def test_deployment_state_follows_its_roles(states, expected):
     assert deployment_state(states) is expected
