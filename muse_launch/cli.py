@@ -41,7 +41,7 @@ def validate(
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
     from .core import check_file
-    from .topology.checks import Severity
+    from .checks import Severity
 
     try:
         loaded, findings, _ = check_file(file, set_)
