@@ -48,14 +48,15 @@ class DeploymentState(str, Enum):
     STOPPED = "stopped"
 
 
-def deployment_state(roles: Iterable[RoleState]) -> DeploymentState:
+def deployment_state(roles: Iterable[RoleState], wired: bool = True) -> DeploymentState:
+    """`wired`: every router lists all its workers, every language worker all its encoders (run/wiring.py)."""
     states = list(roles)
     if not any(s in LIVE_STATES for s in states):
         return DeploymentState.STOPPED
     if any(s is RoleState.STOPPING for s in states):
         return DeploymentState.STOPPING
     if all(s is RoleState.READY for s in states):
-        return DeploymentState.READY
+        return DeploymentState.READY if wired else DeploymentState.STARTING
     if any(s in (RoleState.FAILED, RoleState.RESTARTING, RoleState.STOPPED) for s in states):
         return DeploymentState.DEGRADED
     return DeploymentState.STARTING

@@ -50,8 +50,8 @@ class PlainProgress:
         self.seen = {r.name: self._key(r) for r in shown.roles} if shown else {}
 
     @staticmethod
-    def _key(role: RoleRecord) -> tuple[RoleState, int]:
-        return role.state, role.restarts
+    def _key(role: RoleRecord) -> tuple:
+        return role.state, role.restarts, role.wiring
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -63,12 +63,14 @@ class PlainProgress:
         width = max(len(r.name) for r in record.roles)
         for role in record.roles:
             key = self._key(role)
-            if self.seen.get(role.name, (RoleState.PENDING, 0)) == key:
+            if self.seen.get(role.name, (RoleState.PENDING, 0, role.wiring if role.state is RoleState.PENDING else ())) \
+                    == key:
                 continue
             self.seen[role.name] = key
             detail = {
                 RoleState.STARTING: f"pid {role.process.pid}" if role.process else "",
-                RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else ""),
+                RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else "")
+                + (f"  lists {role.wiring_text}" if role.wiring else ""),
                 RoleState.RESTARTING: f"restart {role.restarts}: {role.reason}" if role.restarts else f"{role.reason}",
                 RoleState.FAILED: role.reason or "",
             }.get(role.state, "")

@@ -37,6 +37,7 @@ from muse_launch.run.process import (
     spawn_role,
 )
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
+from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
 
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
@@ -148,6 +149,9 @@ class RoleRun:
     probe_sent_at: float = 0.0
     restart_at: float | None = None  # RESTARTING: when its backoff ends
     stopping: Stopping | None = None  # its processes being stopped (STOPPING, or leftovers of a dead one)
+    wiring: WiringCheck | None = None  # the peers it must list before the deployment is ready
+    wired: bool = True
+    unlisted: tuple[Wire, ...] = ()  # the peers its list lacked at the last look
 
 
 def probe_pool(plan: Plan) -> ThreadPoolExecutor:
@@ -160,8 +164,10 @@ class Supervisor:
         self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
         clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
-        probes: Executor | None = None,
+        probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
     ):
+        """`start_after`: role -> the roles it waits for before it starts (default: its depends_on, wave by
+        wave; `start: overlap` passes fewer). Stopping always goes by the plan's waves, reversed."""
         self.plan = plan
         self.record = record
         self.run_dir = run_dir
@@ -172,6 +178,10 @@ class Supervisor:
         self.ports_taken = ports_taken
         self.probes = probes or probe_pool(plan)
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
+        self.start_after = {s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
+                            for s in plan.specs}
+        for name, check in wiring_checks(plan).items():
+            self.runs[name].wiring, self.runs[name].wired, self.runs[name].unlisted = check, False, check.wires
         self.wakeup = Wakeup()  # cuts the loop's sleep short: a signal, a probe's answer
         self.stops = 0  # Ctrl-C / SIGTERM received: the first stops gracefully, a second kills
         self.released = False  # SIGUSR1 from `down`
@@ -218,20 +228,23 @@ class Supervisor:
         self.on_change(self.record)
 
     def start(self) -> Outcome:
-        """Start roles as their dependencies become ready; return once all are ready or one failed."""
+        """Start roles as those they wait for become ready; return once all are ready and wired, or one failed."""
         while True:
             if interrupted := self._interruption():
                 return interrupted
             for run in self.runs.values():
-                deps_ready = all(self.state_of(d) is RoleState.READY for d in run.spec.depends_on if d in self.runs)
+                deps_ready = all(self.state_of(d) is RoleState.READY for d in self.start_after[run.spec.name])
                 if self.state_of(run.spec.name) is RoleState.PENDING and deps_ready:
                     if error := self._spawn(run, restart_note=None):
                         return self._fail(run, error)
                 if self.state_of(run.spec.name) is RoleState.STARTING and (reason := self._watch_starting(run)):
                     return self._fail(run, reason)
-                if self.state_of(run.spec.name) is RoleState.READY and (code := run.process.poll()) is not None:
-                    return self._fail(run, f"{describe_exit(code)} after it was ready, while others were starting")
-            if all(self.state_of(n) is RoleState.READY for n in self.runs):
+                if self.state_of(run.spec.name) is RoleState.READY:
+                    if (code := run.process.poll()) is not None:
+                        return self._fail(run, f"{describe_exit(code)} after it was ready, while others were starting")
+                    if not run.wired and (reason := self._watch_wiring(run)):
+                        return self._fail(run, reason)
+            if all(self.state_of(n) is RoleState.READY and r.wired for n, r in self.runs.items()):
                 return Outcome.READY
             self.clock.wait(self.wakeup, self._wait(STARTING_TICK))
 
@@ -348,6 +361,35 @@ class Supervisor:
             return f"not ready after {run.spec.probe.timeout:g}s ({seen})"
         return None
 
+    def _watch_wiring(self, run: RoleRun) -> str | None:
+        """A ready role that must list its peers: look at its list every probe interval, in the pool, until
+        it holds them all; None while it may still, else why not (at its probe's timeout)."""
+        now = self.clock.monotonic()
+        # Only a look taken once every peer serves counts: a language worker lists its encoders from the start,
+        # and may evict a slow one for a while (it takes it back within one of its probe intervals).
+        peers_ready = all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
+        if not peers_ready:
+            return None  # a peer that never gets ready fails on its own probe's timeout
+        if run.probe is None and now >= run.next_probe_at:
+            run.next_probe_at = now + run.spec.probe.interval
+            run.probe, run.probe_sent_at = self.probes.submit(run.wiring.check, self.client), now
+            run.probe.add_done_callback(lambda _: self.wakeup.set())
+        if run.probe is not None and run.probe.done():
+            probe, run.probe = run.probe, None
+            result = probe.result() if not probe.cancelled() and probe.exception() is None else \
+                WiringResult(run.wiring.wires, f"wiring check error: {probe.exception()!r}")
+            run.check.last_seen = result.seen
+            run.unlisted = result.missing
+            counts = run.wiring.counts(result.missing)
+            if counts != self.record.role(run.spec.name).wiring:
+                self._update(run.spec.name, wiring=counts)
+            if not result.missing:
+                run.wired = True
+                return None
+        if now - run.started_at > run.spec.probe.timeout:
+            return run.wiring.failure(run.unlisted, run.spec.probe.timeout)
+        return None
+
     @staticmethod
     def _answered(run: RoleRun, probe: Future) -> bool:
         if probe.cancelled():
@@ -391,7 +433,8 @@ class Supervisor:
         """Sleep until the next probe is due, but no longer than `tick`; a probe's answer wakes it sooner."""
         now = self.clock.monotonic()
         due = [r.next_probe_at for r in self.runs.values()
-               if self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING) and r.process
+               if (self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING)
+                   or self.state_of(r.spec.name) is RoleState.READY and not r.wired) and r.process
                and r.probe is None]
         due += [r.restart_at for r in self.runs.values()
                 if self.state_of(r.spec.name) is RoleState.RESTARTING and r.process is None and r.restart_at]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -76,6 +76,7 @@ class FakeProcesses:
     spawned: list[tuple[float, str]] = field(default_factory=list)
     stopped: list[tuple[float, str]] = field(default_factory=list)  # when each role's stop signal went
     current: dict[str, FakeProcess] = field(default_factory=dict)
+    listed_from: dict[str, float] = field(default_factory=dict)  # a router lists this worker from then (default 0)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> FakeProcess:
         count = sum(1 for _, name in self.spawned if name == spec.name)
@@ -97,6 +98,11 @@ class FakeProcesses:
                 raise httpx.ConnectError("connection refused", request=request)
             if process.script.hangs:
                 raise Hang()
+            if request.url.path == "/workers":  # a router's worker list: every other ready role, once listed
+                return httpx.Response(200, json={"workers": [
+                    {"url": f"http://127.0.0.1:{port}", "is_healthy": True} for port, name in ports.items()
+                    if name in self.current and self.current[name].ready()
+                    and self.clock.now >= self.listed_from.get(name, 0.0)]})
             return httpx.Response(200 if process.ready() else 503)
 
         return httpx.MockTransport(answer)
@@ -357,3 +363,35 @@ def test_a_role_ignoring_its_stop_signal_is_killed_at_the_end_of_its_grace(tmp_p
     began = h.clock.now
     assert h.supervisor.stop().killed == ("stubborn",)
     assert h.clock.now - began == pytest.approx(30.0, abs=0.05)
+
+
+def worker(name: str, port: int, kind: str) -> LaunchSpec:
+    return replace(spec(name, port), kind=kind, engine="sglang")
+
+
+PD = Plan("pd", (worker("prefill-0", 2, "prefill"), worker("prefill-1", 3, "prefill"), worker("decode", 5, "decode"),
+                 replace(spec("router", 4, "prefill-0", "prefill-1", "decode", timeout=20.0), kind="router",
+                         engine="sglang-router")),
+          (("prefill-0", "prefill-1", "decode"), ("router",)))
+
+
+def test_ready_waits_until_the_router_lists_every_worker(tmp_path):
+    h = harness(tmp_path, PD, {})
+    h.processes.listed_from["prefill-1"] = 3.0  # registered late: the router's own probe is ready long before
+    assert h.supervisor.start() is Outcome.READY
+    assert h.clock.now >= 3.0
+    wiring = [r.role("router").wiring for r in h.records]
+    assert (("prefill", 1, 2), ("decode", 1, 1)) in wiring
+    assert wiring[-1] == (("prefill", 2, 2), ("decode", 1, 1))
+    assert DeploymentState.STARTING in {r.state for r in h.records if r.role("router").state is RoleState.READY}
+    assert h.supervisor.record.state is DeploymentState.READY
+
+
+def test_a_worker_the_router_never_lists_fails_up_naming_both_ends(tmp_path):
+    h = harness(tmp_path, PD, {})
+    h.processes.listed_from["prefill-1"] = math.inf
+    assert h.supervisor.start() is Outcome.FAILED
+    router = h.supervisor.record.role("router")
+    assert router.reason == ("not wired after 20s: the router's worker list (GET http://127.0.0.1:4/workers) "
+                             "does not hold as healthy prefill prefill-1 at http://127.0.0.1:3")
+    assert router.wiring == (("prefill", 1, 2), ("decode", 1, 1))
