@@ -102,9 +102,15 @@ class LiveProgress:
                                 ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
             table.add_column(column, **options)
         for role in self.record.roles:
-            last = (role.reason if role.state is RoleState.FAILED else None) or \
-                "".join(last_lines(self.run_dir.log(role.name), 1))
+            last = self._last(role)
             last_text = Text.from_ansi(LOG_TIMESTAMP.sub("", last, count=1))  # not markup; keeps its colours
             table.add_row(role.name, Text(role.state.value, style=STATE_STYLES[role.state]), elapsed(role),
                           str(role.process.pid) if role.process else "-", last_text)
         return table
+
+    def _last(self, role: RoleRecord) -> str:
+        if role.state is RoleState.FAILED and role.reason:
+            return role.reason
+        if role.state is RoleState.READY and not role.wired:
+            return f"waiting until it lists them all: {role.wiring_text}"
+        return "".join(last_lines(self.run_dir.log(role.name), 1))

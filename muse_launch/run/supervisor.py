@@ -369,6 +369,7 @@ class Supervisor:
         # and may evict a slow one for a while (it takes it back within one of its probe intervals).
         peers_ready = all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
         if not peers_ready:
+            run.next_probe_at = max(run.next_probe_at, now + run.spec.probe.interval)  # no need to wake before
             return None  # a peer that never gets ready fails on its own probe's timeout
         if run.probe is None and now >= run.next_probe_at:
             run.next_probe_at = now + run.spec.probe.interval

@@ -62,13 +62,35 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--disaggregation-bootstrap-port", type=int)
     p.add_argument("--language-only", action="store_true")
     p.add_argument("--encoder-bootstrap-port", type=int)
+    p.add_argument("--encoder-urls", nargs="*", default=[])
     args, _ = p.parse_known_args(argv)
-    # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker.
+    # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker
+    # (which answers GET /list_encoder_urls there: its --encoder-urls, see encoder_list_server).
     if args.disaggregation_mode == "prefill" and args.disaggregation_bootstrap_port:
         args.also_listen.append(args.disaggregation_bootstrap_port)
-    if args.language_only and args.encoder_bootstrap_port:
-        args.also_listen.append(args.encoder_bootstrap_port)
     return args
+
+
+def encoder_list_server(host: str, port: int, urls: list[str]) -> ThreadingHTTPServer:
+    """A language worker's encoder bootstrap server, as SGLang 0.5.23 has it: up before the worker's
+    own /health, listing --encoder-urls (this stand-in never evicts one)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = {"encoder_urls": urls} if self.path == "/list_encoder_urls" else "OK"
+            data = json.dumps(body).encode()
+            self.send_response(200 if self.path in ("/list_encoder_urls", "/health") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt: str, *a) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def main(argv: list[str]) -> None:
@@ -117,6 +139,8 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop_later(args.stop_delay))
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    if args.language_only and args.encoder_bootstrap_port:
+        encoder_list_server(args.host, args.encoder_bootstrap_port, args.encoder_urls)
     held = [socket.create_server((args.host, port)) for port in args.also_listen]  # noqa: F841 (held open until exit)
     print(f"stand-in pid {os.getpid()} listening on {args.host}:{args.port} {args.also_listen}", flush=True)
 
