@@ -29,8 +29,9 @@ TOPOLOGIES = {"EPD": REPO / "topologies" / "epd-b300.yaml", "PD": REPO / "topolo
 ENCODER, LANGUAGE = 1.0, 5.0
 
 
-def bring_up(home: Path, topology: Path, start: str, scale: float) -> tuple[float, float]:
-    """(seconds from first spawn to `up -d` ready, the router's own start in that run)."""
+def bring_up(home: Path, topology: Path, start: str, scale: float) -> tuple[float, float, str]:
+    """(seconds from first spawn to `up -d` ready, the router's own start in that run, when each role started
+    and was ready)."""
     sets = [f"start={start}", f"rehearse={{ready_after: {LANGUAGE * scale:g}}}"]
     if "epd" in topology.name:
         sets.append(f"roles.encoder.rehearse={{ready_after: {ENCODER * scale:g}}}")
@@ -46,7 +47,9 @@ def bring_up(home: Path, topology: Path, start: str, scale: float) -> tuple[floa
     first = min(stamp(r["started_at"]) for r in roles)
     router = next(r for r in roles if r["kind"] == "router")
     subprocess.run([sys.executable, "-m", "muse_launch", "down", name], capture_output=True, env=env, cwd=REPO)
-    return returned - first, stamp(router["ready_at"]) - stamp(router["started_at"])
+    timeline = ", ".join(f"{r['name']} {stamp(r['started_at']) - first:.1f}-{stamp(r['ready_at']) - first:.1f}"
+                         for r in roles)
+    return returned - first, stamp(router["ready_at"]) - stamp(router["started_at"]), timeline
 
 
 def main() -> None:
@@ -55,12 +58,15 @@ def main() -> None:
     scale = parser.parse_args().scale
     encoder, language = ENCODER * scale, LANGUAGE * scale
     rows = []
+    timelines: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         for label, topology in TOPOLOGIES.items():
             epd = label == "EPD"
-            waves, router_start = bring_up(home, topology, "waves", scale)
-            overlap, _ = bring_up(home, topology, "overlap", scale)
+            waves, router_start, waves_timeline = bring_up(home, topology, "waves", scale)
+            overlap, _, overlap_timeline = bring_up(home, topology, "overlap", scale)
+            timelines.append(f"{label} waves:   {waves_timeline}, wired {waves:.1f}")
+            timelines.append(f"{label} overlap: {overlap_timeline}, wired {overlap:.1f}")
             waves_path = (encoder if epd else 0.0) + language + router_start
             overlap_path = max(encoder if epd else 0.0, language)
             rows.append((label, waves, waves_path, overlap, overlap_path))
@@ -70,6 +76,9 @@ def main() -> None:
     for label, waves, waves_path, overlap, overlap_path in rows:
         print(f"{label:4} {waves:6.2f}s {waves_path:8.2f}s {waves / waves_path:6.2f}   {overlap:6.2f}s "
               f"{overlap_path:8.2f}s {overlap / overlap_path:6.2f}   {overlap / waves:6.2f}")
+    print("each role started-ready, seconds from the first spawn:")
+    for line in timelines:
+        print("  " + line)
 
 
 if __name__ == "__main__":

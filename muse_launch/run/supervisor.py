@@ -353,6 +353,7 @@ class Supervisor:
         if run.probe is not None and run.probe.done():
             probe, run.probe = run.probe, None
             if self._answered(run, probe):
+                run.next_probe_at = now  # its wiring, if it has any to show, is looked at right away
                 self._update(run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None)
                 return None
         if now - run.started_at > run.spec.probe.timeout:
