@@ -15,6 +15,9 @@ from muse_launch.plan.spec import Probe, ProbeKind
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 
 
+NO_ANSWER_YET = "no answer yet"
+
+
 def base_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -28,7 +31,7 @@ class ReadinessCheck:
         self.port = port
         self.log_path = log_path
         self.client = client
-        self.last_seen = "no answer yet"
+        self.last_seen = NO_ANSWER_YET
         self._log_offset = 0
         self._log_partial = b""
 

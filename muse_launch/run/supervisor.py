@@ -25,7 +25,7 @@ import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.run.lifecycle import RoleState, transition
-from muse_launch.run.probe import ReadinessCheck
+from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.run.process import (
     GroupStop,
     Marker,
@@ -357,8 +357,9 @@ class Supervisor:
                 self._update(run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None)
                 return None
         if now - run.started_at > run.spec.probe.timeout:
-            seen = run.check.last_seen if run.probe is None else \
-                f"no answer to the probe sent {now - run.probe_sent_at:.1f}s ago"
+            seen = run.check.last_seen  # what the last probe that came back saw, unless one is overdue
+            if run.probe is not None and (now - run.probe_sent_at >= HTTP_TIMEOUT or seen == NO_ANSWER_YET):
+                seen = f"no answer to the probe sent {now - run.probe_sent_at:.1f}s ago"
             return f"not ready after {run.spec.probe.timeout:g}s ({seen})"
         return None
 
