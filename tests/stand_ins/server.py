@@ -63,6 +63,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--language-only", action="store_true")
     p.add_argument("--encoder-bootstrap-port", type=int)
     p.add_argument("--encoder-urls", nargs="*", default=[])
+    # A router's wiring, when a topology's router `launcher:` puts this script in its place: GET /workers lists it.
+    p.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]")
+    p.add_argument("--decode", action="append", default=[])
+    p.add_argument("--worker-urls", nargs="*", default=[])
     args, _ = p.parse_known_args(argv)
     # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker
     # (which answers GET /list_encoder_urls there: its --encoder-urls, see encoder_list_server).
@@ -110,6 +114,9 @@ def main(argv: list[str]) -> None:
             elif path in SERVER_INFO_PATHS:
                 info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True}
                 self.reply(200, info)
+            elif path == "/workers" and (args.prefill or args.decode or args.worker_urls):
+                urls = [p[0] for p in args.prefill] + args.decode + args.worker_urls
+                self.reply(200, {"workers": [{"url": u, "is_healthy": True} for u in urls], "total": len(urls)})
             elif path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": args.model_path, "object": "model"}]})
             else:
