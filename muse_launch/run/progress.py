@@ -63,8 +63,8 @@ class PlainProgress:
         width = max(len(r.name) for r in record.roles)
         for role in record.roles:
             key = self._key(role)
-            if self.seen.get(role.name, (RoleState.PENDING, 0, role.wiring if role.state is RoleState.PENDING else ())) \
-                    == key:
+            unseen = (RoleState.PENDING, 0, role.wiring)  # a role still pending is no news
+            if self.seen.get(role.name, unseen) == key:
                 continue
             self.seen[role.name] = key
             detail = {

@@ -144,7 +144,8 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                 start_after: StartAfter) -> int:
     # Everything this process prints goes through a thread of its own: a slow reader never stops supervision.
     out = BackgroundWriter(console.file)
-    quiet = Console(file=out, force_terminal=console.is_terminal, width=console.width, color_system=console.color_system)
+    quiet = Console(file=out, force_terminal=console.is_terminal, width=console.width,
+                    color_system=console.color_system)
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
     try:
         with httpx.Client() as client:
