@@ -180,7 +180,7 @@ class Supervisor:
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
         self.start_after = {s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
                             for s in plan.specs}
-        for name, check in wiring_checks(plan).items():
+        for name, check in wiring_checks(plan, {r.name: r.probe_host for r in record.roles}).items():
             self.runs[name].wiring, self.runs[name].wired, self.runs[name].unlisted = check, False, check.wires
         self.wakeup = Wakeup()  # cuts the loop's sleep short: a signal, a probe's answer
         self.stops = 0  # Ctrl-C / SIGTERM received: the first stops gracefully, a second kills

@@ -10,6 +10,7 @@ engines/sglang.py ENCODER_LIST_PATH).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 import httpx
 
@@ -75,8 +76,9 @@ def _listed(answer: object) -> dict[str, bool]:
     return router.listed_workers(answer)
 
 
-def wiring_checks(plan: Plan) -> dict[str, WiringCheck]:
-    """The wiring each role of the plan must show before the deployment counts as ready."""
+def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[str, WiringCheck]:
+    """The wiring each role of the plan must show before the deployment counts as ready; `hosts`: where each
+    role is reached (its record's probe host: on SLURM, its node), else where it binds."""
     specs = {s.name: s for s in plan.specs}
     checks: dict[str, WiringCheck] = {}
     for spec in plan.specs:
@@ -92,6 +94,7 @@ def wiring_checks(plan: Plan) -> dict[str, WiringCheck]:
         else:
             continue
         if wires:
-            checks[spec.name] = WiringCheck(spec.name, base_url(connect_host(spec.bind), port) + path, wires)
+            host = (hosts or {}).get(spec.name) or connect_host(spec.bind)
+            checks[spec.name] = WiringCheck(spec.name, base_url(host, port) + path, wires)
     return checks
 
