@@ -6,9 +6,10 @@ critical path, side by side in one run.
 Start-up delays in the proportions of a real deployment (issue 14): encoder 1, language workers 5
 (times S seconds, default 1); the router is the real sglang-router (its own start, ~0.1 of a worker's
 in a real deployment, is what it is here). Critical paths: waves, encoder + language worker + router
-(the router's own start as measured in that run); overlap, max(encoder, language worker), to which
-the router's registration adds its retry gap (sglang-router retries a worker 1, 2, 3, 4, 5, 5 s
-apart while it is not up). Bring-up: from the first spawn (state.json) to `up -d` returning ready,
+(the router's own start as measured in that run); overlap, max(encoder, language worker) + router:
+encoders start with their language workers, the router still after its workers (a router started
+with them registers them late: sglang-router retries a worker 1, 2, 3, 4, 5, 5 s apart while it is
+not up). Bring-up: from the first spawn (state.json) to `up -d` returning ready,
 which now means wired. Figures, not asserts: a loaded machine moves them.
 """
 
@@ -68,7 +69,7 @@ def main() -> None:
             timelines.append(f"{label} waves:   {waves_timeline}, wired {waves:.1f}")
             timelines.append(f"{label} overlap: {overlap_timeline}, wired {overlap:.1f}")
             waves_path = (encoder if epd else 0.0) + language + router_start
-            overlap_path = max(encoder if epd else 0.0, language)
+            overlap_path = max(encoder if epd else 0.0, language) + router_start
             rows.append((label, waves, waves_path, overlap, overlap_path))
     print(f"start-up delays: encoder {encoder:g}s, language workers {language:g}s, router: the real sglang-router")
     print(f"{'':4} {'waves':>7} {'its path':>9} {'ratio':>6}   {'overlap':>7} {'its path':>9} {'ratio':>6}   "

@@ -1,13 +1,17 @@
 """When each role may start: `start: waves` waits for every role a role is wired to; `start: overlap`
 (the default where the installed versions allow it) starts together the roles whose engines
-tolerate a late peer (ENGINE-FACTS.md, "Start order"):
-- an SGLang >= 0.5.17 language worker does not contact its encoders while it starts: it lists them,
-  probes them every 10 s, evicts one after 3 failures and takes it back when healthy, unless it
-  stayed evicted for SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL (600 s), which is set here from the
-  encoders' ready timeouts so that a slow encoder is never dropped for good;
-- sglang-router and smg register workers that come up after them, retrying in the background.
-Either way `up` is ready only once the wiring shows (run/wiring.py). Other edges (vLLM, `after:`)
-keep their order.
+tolerate a late peer (ENGINE-FACTS.md, "Start order"): an SGLang >= 0.5.17 language worker does not
+contact its encoders while it starts: it lists them, probes them every 10 s, evicts one after 3
+failures and takes it back when healthy, unless it stayed evicted for
+SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL (600 s), which is set here from the encoders' ready timeouts so
+that a slow encoder is never dropped for good.
+
+The router still starts once its workers are ready, although sglang-router and smg would register
+late workers: they retry a worker that is not up 1, 2, 3, 4, 5, 5 s apart, so a router started
+early saw its workers 1.0-1.5 s after they were ready, against 0.5-0.6 s for a router started then
+(scripts/bench_start_policy.py: PD overlapping the router took 1.16-1.18x the waves' time, and
+--worker-startup-check-interval 1 did not change it). Either way `up` is ready only once the wiring
+shows (run/wiring.py). Other edges (vLLM, `after:`) keep their order.
 """
 
 from __future__ import annotations
@@ -17,13 +21,11 @@ import re
 from dataclasses import dataclass, replace
 from importlib import metadata
 
-from muse_launch.engines import sglang, sglang_router, smg
+from muse_launch.engines import sglang
 from muse_launch.plan.spec import LaunchSpec, Plan
 
 OVERLAP, WAVES = "overlap", "waves"
 MIN_SGLANG = (0, 5, 17)  # re-adds an evicted encoder (0.5.16 drops it for good)
-LATE_WORKER_ROUTERS = (sglang_router.NAME, smg.NAME)
-ROUTED_KINDS = ("prefill", "decode", "worker")
 TTL_MARGIN = 60.0  # seconds beyond the slowest encoder's ready timeout
 DISTRIBUTIONS = {"sglang": "sglang", "vllm": "vllm", "sglang-router": "sglang-router", "smg": "smg",
                  "vllm-router": "vllm-router"}
@@ -63,10 +65,9 @@ def _installed(engine: str) -> str | None:
 
 
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
-    """Whether `spec`'s engine copes with `peer` coming up after it (given new enough versions)."""
-    if spec.engine == sglang.NAME and spec.ports.get("encoder_bootstrap"):
-        return peer.kind == "encoder" and peer.engine == sglang.NAME
-    return spec.engine in LATE_WORKER_ROUTERS and peer.kind in ROUTED_KINDS
+    """Whether `spec` starts sooner, all told, by not waiting for `peer` (given new enough versions)."""
+    return spec.engine == sglang.NAME and bool(spec.ports.get("encoder_bootstrap")) \
+        and peer.kind == "encoder" and peer.engine == sglang.NAME
 
 
 def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -> StartPolicy:
@@ -79,8 +80,8 @@ def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -
     why_not = [f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))]
     if why_not and requested != OVERLAP:
         return StartPolicy(WAVES, everything, plan,
-                           f"start: waves, since overlap needs SGLang >= {'.'.join(map(str, MIN_SGLANG))} and a "
-                           f"router that registers late workers; here: {', '.join(why_not)}")
+                           f"start: waves, since overlap needs SGLang >= {'.'.join(map(str, MIN_SGLANG))}; here: "
+                           f"{', '.join(why_not)}")
     older = [e for e in engines if versions.get(e) and not _new_enough(e, versions.get(e))]
     kept = {(a, d) for a, d in relaxable if specs[a].engine in older}
     relaxed = relaxable - kept

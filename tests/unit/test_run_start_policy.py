@@ -22,10 +22,11 @@ EPD = Plan("epd", (
 NEW = {"sglang": "0.5.23", "sglang-router": "0.3.2"}
 
 
-def test_overlap_starts_everything_together_and_keeps_a_slow_encoder_listed():
+def test_overlap_starts_encoders_with_their_language_workers_and_keeps_a_slow_encoder_listed():
+    """The router still waits for its workers: started early, it registers them late (start_policy.py)."""
     policy = choose(EPD, None, NEW)
     assert policy.policy == OVERLAP
-    assert policy.start_after == {"encoder": (), "prefill": (), "decode": (), "router": ()}
+    assert policy.start_after == {"encoder": (), "prefill": (), "decode": (), "router": ("prefill", "decode")}
     prefill, decode = policy.plan.spec("prefill"), policy.plan.spec("decode")
     assert prefill.env["SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL"] == "960"  # the encoder's 900 s timeout + 60
     assert decode.env["SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL"] == "5"  # the file's own value stays
@@ -45,8 +46,17 @@ def test_the_file_decides_when_it_says():
     assert choose(EPD, "waves", NEW).start_after["prefill"] == ("encoder",)
     policy = choose(EPD, "overlap", {"sglang": "0.5.16", "sglang-router": "0.3.2"})
     assert policy.start_after["prefill"] == ("encoder",)  # an old SGLang would drop a late encoder for good
-    assert policy.start_after["router"] == ()
+    assert policy.start_after["router"] == ("prefill", "decode")
     assert "those keep waves" in policy.note
+
+
+def test_pd_without_encoders_has_nothing_to_overlap():
+    plan = Plan("pd", EPD.specs[1:3] + EPD.specs[3:], (("prefill", "decode"), ("router",)))
+    plan = Plan("pd", tuple(spec(s.name, s.kind, s.engine, s.ports["http"], *(d for d in s.depends_on
+                                                                              if d != "encoder"))
+                            for s in plan.specs), plan.waves)
+    policy = choose(plan, None, NEW)
+    assert policy.policy == WAVES and policy.note is None and policy.start_after["router"] == ("prefill", "decode")
 
 
 def test_vllm_keeps_waves_without_a_word():
