@@ -57,8 +57,8 @@ def list_models(client: httpx.Client, base: str) -> tuple[str | None, SmokeResul
     try:
         listed = served_models(client, base)
     except httpx.TransportError as exc:
-        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: {exc or 'no reply'});"
-                                 " is the deployment still up?", total=time.perf_counter() - start)
+        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: "
+                                 f"{exc or 'no reply'}); is the deployment still up?", total=time.perf_counter() - start)
     except httpx.HTTPStatusError as exc:
         return None, SmokeResult("models", False, f"GET {base}/v1/models: HTTP {exc.response.status_code}: "
                                  f"{exc.response.text[:300]}", total=time.perf_counter() - start)
