@@ -156,6 +156,13 @@ def test_the_shell_sees_the_exit_code(argv: list[str], code: int, home: Path) ->
     assert "Traceback" not in run.stdout + run.stderr
 
 
+def test_output_to_a_pipe_is_all_there_at_exit(home: Path) -> None:
+    """main() leaves without the interpreter's teardown: only after flushing what it printed."""
+    run = script("plan", EPD, "--format", "json", home=home)
+    assert run.returncode == 0 and json.loads(run.stdout)["name"] == "epd-b300"
+    assert script("validate", EPD, home=home).stdout == f"{EPD}: ok (4 roles, 0 errors, 0 warnings)\n"
+
+
 def test_an_internal_error_in_a_real_process(home: Path) -> None:
     crash = ("import sys, muse_launch.core as core\n"
              "core.check_file = lambda *a, **k: {}['roles']\n"
