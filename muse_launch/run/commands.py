@@ -101,7 +101,6 @@ def down(
         return
     from muse_launch.run.down import bring_down, bring_down_without_state, format_report
     from muse_launch.run.state import read_state
-
     from muse_launch.slurm.commands import down_any
 
     run_dir = resolve_name(name)
