@@ -60,7 +60,10 @@ def since(iso: str | None) -> str:
 
 def status_table(record: DeploymentRecord, health: dict[str, str | None]) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
-    table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left")
+    wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
+    caption = f"wiring: {wiring}" if wiring else None
+    table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left",
+                  caption=caption, caption_justify="left")
     for column in ("role", "kind", "state", "pid", "gpus", "url", "ready since", "restarts", "health now"):
         table.add_column(column)
     for role in record.roles:
