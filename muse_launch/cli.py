@@ -183,10 +183,19 @@ def run(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> None:
     """The console script: click handles usage errors (exit 2) and Ctrl-C (130); errors.explain the rest."""
     code = run(argv)
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):  # the reader left: say nothing more, and no "Exception ignored"
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  replaced so the interpreter's final flush is quiet
-        code = code or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader left: say nothing more, and no "Exception ignored"
+            setattr(sys, "stdout" if stream is sys.stdout else "stderr", open(os.devnull, "w"))  # noqa: SIM115
+            code = code or 1
+    threading = sys.modules.get("threading")
+    if threading is None or threading.active_count() == 1:
+        # Nothing else runs: skip the interpreter's teardown, which frees every module one by one (~30 ms
+        # of CPU after `validate` or `up`), once the exit handlers have run and the output is flushed.
+        import atexit
+
+        atexit._run_exitfuncs()
+        os._exit(code)
     sys.exit(code)
 

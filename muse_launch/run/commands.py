@@ -101,7 +101,6 @@ def down(
         return
     from muse_launch.run.down import bring_down, bring_down_without_state, format_report
     from muse_launch.run.state import read_state
-
     from muse_launch.slurm.commands import down_any
 
     run_dir = resolve_name(name)
@@ -134,7 +133,7 @@ def status(
 
     run_dir, _ = _deployment(name)
     console = _console()
-    with httpx.Client() as client:
+    with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
             if slurm := slurm_status(run_dir, client, as_json, watch):
                 return slurm

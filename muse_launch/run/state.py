@@ -293,7 +293,8 @@ def resolve_name(name: str | None) -> RunDir:
         try:
             data = yaml.safe_load(Path(name).read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); give the deployment's name") from None
+            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); "
+                             "give the deployment's name") from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]
