@@ -13,6 +13,10 @@ DEFAULT_LAUNCHERS = {
     "smg": ("smg", "launch"),
     "vllm-router": ("vllm-router",),
 }
+# What provides each router, and the module its program runs (host/versions.py reads the release;
+# note that sglang-router 0.3.2 installs an `smg` program of its own, which runs sglang_router).
+DISTRIBUTIONS = {"sglang-router": ("sglang-router",), "smg": ("smg",), "vllm-router": ("vllm-router",)}
+MODULES = {"sglang-router": "sglang_router", "smg": "smg", "vllm-router": "vllm_router"}
 PD_FLAG = {"sglang-router": "--pd-disaggregation", "smg": "--pd-disaggregation",
            "vllm-router": "--vllm-pd-disaggregation"}
 # muse-launch restarts a dead worker on the same URL; these let the router take it back within a

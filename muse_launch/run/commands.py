@@ -40,13 +40,23 @@ def up(
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
     only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
+                                      "the installed engine's own parser first (not with --rehearse)"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.checks import engine as engine_check_
     from muse_launch.core import load_plan
 
-    loaded = load_plan(file, set_, rehearse=rehearse)
+    pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
+    try:
+        loaded = load_plan(file, set_, rehearse=rehearse)
+    except BaseException:
+        engine_check_.cancel(pending)
+        raise
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
+        raise typer.Exit(1)  # a command the engine refuses: nothing started
     if not rehearse:
         refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
@@ -71,15 +81,18 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
+    from muse_launch.host.versions import deployment_versions
+
     run_dir = resolve_name(name)
     console = _console()
+    versions = deployment_versions(read_state(run_dir).roles)  # engine -> installed release, read once
     with httpx.Client() as client:
         def render() -> str | Table:
             record = observed(read_state(run_dir))
             health = health_now(record, run_dir, client)
-            if as_json:
-                return json.dumps(status_json(record, health), indent=None if watch else 2)  # --watch: JSON lines
-            return status_table(record, health)
+            if as_json:  # --watch: JSON lines
+                return json.dumps(status_json(record, health, versions), indent=None if watch else 2)
+            return status_table(record, health, versions)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)
