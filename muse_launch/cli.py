@@ -43,7 +43,7 @@ def validate(
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
     from .core import check_file
-    from .topology.checks import Severity
+    from .checks import Severity
 
     try:
         loaded, findings, plan = check_file(file, set_)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from .checks import Finding, Severity, recheck_placement, run_checks
 from .errors import CheckFailed
 from .plan.rehearse import rehearsal_plan
 from .plan.spec import Plan
-from .topology.checks import Finding, Severity, run_checks
 from .topology.load import LoadedTopology, load_topology
 
 
@@ -45,5 +45,9 @@ def load_plan(path: str | Path, sets: Iterable[str] = (), rehearse: bool = False
     if stop or plan is None:
         raise CheckFailed("\n".join(f.format(loaded) for f in findings))
     if rehearse:
-        plan = rehearsal_plan(loaded.topology, sys.executable)
+        plan = rehearsal_plan(plan, loaded.topology, sys.executable)
+        moved = [f for f in recheck_placement(loaded.topology, plan) if f.severity is Severity.ERROR]
+        if moved:
+            raise CheckFailed("\n".join(["the rehearsal moves every machine to a loopback address, and then:",
+                                          *(f.format(loaded) for f in moved)]))
     return LoadedPlan(plan, loaded, tuple(findings))

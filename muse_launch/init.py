@@ -14,19 +14,18 @@ from typing import Any, Callable
 
 import yaml
 
+from .engines import sglang, vllm
 from .errors import UsageError
-from .topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, HardwareProfile, Vendor
+from .plan.build import DEFAULT_DIST_INIT_PORT
+from .topology.hardware import (BF16_CHECKPOINT, CHECKPOINT_VRAM_GB, DFLASH_DRAFT, INT4_CHECKPOINT, MXFP4_CHECKPOINT,
+                                NVFP4_CHECKPOINT, PROFILES, HardwareProfile, Vendor)
 
 MODES = ("epd", "pd", "agg")
 ENGINES = ("sglang", "vllm")
 QUANTS = ("nvfp4", "mxfp4", "bf16", "int4")
 
-CHECKPOINTS = {  # cookbook section 1
-    "nvfp4": "meta-models/Muse-Spark-Open-816B-A42B-NVFP4",
-    "mxfp4": "amd/Muse-Spark-Open-816B-A42B-Quark-MXFP4",
-    "bf16": "meta-models/Muse-Spark-Open-816B-A42B",
-    "int4": "intel-ai/Muse-Spark-Open-816B-A42B-INT4",
-}
+CHECKPOINTS = {"nvfp4": NVFP4_CHECKPOINT, "mxfp4": MXFP4_CHECKPOINT, "bf16": BF16_CHECKPOINT,
+               "int4": INT4_CHECKPOINT}  # cookbook section 1
 DEFAULT_QUANT = {Vendor.NVIDIA: "nvfp4", Vendor.AMD: "mxfp4", Vendor.INTEL: "int4", Vendor.NONE: "int4"}
 QUANTS_BY_VENDOR = {Vendor.NVIDIA: ("nvfp4", "bf16"), Vendor.AMD: ("mxfp4", "nvfp4", "bf16"),
                     Vendor.INTEL: ("int4",), Vendor.NONE: ("int4",)}
@@ -35,22 +34,22 @@ QUANTS_BY_VENDOR = {Vendor.NVIDIA: ("nvfp4", "bf16"), Vendor.AMD: ("mxfp4", "nvf
 SGLANG_QUANTIZATION = {(Vendor.NVIDIA, "nvfp4"): "modelopt_fp4",  # 3.3's commands
                        (Vendor.AMD, "nvfp4"): "quark_mxfp4"}  # section 1: NVFP4 loaded as MXFP4 on MI355X
 SGLANG_MOE_RUNNER = {"blackwell": "flashinfer_trtllm", "hopper": "marlin"}  # NVFP4 experts (3.3; section 2)
-SGLANG_PARSERS = ["--reasoning-parser", "muse", "--tool-call-parser", "muse"]  # 3.1, 3.2
-DFLASH_DRAFT = "RadixArk/Muse-Spark-Open-DFlash2"
+SGLANG_PARSERS = [sglang.REASONING_PARSER, "muse", sglang.TOOL_CALL_PARSER, "muse"]  # 3.1, 3.2
 MOONCAKE_NVLINK_ENV = {"MC_INTRANODE_NVLINK": "true", "MC_TCP_ENABLE_CONNECTION_POOL": "true",
                        "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}  # 3.3, one NVLink host
 SGLANG_PORT, PREFILL_PORT, DECODE_PORT, ENCODER_PORT, ROUTER_PORT = 30000, 30001, 30002, 30010, 8000
+ENCODER_BOOTSTRAP = sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT  # 3.3: 8997 on prefill, 8999 on decode
 XEON_TP = 6  # TP = NUMA nodes; a Xeon 6980P has 2 sockets x 3 sub-NUMA clusters
 
 
 def dflash(backend: str) -> list[str]:
     """Section 3.5's DFlash V2 flags (the Low Latency strategy): 8 draft tokens, block verification off."""
-    return ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", DFLASH_DRAFT,
-            "--speculative-draft-attention-backend", backend, "--speculative-num-draft-tokens", "8"]
+    return [sglang.SPECULATIVE_ALGORITHM, "DFLASH", sglang.SPECULATIVE_DRAFT_MODEL, DFLASH_DRAFT,
+            sglang.SPECULATIVE_DRAFT_ATTENTION, backend, sglang.SPECULATIVE_DRAFT_TOKENS, "8"]
 
 
 # ---- vLLM (the recipe) -----------------------------------------------------------------------
-VLLM_FEATURES = ["--reasoning-parser", "muse", "--enable-auto-tool-choice", "--tool-call-parser", "muse"]
+VLLM_FEATURES = [vllm.REASONING_PARSER, "muse", "--enable-auto-tool-choice", vllm.TOOL_CALL_PARSER, "muse"]
 DSPARK = {"method": "dspark", "model": "Inferact/Muse-Spark-Open-DSpark", "num_speculative_tokens": 7,
           "draft_sample_method": "probabilistic", "rejection_sample_method": "block",
           "enable_adaptive_verification": True}  # features.spec_decoding.modes.dspark, on by default for NVFP4
@@ -68,7 +67,7 @@ VLLM_AMD_VARIANT_ARGS = {  # variants.<v>.hardware_overrides.amd.extra_args
 }
 VLLM_PORT, VLLM_PREFILL_PORT, VLLM_DECODE_PORT = 8000, 8001, 8002  # vLLM's default; pd_cluster's
 VLLM_SIDE_CHANNELS = (5557, 5558)  # pd_cluster's prefill / decode VLLM_NIXL_SIDE_CHANNEL_PORT
-VLLM_MASTER_PORT = 29501  # vLLM's default --master-port
+VLLM_MASTER_PORT = vllm.DEFAULT_MASTER_PORT
 EXAMPLE_ADDRESSES = "10.0.0.{}"  # multi-node files carry example addresses: validate needs no env
 
 
@@ -207,10 +206,10 @@ def _gpus(count: int, first: int = 0) -> str:
 def _sglang_args(profile: HardwareProfile, quant: str) -> tuple[list[str], list[str]]:
     """(topology args, worker args) of the panel's Low Latency cell for this hardware."""
     quantization = SGLANG_QUANTIZATION.get((profile.vendor, quant))
-    top = ["--quantization", quantization] if quantization else []
+    top = [sglang.QUANTIZATION, quantization] if quantization else []
     worker: list[str] = []
     if profile.vendor is Vendor.NVIDIA and quant == "nvfp4":
-        worker += ["--moe-runner-backend", SGLANG_MOE_RUNNER[profile.arch]]
+        worker += [sglang.MOE_RUNNER_BACKEND, SGLANG_MOE_RUNNER[profile.arch]]
     if not profile.has_gpus:
         worker += ["--device", "cpu"]
     worker += SGLANG_PARSERS
@@ -241,7 +240,7 @@ def _sglang_agg(profile: HardwareProfile, quant: str) -> Draft:
             role["nodes"] = [f"node{i}" for i in range(nodes)]
         role.update(gpus=_gpus(profile.gpus_per_node), port=SGLANG_PORT, tp=tp, ep=tp)
         if nodes > 1:
-            role["dist_init_port"] = 20000
+            role["dist_init_port"] = DEFAULT_DIST_INIT_PORT
     else:
         role["port"] = SGLANG_PORT
         if profile.arch == "xeon":
@@ -266,7 +265,8 @@ def _sglang_pd(profile: HardwareProfile, quant: str) -> Draft:
     half = profile.gpus_per_node // 2
     for kind, first, port in (("prefill", 0, PREFILL_PORT), ("decode", half, DECODE_PORT)):
         draft.roles[kind] = {"kind": kind, "gpus": _gpus(half, first), "port": port, "tp": half, "ep": half,
-                             "transfer_backend": "mooncake", "bootstrap_port": 8998, "env": dict(MOONCAKE_NVLINK_ENV),
+                             "transfer_backend": "mooncake", "bootstrap_port": sglang.DEFAULT_BOOTSTRAP_PORT,
+                             "env": dict(MOONCAKE_NVLINK_ENV),
                              "args": worker}
     draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"], "decode": ["decode"]}
     return draft
@@ -276,19 +276,20 @@ def _sglang_epd(profile: HardwareProfile, quant: str) -> Draft:
     if profile.name != "b300" or quant != "nvfp4":
         raise Unsupported("the cookbook's EPD recipe (3.3) is NVFP4 on one 8xB300 host")
     top, _ = _sglang_args(profile, quant)
-    serving = ["--moe-runner-backend", "flashinfer_trtllm", *SGLANG_PARSERS]
+    serving = [sglang.MOE_RUNNER_BACKEND, "flashinfer_trtllm", *SGLANG_PARSERS]
     draft = Draft("EPD on one 8xB300 host (SGLang + Mooncake), cookbook section 3.3",
                   "SGLang cookbook 3.3 (Encode Prefill Decode Disaggregation), as printed: encoder TP2 on GPUs 0-1\n"
                   "beside prefill TP4/EP4 at 0.8 memory, decode TP4/EP4 on GPUs 4-7, Mooncake over NVLink.",
                   profile.name, CHECKPOINTS[quant], "sglang", args=top)
     draft.roles["encoder"] = {"kind": "encoder", "gpus": [0, 1], "port": ENCODER_PORT, "tp": 2,
                               "encoder_transfer_backend": "zmq_to_tokenizer"}
-    for kind, gpus, port, fraction, encoder_port in (("prefill", [0, 1, 2, 3], PREFILL_PORT, 0.8, 8997),
-                                                     ("decode", [4, 5, 6, 7], DECODE_PORT, 0.75, 8999)):
+    for kind, gpus, port, fraction, encoder_port in (("prefill", [0, 1, 2, 3], PREFILL_PORT, 0.8, ENCODER_BOOTSTRAP),
+                                                     ("decode", [4, 5, 6, 7], DECODE_PORT, 0.75, ENCODER_BOOTSTRAP + 2)):
         draft.roles[kind] = {"kind": kind, "gpus": gpus, "port": port, "tp": 4, "ep": 4, "mem_fraction": fraction,
                              "encoders": ["encoder"], "encoder_transfer_backend": "zmq_to_tokenizer",
                              "encoder_bootstrap_port": encoder_port, "transfer_backend": "mooncake",
-                             "bootstrap_port": 8998, "env": dict(MOONCAKE_NVLINK_ENV), "args": serving}
+                             "bootstrap_port": sglang.DEFAULT_BOOTSTRAP_PORT, "env": dict(MOONCAKE_NVLINK_ENV),
+                             "args": serving}
     draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"], "decode": ["decode"]}
     return draft
 
@@ -299,7 +300,7 @@ def _vllm_features(dspark: bool, amd: bool = False) -> list[str]:
     if not dspark:
         return list(VLLM_FEATURES)
     config = {**DSPARK, "enable_adaptive_verification": False, "attention_backend": "ROCM_AITER_FA"} if amd else DSPARK
-    return [*VLLM_FEATURES, "--speculative-config", json.dumps(config, separators=(",", ":"))]
+    return [*VLLM_FEATURES, vllm.SPECULATIVE_CONFIG, json.dumps(config, separators=(",", ":"))]
 
 
 def _vllm_agg(profile: HardwareProfile, quant: str) -> Draft:

@@ -27,35 +27,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..host.versions import Installed, older, resolve_program, installed
-from ..plan import router, sglang, vllm
-from ..plan.render import has_flag, last_value
+from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, router
+from ..engines.argv import has_flag, last_value
+from ..host.versions import Installed, installed, older, resolve_program
 from ..plan.spec import LaunchSpec, Plan
-from ..topology.checks import Finding, error, warning
 from ..topology.load import LoadedTopology, Path_
 from ..topology.model import Topology
-from ..topology.rules import KEY_FLAGS, SHADOWED, WIRING_FLAGS
+from .findings import Finding, Severity, error, warning
 
 RUNNER = Path(__file__).with_name("parser_runner.py")
-ENGINE_MODULES = {"sglang": sglang, "vllm": vllm}
-ROUTERS = tuple(router.DISTRIBUTIONS)
+ENGINE_MODULES = {name: ENGINES[name] for name in WORKER_ENGINES}
+ROUTERS = ROUTER_ENGINES
 RUNNER_TIMEOUT = 120.0  # a cold import of vLLM on a loaded 2-core machine takes ~15 s
 HELP_TIMEOUT = 30.0
 # Flags the renderers write from keys other than KEY_FLAGS' (the key a finding points at).
+_sg, _vl, _rt = ENGINES["sglang"], ENGINES["vllm"], router
 RENDERED_FROM = {
-    "--encoder-only": ("kind",), "--disaggregation-mode": ("kind",), "--language-only": ("encoders",),
-    "--kv-transfer-config": ("kv_transfer_config", "transfer_backend"), "--model": ("model",),
-    "--nnodes": ("nodes",), "--node-rank": ("nodes",), "--dist-init-addr": ("nodes", "dist_init_port"),
-    "--master-addr": ("nodes",), "--master-port": ("dist_init_port", "nodes"),
-    "--data-parallel-size-local": ("dp", "nodes"), "--data-parallel-address": ("nodes",),
-    "--data-parallel-rpc-port": ("dist_init_port", "nodes"), "--data-parallel-start-rank": ("nodes",),
-    "--enable-expert-parallel": ("ep",), "--headless": ("nodes",), "--prometheus-host": ("bind",),
+    _sg.ENCODER_ONLY: ("kind",), _sg.DISAGGREGATION_MODE: ("kind",), _sg.LANGUAGE_ONLY: ("encoders",),
+    _vl.KV_TRANSFER_CONFIG: ("kv_transfer_config", "transfer_backend"),
+    _sg.NNODES: ("nodes",), _sg.NODE_RANK: ("nodes",), _sg.DIST_INIT_ADDR: ("nodes", "dist_init_port"),
+    _vl.MASTER_ADDR: ("nodes",), _vl.MASTER_PORT: ("dist_init_port", "nodes"),
+    _vl.DP_SIZE_LOCAL: ("dp", "nodes"), _vl.DP_ADDRESS: ("nodes",), _vl.DP_RPC_PORT: ("dist_init_port", "nodes"),
+    _vl.DP_START_RANK: ("nodes",), _vl.ENABLE_EXPERT_PARALLEL: ("ep",), _vl.HEADLESS: ("nodes",),
+    _rt.METRICS_HOST: ("bind",),
 }
 # Recipe text the released parsers refuse: kept as the recipe has it, reported as a warning that
 # names the recipe. (engine, flag, a substring of the refused value or of the engine's message,
 # the recipe it comes from.)
 RECIPE_REFUSALS = (
-    ("vllm", "--speculative-config", "attention_backend",
+    ("vllm", _vl.SPECULATIVE_CONFIG, "attention_backend",
      "the vLLM recipe's AMD DSpark mode (features.spec_decoding.modes.dspark.hardware_overrides.amd)"),
 )
 
@@ -383,15 +383,16 @@ def _find_flag(source: Iterable[str], flags: list[str], value: str | None) -> in
 
 
 def _keys_for(engine: str, flags: Iterable[str]) -> list[str]:
+    """The topology keys that render these flags, per the engine module's KEY_FLAGS, SHADOWED and WIRING."""
+    module = ENGINES.get(engine)
     keys: list[str] = []
     for flag in flags:
-        for key, spellings in KEY_FLAGS.get(engine, {}).items():
+        for key, spellings in getattr(module, "KEY_FLAGS", {}).items():
             if flag in spellings:
                 keys.append(key)
-        if flag in SHADOWED:
-            keys.append(SHADOWED[flag])
-        if flag in WIRING_FLAGS:
-            keys.append(WIRING_FLAGS[flag])
+        for table in (getattr(module, "SHADOWED", {}), getattr(module, "WIRING", {})):
+            if flag in table:
+                keys.append(table[flag])
         keys += RENDERED_FROM.get(flag, ())
     return list(dict.fromkeys(keys))
 
@@ -415,10 +416,7 @@ def _recipe_refusal(engine: str, flags: list[str], message: str, args: Iterable[
 
 
 def _model(spec: LaunchSpec) -> str | None:
-    if spec.engine == "vllm":
-        named = last_value(spec.args, "--model")
-        return named or (spec.args[0] if spec.args and not spec.args[0].startswith("-") else None)
-    return last_value(spec.args, "--model-path") or last_value(spec.args, "--model")
+    return ENGINES[spec.engine].model(spec.args)
 
 
 def _one_line(text: str) -> str:
@@ -468,7 +466,7 @@ def version_findings(specs: Iterable[LaunchSpec], found: dict[str, Installed], l
         model = _model(spec)
         if minimum and older(have.version, minimum) and model and any(
                 m in model for m in getattr(module, "MIN_VERSION_MODELS", ())):
-            out.append(error(locate(spec, ["--model", "--model-path"], None),
+            out.append(error(locate(spec, module.KEY_FLAGS["model"], None),
                              f"{spec.engine} {have.version} is older than {minimum}, the recipe's minimum for "
                              f"{model}", f"install {spec.engine} >= {minimum}", spec.role))
     return out
@@ -523,8 +521,6 @@ def cancel(pending: EngineCheck | None) -> None:
 
 def report(result: EngineCheckResult, loaded: LoadedTopology, echo) -> bool:
     """Print the check's notes and findings (via echo); True when one of them is an error."""
-    from ..topology.checks import Severity
-
     for note in result.notes:
         echo(loaded.redact(note))
     for finding in result.findings:

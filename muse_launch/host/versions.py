@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..plan import router, sglang, vllm
+from ..engines import ENGINES, ROUTER_ENGINES
 from ..plan.spec import LaunchSpec, Plan
 from ..run.process import program_path
 
@@ -30,12 +30,11 @@ QUERY_TIMEOUT = 20.0
 
 # engine name -> the distributions that provide it, first choice first (facts of each engine module)
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    "sglang": sglang.DISTRIBUTIONS, "vllm": vllm.DISTRIBUTIONS, **router.DISTRIBUTIONS,
-}
+    name: module.DISTRIBUTIONS for name, module in ENGINES.items() if hasattr(module, "DISTRIBUTIONS")}
 # top-level module -> engine name: what a program runs decides which engine it is
 MODULE_ENGINES: dict[str, str] = {
-    **{m: "sglang" for m in sglang.MODULES}, **{m: "vllm" for m in vllm.MODULES},
-    **{m: e for e, m in router.MODULES.items()},
+    **{m: name for name, module in ENGINES.items() for m in getattr(module, "MODULES", ())},
+    **{ENGINES[name].MODULE: name for name in ROUTER_ENGINES},
 }
 
 _QUERY = r"""
@@ -182,12 +181,13 @@ def installed_versions(plan: Plan) -> dict[str, str | None]:
     return {engine: min(versions, key=version_key) if versions else None for engine, versions in known.items()}
 
 
-def argv_versions(roles: Iterable[tuple[str, tuple[str, ...]]]) -> dict[str, Installed]:
-    """For `status`: role name -> installed engine, from the argv a deployment recorded (no plan)."""
+def argv_versions(roles: Iterable[tuple[str, tuple[str, ...], str | None]]) -> dict[str, Installed]:
+    """For `status`: role name -> installed engine, from the argv (and engine, where recorded) of each
+    role of a deployment: no plan needed."""
     programs = {}
-    for name, argv in roles:
+    for name, argv, engine in roles:
         program = resolve_program(argv[:3])
-        engine = MODULE_ENGINES.get(program.top or "")
+        engine = engine if engine in DISTRIBUTIONS else MODULE_ENGINES.get(program.top or "")
         if engine:
             programs[name] = (engine, program)
     return dict(zip(programs, installed(programs.values())))
@@ -197,7 +197,7 @@ def deployment_versions(roles) -> dict[str, str | None]:
     """For `status`: engine -> installed release (the oldest where roles differ), from the argv each role
     recorded (RoleRecord.argv) rather than a plan."""
     found: dict[str, list[str]] = {}
-    for have in argv_versions((r.name, tuple(r.argv)) for r in roles if r.argv).values():
+    for have in argv_versions((r.name, tuple(r.argv), getattr(r, "engine", None)) for r in roles if r.argv).values():
         found.setdefault(have.engine, [])
         if have.version:
             found[have.engine].append(have.version)

@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from types import ModuleType
 
+from ..engines import ENGINES, WORKER_ENGINES, router, sglang
+from ..engines.base import Context, Instance, Upstream
 from ..topology.hardware import PROFILES
 from ..topology.model import Role, Topology
-from . import command, router, sglang, vllm
 from .graph import waves
-from .render import Context, Instance, Upstream
-from .sglang import DEFAULT_BOOTSTRAP_PORT, DEFAULT_ENCODER_BOOTSTRAP_PORT
 from .spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind, StopPolicy
 
-# Adding an engine: one module with DEFAULT_LAUNCHER(S) and render(), and one line here.
-ENGINES: dict[str, ModuleType] = {
-    "sglang": sglang,
-    "vllm": vllm,
-    "sglang-router": router,
-    "smg": router,
-    "vllm-router": router,
-    "command": command,
-}
-DEFAULT_DIST_INIT_PORT = 20000
-METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the router's own default
+DEFAULT_DIST_INIT_PORT = 20000  # muse-launch's rendezvous port for multi-node roles (SGLang and vLLM alike)
 
 
 class PlanError(ValueError):
@@ -35,8 +23,7 @@ def role_dependencies(topology: Topology) -> dict[str, list[str]]:
 
 
 def default_launcher(engine: str) -> tuple[str, ...]:
-    module = ENGINES[engine]
-    return getattr(module, "DEFAULT_LAUNCHERS", {}).get(engine) or module.DEFAULT_LAUNCHER
+    return ENGINES[engine].DEFAULT_LAUNCHER
 
 
 def build_plan(topology: Topology) -> Plan:
@@ -45,7 +32,7 @@ def build_plan(topology: Topology) -> Plan:
     specs: dict[str, LaunchSpec] = {}
     for name, role in topology.roles.items():
         engine = topology.role_engine(role)
-        launcher = tuple(role.launcher or (topology.launcher if role.kind != "router" and engine in ("sglang", "vllm")
+        launcher = tuple(role.launcher or (topology.launcher if role.kind != "router" and engine in WORKER_ENGINES
                                            else None) or default_launcher(engine))
         ctx = Context(topology, profile, launcher)
         upstream = {ref: [u for d in refs for u in _upstreams(instances[d])] for ref, refs in role.references.items()}
@@ -86,7 +73,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
                      dist_init_host=addresses[0], dist_init_port=role.dist_init_port or DEFAULT_DIST_INIT_PORT,
                      bootstrap_port=_port(role.bootstrap_port, 0, _default_bootstrap(role, engine)),
                      encoder_bootstrap_port=_port(role.encoder_bootstrap_port, 0,
-                                                  DEFAULT_ENCODER_BOOTSTRAP_PORT if language else None),
+                                                  sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT if language else None),
                      side_channel_port=_port(role.side_channel_port, 0),
                      **base)
             for rank, node in enumerate(role.nodes)
@@ -102,17 +89,17 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
             gpus=gpus[i * share:(i + 1) * share], port=port,
             bootstrap_port=_port(role.bootstrap_port, i, _default_bootstrap(role, engine, i)),
             encoder_bootstrap_port=_port(role.encoder_bootstrap_port, i,
-                                         DEFAULT_ENCODER_BOOTSTRAP_PORT + i if language else None),
+                                         sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT + i if language else None),
             side_channel_port=_port(role.side_channel_port, i),
             metrics_port=_port(role.metrics_port, i,
-                               port + METRICS_PORT_OFFSET if role.kind == "router" and port else None),
+                               router.default_metrics_port(port) if role.kind == "router" else None),
             replica=i if role.replicas > 1 else None, replicas=role.replicas, **base))
     return out
 
 
 def _default_bootstrap(role: Role, engine: str, replica: int = 0) -> int | None:
     """SGLang prefills bind a KV bootstrap port; replicas step from the default like explicit ports."""
-    return DEFAULT_BOOTSTRAP_PORT + replica if role.kind == "prefill" and engine == "sglang" else None
+    return sglang.DEFAULT_BOOTSTRAP_PORT + replica if role.kind == "prefill" and engine == sglang.NAME else None
 
 
 def _port(spec: int | list[int] | None, index: int, default: int | None = None) -> int | None:

@@ -1,37 +1,65 @@
-"""`up --rehearse`: the same plan with every GPU engine replaced by the simulated engine.
+"""`up --rehearse`: a transformation of the checked Plan, with every GPU engine replaced by the
+simulated engine.
 
-Ports, wiring, order and the real router stay; every server binds loopback, and each node of a
-multi-node topology becomes its own loopback address (127.0.0.1, 127.0.0.2, ...).
+Ports, wiring, order and the real router stay. Each machine of the plan becomes a loopback address
+of its own (this host and the first node 127.0.0.1, the next 127.0.0.2, ...), every server binds
+that address, and every URL or address in an argv or env moves with it. The caller checks the
+transformed plan's addresses and ports again (checks.recheck_placement).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from typing import Mapping
 
-from ..topology.model import NodeConfig, Topology
-from .build import build_plan
-from .spec import Plan
+from ..addresses import is_loopback, is_wildcard
+from ..engines import ROUTER_ENGINES, WORKER_ENGINES
+from ..topology.model import Topology
+from .spec import LaunchSpec, Plan
 
-SIMULATED_ENGINES = ("sglang", "vllm")
 DEFAULT_READY_AFTER = {"encoder": 1.0, "prefill": 2.0, "decode": 2.0, "worker": 2.0}
+# An address as a whole argument: `10.0.0.1`, `10.0.0.1:20000`, `http://10.0.0.1:30001/path`.
+_ADDRESS = re.compile(r"^(?P<scheme>[a-z]+://)?(?P<host>\[[^\]]+\]|[^:/\s]+)(?P<rest>(:\d+)?(/\S*)?)$")
 
 
-def rehearsal_topology(topology: Topology) -> Topology:
-    nodes = {name: NodeConfig(address=f"127.0.0.{i + 1}") for i, name in enumerate(topology.nodes)}
-    roles = {name: role.model_copy(update={"bind": None, "host": None}) for name, role in topology.roles.items()}
-    return topology.model_copy(update={"host": "127.0.0.1", "bind": None, "nodes": nodes, "roles": roles})
+def loopback_addresses(plan: Plan, topology: Topology) -> dict[str, str]:
+    """Each machine's loopback stand-in, by the address the plan names it with (nodes first, in file order)."""
+    machines: dict[str, str] = {}
+    out: dict[str, str] = {}
+    for address in [n.address for n in topology.nodes.values()] + [s.host for s in plan.specs]:
+        machine = "this host" if is_loopback(address) or is_wildcard(address) else address
+        machines.setdefault(machine, f"127.0.0.{len(machines) + 1}")
+        out[address] = machines[machine]
+    return out
 
 
-def rehearsal_plan(topology: Topology, python: str) -> Plan:
+def relocate(text: str, addresses: Mapping[str, str]) -> str:
+    """`text` with the host moved, when it is an address, host:port or URL naming one of `addresses`."""
+    m = _ADDRESS.match(text)
+    if not m or m["host"] not in addresses:
+        return text
+    return f"{m['scheme'] or ''}{addresses[m['host']]}{m['rest']}"
+
+
+def _relocated(spec: LaunchSpec, addresses: Mapping[str, str]) -> LaunchSpec:
+    here = addresses[spec.host]
+    own = {**addresses, spec.bind: here}  # a wildcard bind (`--host 0.0.0.0`) becomes this machine's address
+    return replace(spec, host=here, bind=here, args=tuple(relocate(a, own) for a in spec.args),
+                   env={k: relocate(v, own) for k, v in spec.env.items()})
+
+
+def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
     """`python` runs `-m muse_launch.sim`; passed in so that planning stays pure."""
-    plan = build_plan(rehearsal_topology(topology))
+    addresses = loopback_addresses(plan, topology)
     specs = []
     for spec in plan.specs:
-        if spec.engine in SIMULATED_ENGINES:
+        spec = _relocated(spec, addresses)
+        if spec.engine in WORKER_ENGINES:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
             launcher = (python, "-m", "muse_launch.sim", "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")
             spec = replace(spec, launcher=launcher)
-        elif spec.kind == "router":
+        elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.
             spec = replace(spec, env={**spec.env, "HF_HUB_OFFLINE": "1"})
         specs.append(spec)

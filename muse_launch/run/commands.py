@@ -158,7 +158,8 @@ def smoke(
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
-    from muse_launch.plan.render import has_flag, last_value
+    from muse_launch.engines import ENGINES
+    from muse_launch.engines.argv import last_value
     from muse_launch.smoke import run_smoke
 
     record = read_state(resolve_name(name))
@@ -167,10 +168,11 @@ def smoke(
     if front is None:
         raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
     workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
-    reasoning = any(has_flag(r.argv, "--reasoning-parser") for r in workers)
-    tools = any(has_flag(r.argv, "--tool-call-parser") for r in workers)
-    served = next((last_value(r.argv, "--served-model-name") for r in workers
-                   if last_value(r.argv, "--served-model-name")), None)
+    readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
+    reasoning = any(engine.reasoning(argv) for engine, argv in readers)
+    tools = any(engine.tool_calls(argv) for engine, argv in readers)
+    # argv starts with the launcher: read the flag only, not the engine's positional model
+    served = next((name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME))), None)
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     typer.echo(f"{record.name}: smoke through {front.name} at {base}")
     results = run_smoke(base, reasoning, tools, timeout, model=served)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
+from muse_launch.engines.router import PREFILL
 from muse_launch.run.state import DeploymentRecord, RoleRecord
 
 ADDRESS = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3}|localhost):(\d{1,5})(?!\d)")
@@ -24,9 +25,9 @@ def _pointer(argv: tuple[str, ...], host: str, port: int) -> str | None:
             flag = arg
         elif f"{host}:{port}" in arg:
             return f"{flag} {arg}" if flag else arg
-        if arg == "--prefill" and i + 2 < len(argv) and argv[i + 2] == str(port) \
+        if arg == PREFILL and i + 2 < len(argv) and argv[i + 2] == str(port) \
                 and urlsplit(argv[i + 1]).hostname == host:
-            return f"--prefill {argv[i + 1]} {port}"  # the prefill's KV bootstrap port, as the router tells decode
+            return f"{PREFILL} {argv[i + 1]} {port}"  # the prefill's KV bootstrap port, as the router tells decode
     return None
 
 

@@ -12,10 +12,10 @@ from typing import Mapping
 
 import psutil
 
+from muse_launch.addresses import WILDCARDS
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE
 
-WILDCARDS = ("0.0.0.0", "::", "")
 DEFAULT_ADDRESSES = ("127.0.0.1", *WILDCARDS)  # not worth printing: the single-host case
 
 

@@ -9,14 +9,10 @@ from pathlib import Path
 
 import httpx
 
+from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Probe, ProbeKind
 
 HTTP_TIMEOUT = 2.0  # an answer slower than this counts as "not ready yet"
-
-
-def connect_host(bind: str) -> str:
-    """Where to reach a server that listens on `bind`."""
-    return {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(bind, bind)
 
 
 def base_url(host: str, port: int) -> str:

@@ -16,7 +16,7 @@ import yaml
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
-from muse_launch.run.probe import connect_host
+from muse_launch.addresses import connect_host
 from muse_launch.run.process import ProcessRef, StopTarget
 
 
@@ -74,6 +74,7 @@ class RoleRecord:
     ready_at: str | None = None
     reason: str | None = None  # why it failed or was restarted: an exit status, a timeout
     argv: tuple[str, ...] = ()  # as planned, secrets redacted: what smoke and status read of it
+    engine: str = ""  # whose argv reader reads argv
 
     @property
     def live(self) -> bool:
@@ -97,7 +98,7 @@ class RoleRecord:
         out.update(
             create_time=self.process.create_time if self.process else None,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
-            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv),
+            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
         )
         return out
 
@@ -109,7 +110,7 @@ class RoleRecord:
         process = ProcessRef(d["pid"], d["create_time"]) if d.get("pid") else None
         return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
-                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())))
+                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""))
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> Dep
     roles = tuple(
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
-                   argv=tuple(redact(a) for a in s.argv))
+                   argv=tuple(redact(a) for a in s.argv), engine=s.engine)
         for s in plan.specs
     )
     return DeploymentRecord(plan.name, source, plan.stop_waves(), roles)

@@ -79,9 +79,12 @@ PROFILES: dict[str, HardwareProfile] = {
     )
 }
 
+# The checkpoints of the cookbook and the vLLM recipe.
+BF16_CHECKPOINT = "meta-models/Muse-Spark-Open-816B-A42B"
+NVFP4_CHECKPOINT = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
+MXFP4_CHECKPOINT = "amd/Muse-Spark-Open-816B-A42B-Quark-MXFP4"  # MI350X/MI355X only
+INT4_CHECKPOINT = "intel-ai/Muse-Spark-Open-816B-A42B-INT4"
+DFLASH_DRAFT = "RadixArk/Muse-Spark-Open-DFlash2"
+
 # Smallest total accelerator memory (GB) each checkpoint needs, from the vLLM recipe's variants.
-CHECKPOINT_VRAM_GB: dict[str, int] = {
-    "meta-models/Muse-Spark-Open-816B-A42B": 1959,
-    "meta-models/Muse-Spark-Open-816B-A42B-NVFP4": 640,
-    "amd/Muse-Spark-Open-816B-A42B-Quark-MXFP4": 611,
-}
+CHECKPOINT_VRAM_GB: dict[str, int] = {BF16_CHECKPOINT: 1959, NVFP4_CHECKPOINT: 640, MXFP4_CHECKPOINT: 611}

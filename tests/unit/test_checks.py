@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from muse_launch.topology.checks import Severity, run_checks
+from muse_launch.checks import Severity, run_checks
 from muse_launch.topology.load import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,8 @@ import pytest
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.topology.hardware import PROFILES
-from muse_launch.plan.router import RECOVERY_DEFAULTS, STARTUP_DEFAULTS
+from muse_launch.engines import ENGINES, ROUTER_ENGINES
+from muse_launch.engines.router import RECOVERY_DEFAULTS
 from muse_launch.topology.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,11 +41,11 @@ ALLOWED_DEFAULTS = {
     ("vllm", "--data-parallel-rpc-port", ("13345",)),  # vLLM's default DP RPC port
 }
 # Flags muse-launch chooses for every router so that a restarted worker is taken back at once
-# (muse_launch/plan/router.py RECOVERY_DEFAULTS, STARTUP_DEFAULTS): on the plan's side only.
+# (muse_launch/engines/router.py RECOVERY_DEFAULTS, each router's startup_defaults): on the plan's side only.
 ALLOWED_DEFAULTS |= {
     (engine, flag, (value,))
-    for engine in ("sglang-router", "smg", "vllm-router")
-    for flag, value in (*RECOVERY_DEFAULTS, *STARTUP_DEFAULTS.get(engine, ()))
+    for engine in ROUTER_ENGINES
+    for flag, value in (*RECOVERY_DEFAULTS, *ENGINES[engine].FACTS.startup_defaults)
 }
 # ...and so may CUDA_/HIP_VISIBLE_DEVICES listing every GPU of the node (what a process sees anyway).
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from muse_launch.errors import TopologyError
-from muse_launch.topology.checks import run_checks
+from muse_launch.checks import run_checks
 from muse_launch.topology.load import load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]

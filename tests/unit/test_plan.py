@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from muse_launch.plan.router import RECOVERY_DEFAULTS
+from muse_launch.engines.router import RECOVERY_DEFAULTS
 
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import Plan

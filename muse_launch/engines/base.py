@@ -1,4 +1,4 @@
-"""What an engine renderer receives and returns. Engines are renderers: role + wiring in, argv out."""
+"""What an engine module receives and returns: role + wiring in, argv out; and what its argv reader gives back."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Mapping, Protocol
 
 from ..topology.hardware import HardwareProfile
 from ..topology.model import Role, Topology
-from .spec import Probe
+from ..plan.spec import Probe
 
 
 @dataclass(frozen=True)
@@ -81,21 +81,23 @@ class Renderer(Protocol):
     def render(self, inst: Instance, ctx: Context) -> Rendered: ...
 
 
-def opt(flag: str, value: object | None) -> tuple[str, ...]:
-    """`--flag value`, or nothing when value is None."""
-    return () if value is None else (flag, str(value))
+@dataclass(frozen=True)
+class Parallel:
+    """Parallel sizes read from a worker's argv."""
 
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    pp: int = 1
+    nnodes: int = 1
+    dp_attention: bool = False  # SGLang: attention DP runs on the TP GPUs
 
-def last_value(args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    """The value a parser would keep for `flag` (its last occurrence), `--flag=v` too."""
-    found = None
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            found = args[i + 1]
-        elif arg.startswith(flag + "="):
-            found = arg.split("=", 1)[1]
-    return found
+    @property
+    def ranks(self) -> int:
+        """GPUs the role occupies."""
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
 
-
-def has_flag(args: tuple[str, ...] | list[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+    def describe(self) -> str:
+        if self.dp_attention:
+            return f"tp {self.tp} x pp {self.pp} (attention dp {self.dp} shares the TP GPUs)"
+        return f"tp {self.tp} x dp {self.dp} x pp {self.pp}"

@@ -1,98 +1,20 @@
-"""Checks before anything starts (SPEC section 3): cross-role rules -> Findings.
-
-Structural rules (references, cycles, ports given) run on the Topology; the rest run on the
-Plan that `up` would execute, so they judge the real argv (a flag given in `args` counts).
-"""
+"""Structural checks on the Topology itself: references, cycles, ports given, replicas and nodes.
+They run before there is a plan (a dangling reference has none)."""
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
-from enum import Enum
-from typing import Callable, Iterable, Iterator
+from typing import Iterator
 
-from ..plan.build import PlanError, build_plan, role_dependencies
+from ..plan.build import role_dependencies
 from ..plan.graph import Cycle, waves
-from ..plan.spec import Plan
-from .hardware import PROFILES, HardwareProfile
-from .load import LoadedTopology, Path_, dotted
-from .model import Topology
+from ..topology.model import Topology
+from .findings import Finding, error
 
 REFERENCE_KINDS = {"encoders": ("encoder",), "prefill": ("prefill",), "decode": ("decode",),
                    "workers": ("worker",), "after": None}
 REFERENCE_HOLDERS = {"encoders": ("prefill", "decode", "worker"), "prefill": ("router",),
                      "decode": ("router",), "workers": ("router",)}
-
-
-class Severity(str, Enum):
-    ERROR = "error"
-    WARNING = "warning"
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: Severity
-    path: Path_
-    message: str
-    fix: str
-    roles: tuple[str, ...] = ()
-
-    def format(self, loaded: LoadedTopology) -> str:
-        text = f"{loaded.where(self.path)}: {self.severity.value}: {dotted(self.path)}: {self.message}; fix: {self.fix}"
-        return loaded.redact(text)  # messages quote values, and ${env:...} values are secrets
-
-    def to_dict(self, loaded: LoadedTopology) -> dict[str, object]:
-        return {"severity": self.severity.value, "file": str(loaded.source), "line": loaded.line_of(self.path),
-                "path": dotted(self.path), "roles": list(self.roles), "message": loaded.redact(self.message),
-                "fix": loaded.redact(self.fix)}
-
-
-def error(path: Path_, message: str, fix: str, *roles: str) -> Finding:
-    return Finding(Severity.ERROR, path, message, fix, roles)
-
-
-def warning(path: Path_, message: str, fix: str, *roles: str) -> Finding:
-    return Finding(Severity.WARNING, path, message, fix, roles)
-
-
-@dataclass(frozen=True)
-class CheckContext:
-    topology: Topology
-    plan: Plan
-    profile: HardwareProfile = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "profile", PROFILES[self.topology.hardware])
-
-
-PlanCheck = Callable[[CheckContext], Iterable[Finding]]
-PLAN_CHECKS: list[PlanCheck] = []
-
-
-def plan_check(fn: PlanCheck) -> PlanCheck:
-    PLAN_CHECKS.append(fn)
-    return fn
-
-
-def run_checks(loaded: LoadedTopology) -> tuple[list[Finding], Plan | None]:
-    """All findings, and the plan when the topology is sound enough to have one."""
-    topology = loaded.topology
-    findings = list(structural_checks(topology))
-    if any(f.severity is Severity.ERROR for f in findings):
-        return findings, None
-    try:
-        plan = build_plan(topology)
-    except PlanError as exc:
-        return findings + [error((), str(exc), "fix the role named above")], None
-    ctx = CheckContext(topology, plan)
-    merged: dict[tuple[object, ...], Finding] = {}
-    for check in PLAN_CHECKS:
-        for f in check(ctx):
-            # One cause reached from several roles (a top-level key) is one finding naming them all.
-            key = (f.severity, f.path, f.message, f.fix)
-            seen = merged.get(key)
-            merged[key] = f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
-    return findings + list(merged.values()), plan
 
 
 def structural_checks(topology: Topology) -> Iterator[Finding]:
@@ -151,11 +73,3 @@ def structural_checks(topology: Topology) -> Iterator[Finding]:
                     f"remove {second} from {first}.{key}, or break the loop elsewhere", *cycle.path[:-1])
     except KeyError:
         pass  # a dangling reference, reported above
-
-
-def has_errors(findings: Iterable[Finding], strict: bool = False) -> bool:
-    return any(f.severity is Severity.ERROR or strict for f in findings)
-
-
-# Plan-level rules live in rules.py; importing it registers them.
-from . import rules  # noqa: E402,F401

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from .render import Context, Instance, Rendered
-from .spec import Probe, ProbeKind
+from ..plan.spec import Probe, ProbeKind
+from .base import Context, Instance, Rendered
 
+NAME = "command"
 DEFAULT_LAUNCHER: tuple[str, ...] = ()
+PORT_FLAGS: dict[str, str] = {}
+SHADOWED: dict[str, str] = {}
 
 
 def render(inst: Instance, ctx: Context) -> Rendered:

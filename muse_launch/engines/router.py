@@ -1,0 +1,117 @@
+"""The routers' shared command line (sglang-router, smg and vllm-router take the same wiring
+options) and its reader. Each router's own facts are in its module: sglang_router, smg, vllm_router."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+from urllib.parse import urlsplit
+
+from ..plan.spec import Probe, ProbeKind
+from . import vllm
+from .argv import has_flag, opt
+from .base import Context, Instance, Rendered
+
+PREFILL, DECODE, WORKER_URLS = "--prefill", "--decode", "--worker-urls"
+WIRING = {PREFILL: "prefill", DECODE: "decode", WORKER_URLS: "workers"}  # rendered from references
+HOST, PORT = "--host", "--port"
+METRICS_PORT, METRICS_HOST = "--prometheus-port", "--prometheus-host"
+SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendered after `args`: the key wins
+PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
+METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the routers' own default
+# muse-launch restarts a dead worker on the same URL; these let the router take it back within a
+# second of its being ready (scripts/bench_recovery.py: 0.7 s, against 1.7 s with the router's defaults).
+RECOVERY_DEFAULTS = (("--health-check-interval-secs", "1"), ("--health-success-threshold", "1"),
+                     ("--cb-timeout-duration-secs", "2"))
+# Routers answer /health before any worker registers; /readiness waits for the workers.
+READY = Probe(ProbeKind.HTTP, ("/readiness",), timeout=600.0)
+
+
+@dataclass(frozen=True)
+class RouterFacts:
+    """What differs between the routers."""
+
+    name: str
+    default_launcher: tuple[str, ...]
+    pd_flag: str
+    startup_defaults: tuple[tuple[str, str], ...] = ()
+    bootstrap_none: bool = True  # takes `--prefill URL none` for a prefill without a bootstrap port
+    backend_flag: tuple[str, str] | None = None  # (flag, value) that points it at vLLM workers
+    kv_connector_flag: str | None = None  # vllm-router: which KV hand-off protocol to drive
+
+
+def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:
+    args: list[str] = []
+    if inst.prefill or inst.decode:
+        args.append(facts.pd_flag)
+        for p, port in zip(inst.prefill, _prefill_bootstrap_ports(inst, ctx)):
+            args += [PREFILL, p.url]
+            if port or facts.bootstrap_none:
+                args.append(str(port) if port else "none")
+        vllm_mooncake = any(ctx.topology.role_engine(r) == vllm.NAME and vllm.connector_of(r) == "MooncakeConnector"
+                            for r in (ctx.topology.roles[n] for n in inst.role.prefill))
+        if facts.kv_connector_flag and vllm_mooncake:
+            args += [facts.kv_connector_flag, "mooncake"]
+        for d in inst.decode:
+            args += [DECODE, d.url]
+    elif inst.workers:
+        args += [WORKER_URLS, *(w.url for w in inst.workers)]
+    upstream = (*inst.prefill, *inst.decode, *inst.workers)
+    if facts.backend_flag and upstream and upstream[0].engine == vllm.NAME:
+        args += facts.backend_flag
+    for flag, value in (*RECOVERY_DEFAULTS, *facts.startup_defaults):
+        if not has_flag(inst.role.args, flag):  # the routers refuse a flag given twice
+            args += [flag, value]
+    args += [*inst.role.args, *opt(HOST, inst.bind), *opt(PORT, inst.port), *opt(METRICS_PORT, inst.metrics_port)]
+    if inst.bind != "0.0.0.0" and inst.metrics_port:
+        args += [METRICS_HOST, inst.bind]  # keep metrics on the same interface as the router
+    ports = {"http": inst.port, "metrics": inst.metrics_port} if inst.metrics_port else {"http": inst.port}
+    return Rendered(tuple(args), ports, READY)
+
+
+def default_metrics_port(port: int | None) -> int | None:
+    return port + METRICS_PORT_OFFSET if port else None
+
+
+def _prefill_bootstrap_ports(inst: Instance, ctx: Context) -> list[int | None]:
+    """Each prefill upstream's KV bootstrap port, in order; vLLM has one only with Mooncake (NIXL needs none)."""
+    out: list[int | None] = []
+    upstream = iter(inst.prefill)
+    for name in inst.role.prefill:
+        role = ctx.topology.roles[name]
+        for i in range(1 if role.nodes else role.replicas):
+            p = next(upstream)
+            if ctx.topology.role_engine(role) != vllm.NAME:
+                out.append(p.bootstrap_port)
+            elif vllm.connector_of(role) == "MooncakeConnector":
+                host = urlsplit(p.url).hostname or ""
+                out.append(vllm.mooncake_bootstrap_port(ctx.topology, name, host, i if role.replicas > 1 else None,
+                                                        p.bootstrap_port))
+            else:
+                out.append(None)
+    return out
+
+
+# ---- reading a rendered router argv ------------------------------------------------------------
+
+def prefills(args: tuple[str, ...]) -> Iterator[tuple[str, str | None]]:
+    """(URL, bootstrap port or None) of each `--prefill URL [PORT|none]`."""
+    for i, arg in enumerate(args):
+        if arg == PREFILL and i + 1 < len(args):
+            nxt = args[i + 2] if i + 2 < len(args) else None
+            yield args[i + 1], nxt if nxt is not None and not nxt.startswith("-") else None
+
+
+def decodes(args: tuple[str, ...]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == DECODE]
+
+
+def workers(args: tuple[str, ...]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == WORKER_URLS:
+            for nxt in args[i + 1:]:
+                if nxt.startswith("-"):
+                    break
+                out.append(nxt)
+    return out

@@ -1,0 +1,96 @@
+"""Each engine's facts live in its module under muse_launch/engines/, written once; the planning core's
+layers import downwards only (topology <- plan <- checks); a rehearsal is a re-checked transformation."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from muse_launch.checks import recheck_placement
+from muse_launch.core import load_plan
+from muse_launch.engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES
+from muse_launch.plan.rehearse import loopback_addresses, rehearsal_plan, relocate
+from muse_launch.topology import model
+from muse_launch.topology.load import load_topology
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "muse_launch"
+FLAG = re.compile(r"""["'](--[a-z][a-z0-9-]{2,})["']""")
+
+
+def test_registry_names_the_engines_the_schema_accepts():
+    assert set(WORKER_ENGINES) == set(model.WORKER_ENGINES)
+    assert set(ROUTER_ENGINES) == set(model.ROUTER_ENGINES)
+    assert set(ENGINES) == {*WORKER_ENGINES, *ROUTER_ENGINES, "command"}
+    for name, module in ENGINES.items():
+        assert module.NAME == name and callable(module.render) and isinstance(module.DEFAULT_LAUNCHER, tuple)
+
+
+def _literal_flags(path: Path) -> set[str]:
+    return set(FLAG.findall(path.read_text()))
+
+
+def test_engine_flags_are_written_in_their_engine_module_only():
+    """A flag an engine module defines appears as a literal nowhere else in the planning core, checks,
+    init and smoke: those import it (the CLI's own options and the simulated engine's parser aside)."""
+    engine_flags = set().union(*(_literal_flags(p) for p in (PACKAGE / "engines").glob("*.py")))
+    readers = [*(PACKAGE / "plan").glob("*.py"), *(PACKAGE / "checks").glob("*.py"), PACKAGE / "smoke.py",
+               PACKAGE / "core.py", PACKAGE / "run" / "commands.py"]
+    repeated = {str(p.relative_to(REPO)): sorted(_literal_flags(p) & engine_flags) for p in readers}
+    assert {p: f for p, f in repeated.items() if f} == {}
+
+
+@pytest.mark.parametrize("layer,forbidden", [("muse_launch.topology", ("muse_launch.plan", "muse_launch.checks")),
+                                             ("muse_launch.plan.build", ("muse_launch.checks",)),
+                                             ("muse_launch.engines", ("muse_launch.checks",))])
+def test_layers_import_downwards_only(layer: str, forbidden: tuple[str, ...]):
+    code = (f"import sys, importlib; importlib.import_module({layer!r}); "
+            f"print(sorted(m for m in sys.modules if m.startswith({forbidden!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_relocate_moves_addresses_urls_and_host_ports_only():
+    moves = {"10.0.0.1": "127.0.0.1", "10.0.0.2": "127.0.0.2"}
+    assert relocate("10.0.0.2", moves) == "127.0.0.2"
+    assert relocate("10.0.0.1:20000", moves) == "127.0.0.1:20000"
+    assert relocate("http://10.0.0.2:30002", moves) == "http://127.0.0.2:30002"
+    assert relocate("10.0.0.12", moves) == "10.0.0.12"
+    assert relocate("meta/10.0.0.1-model", moves) == "meta/10.0.0.1-model"
+    assert relocate('{"kv_connector":"NixlConnector"}', moves) == '{"kv_connector":"NixlConnector"}'
+
+
+def test_rehearsal_gives_each_machine_its_own_loopback_address(tmp_path: Path):
+    """Two roles on two hosts with one port: each host becomes its own loopback address, so they
+    rehearse side by side, and the re-check of the moved plan finds nothing."""
+    path = tmp_path / "two-hosts.yaml"
+    path.write_text("""version: 1
+name: two-hosts
+hardware: cpu
+model: m
+host: 10.0.0.1
+roles:
+  a: {kind: command, host: 10.0.0.1, port: 9000, command: [serve, "{port}"]}
+  b: {kind: command, host: 10.0.0.2, port: 9000, command: [serve, "{port}"]}
+""")
+    loaded = load_plan(path, rehearse=True)
+    assert [(s.name, s.host, s.bind) for s in loaded.plan.specs] == [
+        ("a", "127.0.0.1", "127.0.0.1"), ("b", "127.0.0.2", "127.0.0.2")]
+
+
+def test_rehearsal_plan_is_checked_again(tmp_path: Path):
+    """A transformation that lands two servers on one address and port is caught before anything starts."""
+    topology = load_topology(REPO / "topologies" / "vllm-multinode-dep-b200.yaml").topology
+    plan = load_plan(REPO / "topologies" / "vllm-multinode-dep-b200.yaml").plan
+    collapsed = {a: "127.0.0.1" for a in loopback_addresses(plan, topology)}
+    moved = replace(plan, specs=tuple(replace(s, host=collapsed[s.host], bind=collapsed[s.host])
+                                      for s in plan.specs))
+    assert recheck_placement(topology, rehearsal_plan(plan, topology, sys.executable)) == []
+    findings = recheck_placement(topology, moved)
+    assert [f.message for f in findings] == [
+        "server@node1 binds HTTP port 8000, already the HTTP port of server@node0 on this host"]
