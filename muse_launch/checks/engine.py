@@ -493,7 +493,8 @@ def installed_here(plan: Plan, loaded: LoadedTopology, echo) -> str:
                                   f"program here is {have.dist}'s)")
         else:
             parts[have.engine] = f"{have.engine} {have.version}"
-    return "installed here: " + ", ".join(parts.values()) if parts else ""
+    order = list(dict.fromkeys(s.engine for s in plan.specs))  # in start order; the oldest install of each
+    return "installed here: " + ", ".join(parts[e] for e in order if e in parts) if parts else ""
 
 
 # ---- the commands' side ------------------------------------------------------------------------
