@@ -80,6 +80,7 @@ class _Batch:
     reply: dict | None = None
     failure: str | None = None
     thread: threading.Thread | None = None
+    remembered: list[str] = field(default_factory=list)  # names whose command passed before, unchanged since
 
 
 class EngineCheck:
@@ -100,7 +101,9 @@ class EngineCheck:
     def _start(self) -> None:
         specs = [s for s in self.plan.specs if s.engine in ENGINE_MODULES or s.engine in ROUTERS]
         programs = [(s.engine, resolve_program(s.launcher, s.env)) for s in specs]
-        # Parser processes first (they take the time), then the version lookups they do not need.
+        found = installed(programs)  # ~0.1 s, one query per interpreter: the releases key the remembered passes
+        by_name = {spec.name: f for spec, f in zip(specs, found)}
+        self.versions = by_name
         for spec, (engine, program) in zip(specs, programs):
             if engine not in ENGINE_MODULES:
                 continue
@@ -112,18 +115,20 @@ class EngineCheck:
             batch = self.batches.get((program.python, engine))
             if batch is None:
                 batch = self.batches[(program.python, engine)] = _Batch(program.python, engine)
-                batch.process = _spawn([program.python, str(RUNNER), engine])
             extra = program.rest[1:] if entry.endswith(" serve") else program.rest
-            batch.jobs.append({"id": spec.name, "engine": engine, "entry": entry, "args": [*extra, *spec.args]})
+            job = {"id": spec.name, "engine": engine, "entry": entry, "args": [*extra, *spec.args]}
             batch.specs[spec.name] = spec
-        for batch in self.batches.values():
-            batch.thread = threading.Thread(target=_exchange, args=(batch,), daemon=True)
-            batch.thread.start()
-        found = installed(programs)
-        by_name = {spec.name: f for spec, f in zip(specs, found)}
-        for batch in self.batches.values():
-            batch.installed = {name: by_name[name] for name in batch.specs}
-        self.versions = by_name
+            batch.installed[spec.name] = by_name[spec.name]
+            job["key"] = _pass_key(program.python, by_name[spec.name], job)
+            if job["key"] and _remembered(job["key"]):
+                batch.remembered.append(spec.name)
+            else:
+                batch.jobs.append(job)
+        for batch in self.batches.values():  # a parser process only where a command is not remembered
+            if batch.jobs:
+                batch.process = _spawn([batch.python, str(RUNNER), batch.engine])
+                batch.thread = threading.Thread(target=_exchange, args=(batch,), daemon=True)
+                batch.thread.start()
         for spec in specs:
             if spec.engine in ROUTERS:
                 box: dict = {}
@@ -136,7 +141,8 @@ class EngineCheck:
 
     def result(self) -> EngineCheckResult:
         for batch in self.batches.values():
-            batch.thread.join(RUNNER_TIMEOUT + 5)
+            if batch.thread is not None:
+                batch.thread.join(RUNNER_TIMEOUT + 5)
             self._collect(batch)
         for spec, found, thread, box in self.routers:
             thread.join(HELP_TIMEOUT + 5)
@@ -148,6 +154,11 @@ class EngineCheck:
     def _collect(self, batch: _Batch) -> None:
         names = ", ".join(batch.specs)
         reply = batch.reply
+        if not batch.jobs:
+            have = next(iter(batch.installed.values()))
+            self.notes.append(f"engine check: {batch.engine} {have.version} ({batch.python}) accepts "
+                              f"{_count(len(batch.specs), 'command')} of {len(batch.specs)} (as it did before)")
+            return
         if reply is None:
             self.notes.append(f"engine check: skipped {names} ({batch.engine}): the parser process in "
                               f"{batch.python} failed: {batch.failure}")
@@ -158,11 +169,15 @@ class EngineCheck:
                               f"{batch.python} ({_short(info['error'])})")
             return
         version = info.get("version") or "?"
+        accepted = sum(r["ok"] for r in reply["results"]) + len(batch.remembered)
         self.notes.append(f"engine check: {batch.engine} {version} ({batch.python}) accepts "
-                          f"{_count(sum(r['ok'] for r in reply['results']), 'command')} of {len(batch.specs)}")
+                          f"{_count(accepted, 'command')} of {len(batch.specs)}")
+        keys = {job["id"]: job["key"] for job in batch.jobs}
         for res in reply.get("results", ()):
             if not res["ok"]:
                 self.findings.append(self._rejection(batch.specs[res["id"]], batch.engine, version, res))
+            elif keys.get(res["id"]):
+                _remember(keys[res["id"]])
 
     def _rejection(self, spec: LaunchSpec, engine: str, version: str, res: dict) -> Finding:
         message = _one_line(res["message"])
@@ -253,12 +268,43 @@ def _spawn(argv: list[str]) -> subprocess.Popen | None:
         return None
 
 
+# ---- passes remembered: the same command, the same interpreter, the same install ----------------
+
+def pass_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "muse-launch" / "engine-check"
+
+
+def _pass_key(python: str, have: Installed, job: dict) -> str | None:
+    """A command that passed is remembered per interpreter, engine release and install (its dist-info's
+    time) and exact argv; --config reads a file, so a command with it is always parsed anew."""
+    if os.environ.get("MUSE_LAUNCH_ENGINE_CHECK_CACHE", "1") == "0" or have.version is None or have.stamp is None \
+            or any(a == "--config" or a.startswith("--config=") for a in job["args"]):
+        return None
+    text = json.dumps([os.path.realpath(python), have.dist, have.version, have.stamp, job["entry"], job["args"],
+                       RUNNER.stat().st_mtime_ns])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _remembered(key: str) -> bool:
+    return (pass_cache_dir() / key[:2] / key).exists()
+
+
+def _remember(key: str) -> None:
+    try:
+        path = pass_cache_dir() / key[:2] / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError:
+        pass  # nothing remembered: the next check parses again
+
+
 def _exchange(batch: _Batch) -> None:
     if batch.process is None:
         batch.failure = "it could not be started"
         return
     try:
-        out, err = batch.process.communicate(json.dumps({"jobs": batch.jobs}), timeout=RUNNER_TIMEOUT)
+        jobs = [{k: v for k, v in job.items() if k != "key"} for job in batch.jobs]
+        out, err = batch.process.communicate(json.dumps({"jobs": jobs}), timeout=RUNNER_TIMEOUT)
     except subprocess.TimeoutExpired:
         batch.process.kill()
         batch.process.communicate()

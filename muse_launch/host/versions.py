@@ -38,19 +38,23 @@ MODULE_ENGINES: dict[str, str] = {
 }
 
 _QUERY = r"""
-import importlib.metadata as md, importlib.util as u, json, sys
+import importlib.metadata as md, json, os, sys
+def found_(dist):
+    d = md.distribution(dist)
+    path = getattr(d, "_path", None)  # its dist-info: a reinstall writes it anew
+    return [d.metadata["Name"] or dist, d.version, os.stat(path).st_mtime_ns if path else None]
 out = {}
 for top, candidates in json.loads(sys.argv[1]).items():
     found = None
     for dist in candidates:
         try:
-            found = [dist, md.version(dist)]
+            found = found_(dist)
             break
         except md.PackageNotFoundError:
             pass
     if found is None:
         for dist in md.packages_distributions().get(top, ()):
-            found = [dist, md.version(dist)]
+            found = found_(dist)
             break
     out[top] = found
 print(json.dumps({"versions": out, "executable": sys.executable,
@@ -83,6 +87,7 @@ class Installed:
     dist: str | None = None
     version: str | None = None
     why: str | None = None  # why no version is known
+    stamp: int | None = None  # when its dist-info was written (a reinstall of the same version changes it)
 
     @property
     def runs(self) -> str | None:
@@ -128,8 +133,8 @@ def _head(path: str, size: int = 4096) -> str:
         return ""
 
 
-def query_interpreter(python: str, tops: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[str, str] | None]:
-    """{top-level module: (distribution, version) or None}, read by `python` itself."""
+def query_interpreter(python: str, tops: Mapping[str, tuple[str, ...]]) -> dict[str, tuple | None]:
+    """{top-level module: (distribution, version, install stamp) or None}, read by `python` itself."""
     try:
         done = subprocess.run([python, "-c", _QUERY, json.dumps({t: list(c) for t, c in tops.items()})],
                               capture_output=True, text=True, timeout=QUERY_TIMEOUT)
@@ -158,7 +163,7 @@ def installed(programs: Iterable[tuple[str, Program]]) -> list[Installed]:
         if found is None:
             out.append(Installed(engine, program, why=f"{program.python} has no {program.top} installed"))
         else:
-            out.append(Installed(engine, program, found[0], found[1]))
+            out.append(Installed(engine, program, found[0], found[1], stamp=found[2]))
     return out
 
 

@@ -37,12 +37,18 @@ def parsers_bin() -> Path:
     return bin_dir
 
 
+@pytest.fixture(scope="session")
+def cache_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache of their own: every test parses for real (a pass is remembered only within the session)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture
-def engine_path(parsers_bin: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def engine_path(parsers_bin: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The parsers' venv first on PATH, then this interpreter's (the real routers), then the rest."""
     path = os.pathsep.join([str(parsers_bin), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     monkeypatch.setenv("PATH", path)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     return path
 
 
@@ -239,6 +245,23 @@ def test_recipe_text_the_release_refuses_is_a_warning_naming_the_recipe(
     assert finding.severity is Severity.WARNING and finding.path[:3] == ("roles", "server", "args")
     assert "Unknown attention backend: 'ROCM_AITER_FA_V9'" in finding.message
     assert "the recipe's own text, from the vLLM recipe's AMD DSpark mode" in finding.message
+
+
+def test_a_pass_is_remembered_until_the_command_or_the_install_changes(
+        tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = ROOT / "topologies" / "epd-b300.yaml"
+    first, _ = run_check(path)
+    assert any(n.endswith("accepts 3 commands of 3") for n in first.notes), first.notes
+    again = engine.start(build_plan(load_topology(path).topology), load_topology(path))
+    assert not any(b.process for b in again.batches.values())  # no parser process at all
+    assert any(n.endswith("accepts 3 commands of 3 (as it did before)") for n in again.result().notes)
+    changed, _ = run_check(path, ("roles.decode.mem_fraction=0.7",))  # decode's command is new: parsed
+    assert any(n.endswith("accepts 3 commands of 3") for n in changed.notes), changed.notes
+    monkeypatch.setenv("MUSE_LAUNCH_ENGINE_CHECK_CACHE", "0")
+    off = engine.start(build_plan(load_topology(path).topology), load_topology(path))
+    assert all(b.process for b in off.batches.values())
+    off.result()
 
 
 # ---- where the engine is not here ----------------------------------------------------------------
