@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Mapping, Protocol
 
-from ..topology.hardware import HardwareProfile
-from ..topology.model import Role, Topology
 from ..plan.spec import Probe
+
+if TYPE_CHECKING:  # annotations only: the simulated engine imports the engines' facts without pydantic
+    from ..topology.hardware import HardwareProfile
+    from ..topology.model import Role, Topology
 
 
 @dataclass(frozen=True)

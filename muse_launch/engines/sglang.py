@@ -96,6 +96,16 @@ INTEGER_FLAGS = (*KEY_FLAGS["tp"], *KEY_FLAGS["ep"], *KEY_FLAGS["dp"], *KEY_FLAG
 # Port kind -> the flag of the final argv that decides it; bound_ports() below reads SGLang's already.
 PORT_FLAGS: dict[str, str] = {}
 
+# A language worker's encoder list (disaggregation/encoder/receiver.py): GET this path on its encoder
+# bootstrap port answers {"encoder_urls": [...]}. It starts as --encoder-urls; every interval each listed
+# and each evicted encoder's /health is probed: ENCODER_FAIL_THRESHOLD failures in a row evict one, a
+# healthy probe re-adds it, and one evicted for the TTL is dropped for good. Env var -> default seconds.
+ENCODER_LIST_PATH = "/list_encoder_urls"
+ENCODER_HEALTH_CHECK_INTERVAL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL", 10.0)  # 0: no checks
+ENCODER_HEALTH_CHECK_TIMEOUT_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT", 2.0)
+ENCODER_EVICTED_TTL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)  # 0: never dropped
+ENCODER_FAIL_THRESHOLD = 3
+
 
 def _flag(key: str) -> str:
     return KEY_FLAGS[key][0]

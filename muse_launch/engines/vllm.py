@@ -8,12 +8,14 @@ DSpark's --speculative-config) are plain env and args of the topology file.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..plan.spec import Probe, ProbeKind
-from ..topology.model import Role, Topology
 from .argv import as_float, as_int, has_flag, last_value, opt, value
 from .base import Context, Instance, Parallel, Rendered
+
+if TYPE_CHECKING:
+    from ..topology.model import Role, Topology
 
 NAME = "vllm"
 DEFAULT_LAUNCHER = ("vllm", "serve")

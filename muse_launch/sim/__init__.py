@@ -4,8 +4,8 @@
                               [--kv-timeout S] [--itl S] [--loopback] -- <engine args>
 
 ``--ready-after`` (2.0): /health and /health_generate answer 503 until this long after start
-AND the start-up wiring succeeded.  ``--state-dir``: where the local model dir is made; by
-default ``$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE`` when muse-launch started it (nothing
+(and, on a multi-node role, until every node joined).  ``--state-dir``: where the local model
+dir is made; by default ``$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE`` when muse-launch started it (nothing
 left in /tmp even after SIGKILL), else a temp dir removed at exit.  ``--kv-timeout`` (3.0):
 how long a KV hand-off waits for the other side.  ``--itl`` (0.002): delay between streamed
 chunks.  ``--loopback``: bind every listener on 127.0.0.1 whatever ``--host`` says.
@@ -28,11 +28,14 @@ Wiring that really happens over loopback sockets (a mistake fails as it would on
   room.  Wrong bootstrap port -> decode answers HTTP 500 naming the address and room; the
   prefill times out (``--kv-timeout``) and answers 500 too.  Decode checks model, transfer
   backend and (when both set) KV-cache dtype and page size against the prefill.
-* SGLang EPD: a ``--language-only`` worker binds ``--encoder-bootstrap-port``, POSTs
-  ``/register_language_worker`` to every ``--encoder-urls`` entry, and the encoder connects
-  back to that port; /health stays 503 (log names the unreachable encoder, retrying) until
-  every encoder was reached and connected back.  ``--encoder-register-urls`` on an encoder
-  registers it with language workers instead.  Media parts in chat requests go to an encoder.
+* SGLang EPD (as SGLang 0.5.23, see :mod:`muse_launch.sim.encoders`): a ``--language-only``
+  worker binds ``--encoder-bootstrap-port`` at once, is healthy without any encoder, probes
+  its ``--encoder-urls`` in the background (every 10 s, ``MUSE_SIM_ENCODER_PROBE_INTERVAL``
+  for tests; 3 failures evict, a healthy probe re-adds) and lists the live set at
+  ``GET :<encoder-bootstrap-port>/list_encoder_urls``.  Media parts of a chat request go to
+  the listed encoders, which deliver back to that port; none listed -> processed locally with a
+  warning; a listed encoder unreachable -> 502.  ``--encoder-register-urls`` on an encoder
+  registers it with language workers once loaded.
 * vLLM: see :mod:`muse_launch.sim.transfer` (NIXL side channel, Mooncake bootstrap,
   ExampleConnector shared directory).  The NIXL side channel listens once per local DP rank,
   at ``VLLM_NIXL_SIDE_CHANNEL_PORT`` + the global DP rank.

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     except ArgvError as e:
         print(f"usage error: {e}", file=sys.stderr, flush=True)
         return 2
-    from .engine import SimEngine, serve  # aiohttp import only when actually serving
+    from .server import SimEngine, serve  # aiohttp import only when actually serving
     engine = SimEngine(cfg, ready_after=ns.ready_after,
                        state_dir=ns.state_dir or default_state_dir(),
                        kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)

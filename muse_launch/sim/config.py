@@ -14,20 +14,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engines import sglang as sgl
+from ..engines import vllm
+
 SGLANG_VERSION = "0.5.23"
 VLLM_VERSION = "0.33.0"
 
-# Choices as SGLang 0.5.23 declares them (ENGINE-FACTS).
-SGLANG_DISAGG_MODES = ("null", "prefill", "decode")
-SGLANG_TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-SGLANG_ENCODER_TRANSFER_BACKENDS = ("auto", "zmq_to_scheduler", "zmq_to_tokenizer", "mooncake")
-
-# KV connectors vLLM registers; the ones with a hand-off the simulator models are first.
-VLLM_MODELLED_CONNECTORS = ("NixlConnector", "MooncakeConnector", "ExampleConnector",
-                            "SharedStorageConnector")
-VLLM_OTHER_CONNECTORS = ("LMCacheConnectorV1", "MultiConnector", "OffloadingConnector",
-                         "P2pNcclConnector", "MoRIIOConnector", "LMCacheMPConnector",
-                         "DecodeBenchConnector", "NixlPullConnector", "NixlPushConnector")
+# The engines' facts (flag spellings, choices, default ports, connectors) come from the engine
+# modules the renderers and checks use; tests/unit/test_sim_facts.py asserts the agreement.
+SGLANG_FLAGS = sgl.KEY_FLAGS
+VLLM_FLAGS = vllm.KEY_FLAGS
+# vLLM's KV connectors whose hand-off the simulator models; every other one vLLM registers
+# (vllm.KNOWN_CONNECTORS) starts and answers without a hand-off.
+NIXL, MOONCAKE, EXAMPLE = (vllm.CONNECTORS[k] for k in ("nixl", "mooncake", "example"))
 
 DEFAULT_CONTEXT_LENGTH = 1048576  # Muse Spark Open: 1M-token context
 VLLM_DP_RPC_PORT = 29550  # vLLM's --data-parallel-rpc-port default
@@ -69,13 +68,13 @@ class SimConfig:
     # SGLang PD / EPD
     disaggregation_mode: str = "null"
     transfer_backend: str = "mooncake"
-    bootstrap_port: int = 8998
+    bootstrap_port: int = sgl.DEFAULT_BOOTSTRAP_PORT
     enable_pd_role_switch: bool = False
     encoder_only: bool = False
     language_only: bool = False
     encoder_urls: list[str] = field(default_factory=list)
     encoder_register_urls: list[str] = field(default_factory=list)
-    encoder_bootstrap_port: int = 8997
+    encoder_bootstrap_port: int = sgl.DEFAULT_ENCODER_BOOTSTRAP_PORT
     encoder_transfer_backend: str = "auto"
     # multi-node
     nnodes: int = 1
@@ -156,24 +155,23 @@ class SimConfig:
 
     @property
     def nixl_side_channel(self) -> tuple[str, int] | None:
-        if self.engine != "vllm" or self.kv_connector not in (
-                "NixlConnector", "NixlPullConnector", "NixlPushConnector"):
+        if self.engine != "vllm" or self.kv_connector != NIXL:
             return None
-        host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST", "localhost")
-        base = int(os.environ.get("VLLM_NIXL_SIDE_CHANNEL_PORT", "5600"))
+        host = os.environ.get(vllm.NIXL_SIDE_CHANNEL_HOST_ENV, "localhost")
+        base = int(os.environ.get(vllm.NIXL_SIDE_CHANNEL_PORT_ENV, vllm.NIXL_SIDE_CHANNEL_BASE))
         return host, base + self.dp_start_rank  # vLLM listens at the base + the DP rank
 
     @property
     def mooncake_bootstrap(self) -> tuple[str, int] | None:
-        if (self.engine != "vllm" or self.kv_connector != "MooncakeConnector"
+        if (self.engine != "vllm" or self.kv_connector != MOONCAKE
                 or not self.vllm_is_producer):
             return None
-        return self.host or "0.0.0.0", int(os.environ.get("VLLM_MOONCAKE_BOOTSTRAP_PORT", "8998"))
+        return self.host or "0.0.0.0", int(os.environ.get(vllm.MOONCAKE_BOOTSTRAP_PORT_ENV,
+                                                          vllm.MOONCAKE_BOOTSTRAP_BASE))
 
     @property
     def shared_storage_path(self) -> str | None:
-        if self.engine != "vllm" or self.kv_connector not in ("ExampleConnector",
-                                                              "SharedStorageConnector"):
+        if self.engine != "vllm" or self.kv_connector != EXAMPLE:
             return None
         return str(self.kv_extra.get("shared_storage_path", "/tmp"))
 
@@ -208,44 +206,39 @@ def _split_urls(values: list[str] | None) -> list[str]:
 
 def parse_sglang(argv: list[str]) -> SimConfig:
     p = _Parser(prog="sglang serve", add_help=False, allow_abbrev=False)
-    p.add_argument("--model-path", "--model", dest="model_path")
+    p.add_argument(*SGLANG_FLAGS["model"], dest="model_path")
     p.add_argument("--tokenizer-path", dest="tokenizer_path")
-    p.add_argument("--served-model-name", dest="served_model_name")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int,
-                   default=1)
-    p.add_argument("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int,
-                   default=1)
-    p.add_argument("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int,
-                   default=1)
-    p.add_argument("--pp-size", "--pipeline-parallel-size", "--pp", dest="pp_size", type=int,
-                   default=1)
-    p.add_argument("--page-size", dest="page_size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    p.add_argument(sgl.SERVED_MODEL_NAME, dest="served_model_name")
+    p.add_argument(sgl.HOST, dest="host", default="127.0.0.1")
+    p.add_argument(sgl.PORT, dest="port", type=int, default=30000)
+    for key in ("tp", "ep", "dp", "pp"):
+        p.add_argument(*SGLANG_FLAGS[key], f"--{key}", dest=f"{key}_size", type=int, default=1)
+    p.add_argument(*SGLANG_FLAGS["page_size"], dest="page_size", type=int, default=None)
+    p.add_argument(*SGLANG_FLAGS["kv_cache_dtype"], dest="kv_cache_dtype", default="auto")
     p.add_argument("--context-length", dest="context_length", type=int, default=None)
-    p.add_argument("--reasoning-parser", dest="reasoning_parser")
-    p.add_argument("--tool-call-parser", dest="tool_call_parser")
+    p.add_argument(sgl.REASONING_PARSER, dest="reasoning_parser")
+    p.add_argument(sgl.TOOL_CALL_PARSER, dest="tool_call_parser")
     _bool_flag(p, "--is-embedding", dest="is_embedding")
-    p.add_argument("--disaggregation-mode", dest="disaggregation_mode", default="null",
-                   choices=SGLANG_DISAGG_MODES)
-    p.add_argument("--disaggregation-transfer-backend", dest="transfer_backend",
-                   default="mooncake", choices=SGLANG_TRANSFER_BACKENDS)
-    p.add_argument("--disaggregation-bootstrap-port", dest="bootstrap_port", type=int,
-                   default=8998)
-    _bool_flag(p, "--enable-pd-role-switch", dest="enable_pd_role_switch")
-    _bool_flag(p, "--encoder-only", dest="encoder_only")
-    _bool_flag(p, "--language-only", dest="language_only")
-    p.add_argument("--encoder-urls", dest="encoder_urls", nargs="+", default=[])
-    p.add_argument("--encoder-register-urls", dest="encoder_register_urls", nargs="+",
-                   default=[])
-    p.add_argument("--encoder-bootstrap-port", dest="encoder_bootstrap_port", type=int,
-                   default=8997)
-    p.add_argument("--encoder-transfer-backend", dest="encoder_transfer_backend",
-                   default="auto", choices=SGLANG_ENCODER_TRANSFER_BACKENDS)
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
-    p.add_argument("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr")
+    p.add_argument(sgl.DISAGGREGATION_MODE, dest="disaggregation_mode", default="null",
+                   choices=sgl.CHOICES[sgl.DISAGGREGATION_MODE])
+    (backend,) = SGLANG_FLAGS["transfer_backend"]
+    p.add_argument(backend, dest="transfer_backend", default=sgl.DEFAULT_TRANSFER_BACKEND,
+                   choices=sgl.CHOICES[backend])
+    p.add_argument(*SGLANG_FLAGS["bootstrap_port"], dest="bootstrap_port", type=int,
+                   default=sgl.DEFAULT_BOOTSTRAP_PORT)
+    _bool_flag(p, sgl.PD_ROLE_SWITCH, dest="enable_pd_role_switch")
+    _bool_flag(p, sgl.ENCODER_ONLY, dest="encoder_only")
+    _bool_flag(p, sgl.LANGUAGE_ONLY, dest="language_only")
+    p.add_argument(sgl.ENCODER_URLS, dest="encoder_urls", nargs="+", default=[])
+    p.add_argument(sgl.ENCODER_REGISTER_URLS, dest="encoder_register_urls", nargs="+", default=[])
+    p.add_argument(*SGLANG_FLAGS["encoder_bootstrap_port"], dest="encoder_bootstrap_port",
+                   type=int, default=sgl.DEFAULT_ENCODER_BOOTSTRAP_PORT)
+    (backend,) = SGLANG_FLAGS["encoder_transfer_backend"]
+    p.add_argument(backend, dest="encoder_transfer_backend", default="auto",
+                   choices=sgl.CHOICES[backend])
+    p.add_argument(sgl.NNODES, dest="nnodes", type=int, default=1)
+    p.add_argument(sgl.NODE_RANK, dest="node_rank", type=int, default=0)
+    p.add_argument(sgl.DIST_INIT_ADDR, "--nccl-init-addr", dest="dist_init_addr")
     ns, rest = p.parse_known_args(argv)
     if not ns.model_path:
         raise ArgvError("sglang serve: error: the following arguments are required: "
@@ -276,36 +269,35 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     if args and not args[0].startswith("-"):
         positional_model, args = args[0], args[1:]
     p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
-    p.add_argument("--model", dest="model")
+    p.add_argument(*VLLM_FLAGS["model"], dest="model")
     p.add_argument("--tokenizer", dest="tokenizer")
-    p.add_argument("--served-model-name", dest="served_model_name", nargs="+")
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--tensor-parallel-size", "-tp", dest="tp_size", type=int, default=1)
-    p.add_argument("--pipeline-parallel-size", "-pp", dest="pp_size", type=int, default=1)
-    p.add_argument("--data-parallel-size", "-dp", dest="dp_size", type=int, default=1)
-    p.add_argument("--data-parallel-size-local", "-dpl", dest="dp_size_local", type=int,
-                   default=None)
-    p.add_argument("--data-parallel-start-rank", "-dpr", dest="dp_start_rank", type=int,
-                   default=0)
-    p.add_argument("--data-parallel-address", "-dpa", dest="dp_address", default=None)
-    p.add_argument("--data-parallel-rpc-port", "-dpp", dest="dp_rpc_port", type=int,
+    p.add_argument(vllm.SERVED_MODEL_NAME, dest="served_model_name", nargs="+")
+    p.add_argument(vllm.HOST, dest="host", default=None)
+    p.add_argument(vllm.PORT, dest="port", type=int, default=8000)
+    for key in ("tp", "pp", "dp"):
+        p.add_argument(*VLLM_FLAGS[key], dest=f"{key}_size", type=int, default=1)
+    p.add_argument(vllm.DP_SIZE_LOCAL, "-dpl", dest="dp_size_local", type=int, default=None)
+    p.add_argument(vllm.DP_START_RANK, "-dpr", dest="dp_start_rank", type=int, default=0)
+    p.add_argument(vllm.DP_ADDRESS, "-dpa", dest="dp_address", default=None)
+    p.add_argument(vllm.DP_RPC_PORT, "-dpp", dest="dp_rpc_port", type=int,
                    default=VLLM_DP_RPC_PORT)
-    _bool_flag(p, "--data-parallel-hybrid-lb", "-dph", dest="dp_hybrid_lb")
-    _bool_flag(p, "--data-parallel-external-lb", "-dpe", dest="dp_external_lb")
-    _bool_flag(p, "--enable-expert-parallel", "-ep", dest="enable_expert_parallel")
-    p.add_argument("--block-size", dest="block_size", type=int, default=None)
-    p.add_argument("--kv-cache-dtype", dest="kv_cache_dtype", default="auto")
+    hybrid_lb, external_lb = vllm.DP_PER_NODE_API
+    _bool_flag(p, hybrid_lb, "-dph", dest="dp_hybrid_lb")
+    _bool_flag(p, external_lb, "-dpe", dest="dp_external_lb")
+    _bool_flag(p, vllm.ENABLE_EXPERT_PARALLEL, "-ep", dest="enable_expert_parallel")
+    p.add_argument(*VLLM_FLAGS["page_size"], dest="block_size", type=int, default=None)
+    p.add_argument(*VLLM_FLAGS["kv_cache_dtype"], dest="kv_cache_dtype", default="auto")
     p.add_argument("--max-model-len", dest="max_model_len", type=str, default=None)
-    p.add_argument("--reasoning-parser", dest="reasoning_parser")
-    p.add_argument("--tool-call-parser", dest="tool_call_parser")
+    p.add_argument(vllm.REASONING_PARSER, dest="reasoning_parser")
+    p.add_argument(vllm.TOOL_CALL_PARSER, dest="tool_call_parser")
     _bool_flag(p, "--enable-auto-tool-choice", dest="enable_auto_tool_choice")
-    p.add_argument("--kv-transfer-config", dest="kv_transfer_config")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", dest="node_rank", type=int, default=0)
-    p.add_argument("--master-addr", dest="master_addr", default="127.0.0.1")
-    p.add_argument("--master-port", dest="master_port", type=int, default=29501)
-    _bool_flag(p, "--headless", dest="headless")
+    p.add_argument(vllm.KV_TRANSFER_CONFIG, dest="kv_transfer_config")
+    p.add_argument(vllm.NNODES, dest="nnodes", type=int, default=1)
+    p.add_argument(vllm.NODE_RANK, dest="node_rank", type=int, default=0)
+    p.add_argument(vllm.MASTER_ADDR, dest="master_addr", default="127.0.0.1")
+    p.add_argument(vllm.MASTER_PORT, dest="master_port", type=int,
+                   default=vllm.DEFAULT_MASTER_PORT)
+    _bool_flag(p, vllm.HEADLESS, dest="headless")
     ns, rest = p.parse_known_args(args)
     model = ns.model or positional_model
     if ns.model and positional_model and ns.model != positional_model:
@@ -394,8 +386,7 @@ def startup_errors(cfg: SimConfig) -> list[str]:
                                                              "kv_both"):
                 errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
                             "['kv_producer', 'kv_consumer', 'kv_both']")
-            if conn and conn not in VLLM_MODELLED_CONNECTORS + VLLM_OTHER_CONNECTORS \
-                    and not kvc.get("kv_connector_module_path"):
+            if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get("kv_connector_module_path"):
                 errs.append(f"Unsupported connector type: {conn}")
         if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
             errs.append("When `--enable-auto-tool-choice` is set, `--tool-call-parser` "

@@ -8,10 +8,10 @@ holds its response until a decode has fetched it; the decode connects to
 
 vLLM (``--kv-transfer-config``):
   * NixlConnector - every instance listens on the side channel
-    (``VLLM_NIXL_SIDE_CHANNEL_HOST``:``VLLM_NIXL_SIDE_CHANNEL_PORT``, default
-    localhost:5600); the prefill's response carries ``kv_transfer_params`` naming it and the
+    (``VLLM_NIXL_SIDE_CHANNEL_HOST``:``VLLM_NIXL_SIDE_CHANNEL_PORT``, vLLM's defaults
+    when unset); the prefill's response carries ``kv_transfer_params`` naming it and the
     decode reads the blocks from there (``GET /nixl/handshake``, ``GET /nixl/read/{id}``).
-  * MooncakeConnector - the prefill listens on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` (8998) and
+  * MooncakeConnector - the prefill listens on ``VLLM_MOONCAKE_BOOTSTRAP_PORT`` and
     answers ``GET /query`` (engine id per DP rank, what vllm-router asks at start-up); the
     decode gets ``remote_bootstrap_addr`` + ``transfer_id`` and fetches ``/kv/{transfer_id}``.
   * ExampleConnector - the prefill writes the prompt's KV record under
@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from .wiring import hostport
 
 
 class KVTransferError(Exception):
@@ -225,10 +227,10 @@ async def sglang_fetch(engine, host: str, port: int, room: Any, prompt_tokens: i
     what = f"the prefill's KV bootstrap server at {addr}"
     try:
         info = await _get_json(engine.session,
-                               f"http://{_hostport(host, port)}/kv/{room}?timeout="
+                               f"http://{hostport(host, port)}/kv/{room}?timeout="
                                f"{engine.kv_timeout}", engine.kv_timeout + 2.0, what)
     except KVTransferError as e:
-        me = _hostport(engine.cfg.advertised_host, engine.cfg.port)
+        me = hostport(engine.cfg.advertised_host, engine.cfg.port)
         raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
                               f"{addr}): decode {me} could not fetch the room: {e}") from None
     probs = compat_problems(engine.kv_identity(), info)
@@ -249,7 +251,7 @@ async def nixl_fetch(engine, params: dict) -> dict:
     if not host or not port or not rid:
         raise KVTransferError(f"invalid kv_transfer_params for a remote prefill: {params}")
     addr = f"{host}:{port}"
-    base = f"http://{_hostport(host, port)}"
+    base = f"http://{hostport(host, port)}"
     what = f"the prefill's NIXL side channel at {addr}"
     try:
         meta = await _get_json(engine.session, f"{base}/nixl/handshake", 3.0, what)
@@ -323,7 +325,3 @@ def example_lookup(path: str, token_ids: list[int], block_size: int) -> dict | N
             return json.load(fh)
     except (OSError, ValueError):
         return None
-
-
-def _hostport(host: str, port: Any) -> str:
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"

@@ -1,7 +1,9 @@
 """Wiring broken on purpose: the rehearsal fails as it would on GPUs, with a message naming the roles.
 
 (a) the router told the wrong KV bootstrap port; (b) a decode whose prefill's bootstrap is not where
-it is told; (c) a language worker given a wrong encoder URL; (d) two routers on one metrics port.
+it is told; (d) two routers on one metrics port. (c), a language worker given a wrong encoder URL, is
+no engine failure: SGLang 0.5.23 reports healthy without its encoders (the simulated engine too, see
+test_sim_rehearsal.py); `up` catches it by reading the worker's encoder list (issue 14, the runtime).
 
 In a file, the checks of `validate` catch (a), (d) and the file's way of getting (c) wrong before
 anything starts. The point here is the runtime: each broken plan is a good file's rehearsal plan with
@@ -198,25 +200,6 @@ def test_decode_cannot_reach_its_prefills_bootstrap(rehearsals):
     assert "where: 127.0.0.2:30002 is decode@tray1's http port" in out, out
     assert "could not fetch the room" in (d.run_dir / "logs" / "decode@tray1.log").read_text()
     down(d)
-
-
-def test_wrong_encoder_url_never_ready(rehearsals):
-    """(c) The prefill keeps retrying an encoder that is not there; its probe times out, `up` fails naming it."""
-    (nowhere,) = free_ports(1)
-    plan, source = rehearsal("epd-b300")
-    prefill = plan.spec("prefill")
-    plan = change(plan, "prefill", probe=replace(prefill.probe, timeout=4.0),
-                  args=swap(prefill.args, ["--encoder-urls", "http://127.0.0.1:30010"],
-                            ["--encoder-urls", f"http://127.0.0.1:{nowhere}"]))
-    d, up = rehearsals.up(plan, source)
-    out = up.stdout + up.stderr
-    assert up.returncode == 1, out
-    assert "error: role prefill failed: not ready after 4s (GET /health answered 503)" in out, out
-    assert re.search(rf"  prefill \| .* encoder http://127\.0\.0\.1:{nowhere} unreachable .*; retrying", out), out
-    assert f"note: 127.0.0.1:{nowhere}: no role of epd-b300 listens there; it comes from prefill " \
-           f"(--encoder-urls http://127.0.0.1:{nowhere})" in out, out
-    assert "everything started was stopped" in out, out
-    assert re.search(r"decode\s+ready", out), out  # its encoder URL is right: only the prefill is stuck
 
 
 def test_two_routers_on_one_metrics_port(rehearsals):

@@ -117,6 +117,7 @@ def epd(tmp_path_factory):
         wait_status(f"http://127.0.0.1:{router}/readiness", 200, 60, workers + [r])
         yield SimpleNamespace(ps=ps, encoder=encoder, prefill=prefill, decode=decode,
                               router=r, enc=enc, pf=pf, dec=dec, kv_boot=kv_boot,
+                              eb_pf=eb_pf, eb_dec=eb_dec,
                               url=f"http://127.0.0.1:{router}", ready=ready,
                               total_ready=time.monotonic() - t0)
     finally:
@@ -151,12 +152,11 @@ def test_epd_router_ready_and_models(epd):
     log = epd.router.log()
     assert "Successfully registered tokenizer" in log
     assert "Failed to load tokenizer" not in log
-    for p in (epd.prefill, epd.decode):
-        assert "encoder http://127.0.0.1" in p.log() and "connected back" in p.log()
     for p in (epd.encoder, epd.prefill, epd.decode):
         assert "Traceback" not in p.log()  # the router's gRPC probe is one log line
-    assert "registered prefill" in epd.encoder.log() and "registered decode" in \
-        epd.encoder.log()
+    for boot in (epd.eb_pf, epd.eb_dec):  # each language worker lists its encoder
+        assert json.loads(http("GET", f"http://127.0.0.1:{boot}/list_encoder_urls")[1]) == \
+            {"encoder_urls": [f"http://127.0.0.1:{epd.enc}"]}
 
 
 def test_epd_chat_reasoning(epd):
@@ -248,41 +248,79 @@ def test_wrong_bootstrap_port_fails_naming_address(epd, tmp_path):
         ps.close()
 
 
-def test_wrong_encoder_url_never_ready(procs):
-    dead = free_port()
-    pf = free_port()
-    p = procs.sim("prefill", "sglang", sglang_epd_args(
-        pf, "prefill", f"http://127.0.0.1:{dead}", free_port(), free_port()))
-    url = f"http://127.0.0.1:{pf}"
-    wait_status(f"{url}/server_info", 200, 30, [p])
-    deadline = time.monotonic() + READY_AFTER + 2.0
-    while time.monotonic() < deadline:
-        assert get_status(f"{url}/health") == 503
-        time.sleep(0.1)
-    assert p.alive()
+PROBE = {"MUSE_SIM_ENCODER_PROBE_INTERVAL": "0.2"}
+
+
+def listed(boot: int) -> list[str]:
+    return json.loads(http("GET", f"http://127.0.0.1:{boot}/list_encoder_urls")[1])["encoder_urls"]
+
+
+def wait_for(predicate, timeout: float = 10.0, procs: list | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, [p.log() for p in procs or []]
+        for p in procs or []:
+            assert p.alive(), p.log()
+        time.sleep(0.05)
+
+
+def test_wrong_encoder_url_ready_then_evicted(procs):
+    """As SGLang 0.5.23: the language worker is healthy without its encoder, lists the URL it was
+    given, and evicts it after 3 failed probes; the encoder bootstrap server is up first."""
+    dead, pf, eb = free_port(), free_port(), free_port()
+    dead_url = f"http://127.0.0.1:{dead}"
+    p = procs.sim("prefill", "sglang", sglang_epd_args(pf, "prefill", dead_url, eb, free_port()),
+                  env=PROBE)
+    wait_status(f"http://127.0.0.1:{eb}/health", 200, 30, [p])
+    assert listed(eb) == [dead_url]  # listed before any probe: "listed" is not "reached"
+    wait_status(f"http://127.0.0.1:{pf}/health", 200, 30, [p])
+    wait_for(lambda: listed(eb) == [], 10, [p])
     log = p.log()
-    assert f"encoder http://127.0.0.1:{dead} unreachable" in log and "retrying" in log
-    info = json.loads(http("GET", f"{url}/server_info")[1])
-    assert any(str(dead) in b for b in info["sim"]["wiring_blockers"])
+    assert f"encoder {dead_url} health probe failed (3/3): unreachable" in log
+    assert f"Health check evicted 1 encoder(s) after 3 consecutive failures (will re-add when " \
+           f"healthy): ['{dead_url}']" in log
+    info = json.loads(http("GET", f"http://127.0.0.1:{pf}/server_info")[1])
+    assert info["sim"]["encoders"] == {"encoder_urls": [], "evicted": [dead_url]}
+    assert info["sim"]["wiring_blockers"] == []
 
 
-def test_encoder_model_mismatch_never_ready(procs):
+def test_late_encoder_is_re_added(procs):
+    """The language worker starts first (overlap): its encoder, evicted while still loading,
+    is re-added once it answers /health; media then go through it."""
+    enc, pf, eb = free_port(), free_port(), free_port()
+    enc_url = f"http://127.0.0.1:{enc}"
+    p = procs.sim("lang", "sglang", ["--model-path", M, "--language-only", "--encoder-urls", enc_url,
+                                     "--encoder-bootstrap-port", str(eb), "--port", str(pf)],
+                  env=PROBE)
+    wait_status(f"http://127.0.0.1:{pf}/health", 200, 30, [p])
+    wait_for(lambda: listed(eb) == [], 10, [p])
+    e = procs.sim("encoder", "sglang", ["--model-path", M, "--encoder-only", "--port", str(enc)])
+    wait_for(lambda: listed(eb) == [enc_url], 15, [p, e])
+    assert f"Health check revived 1 encoder(s): ['{enc_url}']" in p.log()
+    status, body = chat(f"http://127.0.0.1:{pf}", {"model": M, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        {"type": "text", "text": "What is in the picture?"}]}]})
+    assert status == 200, body
+    assert f"delivered to 127.0.0.1:{eb}" in e.log()
+
+
+def test_encoder_model_mismatch_fails_media_requests(procs):
     enc, pf = free_port(), free_port()
     procs.sim("encoder", "sglang", ["--model-path", "other/model", "--encoder-only",
                                     "--port", str(enc)])
-    p = procs.sim("prefill", "sglang", sglang_epd_args(
-        pf, "prefill", f"http://127.0.0.1:{enc}", free_port(), free_port()))
-    wait_status(f"http://127.0.0.1:{pf}/server_info", 200, 30, [p])
-    deadline = time.monotonic() + 20
-    while "model mismatch" not in p.log() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert "model mismatch" in p.log()
-    time.sleep(0.5)
-    assert get_status(f"http://127.0.0.1:{pf}/health") == 503
+    p = procs.sim("lang", "sglang", ["--model-path", M, "--language-only", "--encoder-urls",
+                                     f"http://127.0.0.1:{enc}", "--port", str(pf),
+                                     "--encoder-bootstrap-port", str(free_port())])
+    wait_status(f"http://127.0.0.1:{pf}/health", 200, 30, [p])
+    wait_status(f"http://127.0.0.1:{enc}/health", 200, 30, [p])
+    status, body = chat(f"http://127.0.0.1:{pf}", {"model": M, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]}]})
+    assert status == 500 and "model mismatch" in body, body
 
 
 def test_encoder_registers_itself_dynamically(procs):
-    """--language-only without --encoder-urls; the encoder uses --encoder-register-urls."""
+    """--language-only without --encoder-urls; the encoder uses --encoder-register-urls, and
+    leaves the list when it stops."""
     pf, eb, enc = free_port(), free_port(), free_port()
     p = procs.sim("lang", "sglang", ["--model-path", M, "--language-only",
                                      "--encoder-bootstrap-port", str(eb), "--port", str(pf)])
@@ -290,8 +328,10 @@ def test_encoder_registers_itself_dynamically(procs):
                                         "--encoder-register-urls", f"http://127.0.0.1:{eb}"])
     wait_status(f"http://127.0.0.1:{pf}/health", 200, 30, [p, e])
     wait_status(f"http://127.0.0.1:{enc}/health", 200, 30, [p, e])
-    urls = json.loads(http("GET", f"http://127.0.0.1:{pf}/list_encoder_urls")[1])
-    assert urls["encoder_urls"] == [f"http://127.0.0.1:{enc}"]
+    wait_for(lambda: listed(eb) == [f"http://127.0.0.1:{enc}"], 10, [p, e])
+    e.stop()
+    assert listed(eb) == []
+    assert f"Unregistered encoder URL: http://127.0.0.1:{enc}" in p.log()
 
 
 # ------------------------------------------------------------------ process behaviour
