@@ -116,7 +116,10 @@ class EngineCheck:
             if batch is None:
                 batch = self.batches[(program.python, engine)] = _Batch(program.python, engine)
             extra = program.rest[1:] if entry.endswith(" serve") else program.rest
-            job = {"id": spec.name, "engine": engine, "entry": entry, "args": [*extra, *spec.args]}
+            module = ENGINE_MODULES[engine]
+            args = [*extra, *spec.args]
+            args = module.parser_args(entry, tuple(args)) if hasattr(module, "parser_args") else args
+            job = {"id": spec.name, "engine": engine, "entry": entry, "args": args}
             batch.specs[spec.name] = spec
             batch.installed[spec.name] = by_name[spec.name]
             job["key"] = _pass_key(program.python, by_name[spec.name], job)

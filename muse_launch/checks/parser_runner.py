@@ -7,7 +7,7 @@ one JSON object from stdin, {"jobs": [{"id", "engine", "entry", "args"}]}, and w
 stdout: {"engines": {name: {"version", "error"}}, "results": [{"id", "ok", "message", ...}]}.
 
 entry is how the role starts the engine, which decides the parser:
-  "sglang serve"          `sglang serve` (a positional model path and --model-type allowed)
+  "sglang serve"          `sglang serve`, its argv as sglang/cli/serve.py hands it to ServerArgs
   "sglang.launch_server"  `python -m sglang.launch_server`: the same ServerArgs parser
   "vllm serve"            `vllm serve [MODEL]`: the serve subcommand under `vllm`
   "vllm.api_server"       `python -m vllm.entrypoints.openai.api_server`: make_arg_parser alone
@@ -89,12 +89,7 @@ class SGLang:
         return list(self.parser._option_string_actions)
 
     def parse(self, entry, args):
-        args = list(args)
-        if entry == "sglang serve":  # sglang/cli/serve.py: --model-type picks a backend, a positional model path
-            args = [a for i, a in enumerate(args) if a != "--model-type" and not a.startswith("--model-type=")
-                    and not (i and args[i - 1] == "--model-type")]
-            if args and not args[0].startswith("-"):
-                args = ["--model-path", *args]
+        args = list(args)  # `sglang serve`'s own rewriting is done by the caller (engines/sglang.py parser_args)
         if "--config" in args:
             from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 

@@ -78,6 +78,20 @@ FLAG_SINCE = {
 }
 
 
+MODEL_TYPE = "--model-type"  # `sglang serve`'s backend selector, taken out before ServerArgs parses
+
+
+def parser_args(entry: str, args: tuple[str, ...]) -> list[str]:
+    """The argv SGLang's ServerArgs parser sees: `sglang serve` (sglang/cli/serve.py) takes --model-type
+    out and reads a first positional word as the model path."""
+    args = list(args)
+    if entry != "sglang serve":
+        return args
+    args = [a for i, a in enumerate(args) if a != MODEL_TYPE and not a.startswith(MODEL_TYPE + "=")
+            and not (i and args[i - 1] == MODEL_TYPE)]
+    return [KEY_FLAGS["model"][0], *args] if args and not args[0].startswith("-") else args
+
+
 def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
     """Which of SGLang's entry points a program reaches, as the engine check names them: `sglang serve`
     (the console script, sglang.cli.main) or `python -m sglang.launch_server`; None for anything else."""
