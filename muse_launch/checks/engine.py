@@ -147,9 +147,14 @@ class EngineCheck:
             if batch.thread is not None:
                 batch.thread.join(RUNNER_TIMEOUT + 5)
             self._collect(batch)
+        checked: dict[str, list[bool]] = {}
         for spec, found, thread, box in self.routers:
             thread.join(HELP_TIMEOUT + 5)
-            self._check_router(spec, found, box)
+            ok = self._check_router(spec, found, box)
+            if ok is not None:
+                checked.setdefault(f"{found.dist or spec.engine} {found.version or ''}".strip(), []).append(ok)
+        for name, oks in checked.items():
+            self.notes.append(f"engine check: {name} (its --help) accepts {_count(sum(oks), 'command')} of {len(oks)}")
         for (engine, why), names in self.skipped.items():
             self.notes.append(f"engine check: skipped {', '.join(names)} ({engine}): {why}")
         return EngineCheckResult(tuple(_dedupe(self.findings)), tuple(self.notes), time.monotonic() - self.started)
@@ -201,22 +206,25 @@ class EngineCheck:
         refusal = _recipe_refusal(engine, flags, message, spec.args)
         if refusal:
             return warning(at, f"{text} (this is the recipe's own text, from {refusal})",
-                           f"kept as the recipe gives it; the release the recipe targets accepts it, "
-                           f"{engine} {version} will not start with it", spec.role)
+                           f"kept as the recipe gives it, for the engine build the recipe names; with "
+                           f"{engine} {version} this role will not start", spec.role)
         return error(at, text, fix, spec.role)
 
     # ---- routers ----------------------------------------------------------------------------
 
-    def _check_router(self, spec: LaunchSpec, found: Installed, box: dict) -> None:
+    def _check_router(self, spec: LaunchSpec, found: Installed, box: dict) -> bool | None:
+        """True: its command passes; False: refused (findings added); None: not checked (a note says why)."""
         options: RouterOptions | None = box.get("options")
         if options is None:
             self.skipped.setdefault((spec.engine, box.get("why") or found.why or "no --help"), []).append(spec.name)
-            return
+            return None
         name = f"{found.dist or spec.engine} {found.version or ''}".strip()
-        for problem, flag, value, suggest in options.problems(spec.args):
+        problems = options.problems(spec.args)
+        for problem, flag, value, suggest in problems:
             at = self._locate(spec, [flag], value)
             fix = f"did you mean {suggest}?" if suggest else "use an option its --help lists"
             self.findings.append(error(at, f"{name} refuses the command: {problem}", fix, spec.role))
+        return not problems
 
     # ---- where an argument comes from ---------------------------------------------------------
 
