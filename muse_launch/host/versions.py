@@ -149,7 +149,7 @@ def installed(programs: Iterable[tuple[str, Program]]) -> list[Installed]:
     programs = list(programs)
     wanted: dict[str, dict[str, tuple[str, ...]]] = {}
     for engine, program in programs:
-        if program.python and program.top:
+        if program.python and program.top in MODULE_ENGINES:
             candidates = DISTRIBUTIONS.get(MODULE_ENGINES.get(program.top, ""), ())
             wanted.setdefault(program.python, {})[program.top] = candidates
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted)))) as pool:
@@ -158,6 +158,10 @@ def installed(programs: Iterable[tuple[str, Program]]) -> list[Installed]:
     for engine, program in programs:
         if not (program.python and program.top):
             out.append(Installed(engine, program, why=program.why or "unknown program"))
+            continue
+        if program.top not in MODULE_ENGINES:  # a wrapper, a stand-in, the rehearsal's simulated engine
+            out.append(Installed(engine, program, why=f"{' '.join(program.launcher)} runs {program.module}, "
+                                                       f"not a known engine"))
             continue
         found = answers.get(program.python, {}).get(program.top)
         if found is None:
