@@ -76,7 +76,7 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
     for spec in plan.specs:
         where = f", on {spec.node} ({spec.host})" if spec.node else ""
         out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}")
-        image = _image(spec, profile)
+        image = image_for(spec, profile)
         if image is None:
             out.append(f"# no image ships {spec.argv[0] if spec.argv else spec.engine}: run it on the host")
             env = " ".join(shlex.quote(f"{k}={redact(v)}") for k, v in spec.env.items())
@@ -101,7 +101,7 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
     return "\n".join(out)
 
 
-def _image(spec: LaunchSpec, profile) -> str | None:
+def image_for(spec: LaunchSpec, profile) -> str | None:
     """The image that ships the role's program: the engine's image for this hardware; the SGLang
     image also carries sglang-router. vllm-router, smg and command roles run on the host."""
     if spec.engine == "vllm":

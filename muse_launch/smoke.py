@@ -1,12 +1,24 @@
-"""`smoke`: one chat completion through the router, plus reasoning and tool-call checks where on."""
+"""`smoke`: one chat completion through the router, plus reasoning and tool-call checks where on.
+
+The model is the one the router lists at /v1/models (a worker's `--served-model-name` is what it
+reports there), so the request names what the deployment really serves. A deployment that is
+gone (stopped, its router not answering, dying mid-check) fails with a message and exit 1.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import httpx
+
+if TYPE_CHECKING:
+    from muse_launch.run.state import DeploymentRecord
+
+SMOKE_FAILURE_CHARS = 800  # a failure is shown at length; a success in one line
+PLACEHOLDER_MODELS = {"", "unknown", "default"}  # what a router lists for a worker it knows no name of
 
 WEATHER_TOOL = {
     "type": "function",
@@ -32,10 +44,35 @@ class SmokeResult:
     extra: dict = field(default_factory=dict)
 
 
-def discover_model(client: httpx.Client, base: str) -> str:
+def served_models(client: httpx.Client, base: str) -> list[str]:
+    """The model ids the router lists, in its order (raises httpx.HTTPError, ValueError, KeyError)."""
     response = client.get(f"{base}/v1/models")
     response.raise_for_status()
-    return response.json()["data"][0]["id"]
+    return [str(m["id"]) for m in response.json()["data"]]
+
+
+def list_models(client: httpx.Client, base: str) -> tuple[str | None, SmokeResult]:
+    """The model to ask for, and the check's line: which the router reports, or why it reports none."""
+    start = time.perf_counter()
+    try:
+        listed = served_models(client, base)
+    except httpx.TransportError as exc:
+        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: {exc or 'no reply'});"
+                                 " is the deployment still up?", total=time.perf_counter() - start)
+    except httpx.HTTPStatusError as exc:
+        return None, SmokeResult("models", False, f"GET {base}/v1/models: HTTP {exc.response.status_code}: "
+                                 f"{exc.response.text[:300]}", total=time.perf_counter() - start)
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        return None, SmokeResult("models", False, f"GET {base}/v1/models: not an OpenAI model list ({exc!r})",
+                                 total=time.perf_counter() - start)
+    total = time.perf_counter() - start
+    named = [m for m in listed if m.strip().lower() not in PLACEHOLDER_MODELS]
+    if not named:
+        what = f"only {', '.join(map(repr, listed))}" if listed else "no model"
+        return None, SmokeResult("models", False, f"the router lists {what} at /v1/models: no worker registered "
+                                 "with a model name", total=total)
+    others = f" (also listed: {', '.join(named[1:])})" if len(named) > 1 else ""
+    return named[0], SmokeResult("models", True, f"{named[0]}{others}", total=total)
 
 
 def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
@@ -82,34 +119,90 @@ def chat_once(client: httpx.Client, base: str, body: dict) -> tuple[dict | None,
     return response.json(), total, ""
 
 
-def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0,
-              model: str | None = None) -> list[SmokeResult]:
-    """`model`: the workers' served name when they set one (a router may list it as "unknown")."""
-    results: list[SmokeResult] = []
+REQUEST_ERRORS = (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError)  # gone, or not OpenAI's shape
+
+
+def attempt(check: str, request: Callable[[], SmokeResult]) -> SmokeResult:
+    """One check; a router that stops answering or answers nonsense fails it instead of raising."""
+    start = time.perf_counter()
+    try:
+        return request()
+    except REQUEST_ERRORS as exc:
+        gone = " (is the deployment still up?)" if isinstance(exc, httpx.TransportError) else ""
+        return SmokeResult(check, False, f"{type(exc).__name__}: {exc or 'no reply'}{gone}",
+                           total=time.perf_counter() - start)
+
+
+def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0) -> list[SmokeResult]:
+    """The checks in order: the model the router lists, a streamed chat, then reasoning and a tool call."""
     with httpx.Client(timeout=timeout) as client:
-        try:
-            model = model or discover_model(client, base)
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            return [SmokeResult("models", False, f"GET {base}/v1/models failed: {exc}")]
+        model, listed = list_models(client, base)
+        if model is None:
+            return [listed]
         messages = [{"role": "user", "content": "Briefly explain: what is SGLang?"}]
-        results.append(chat_stream(client, base, {"model": model, "messages": messages, "max_tokens": 64}))
+        results = [listed, attempt("chat", lambda: chat_stream(
+            client, base, {"model": model, "messages": messages, "max_tokens": 64}))]
         if not results[-1].ok:
             return results  # the other checks would fail the same way (or on a breaker the failure opened)
         if reasoning:
-            body, total, problem = chat_once(client, base, {"model": model, "messages": messages, "max_tokens": 64,
-                                                             "reasoning_effort": "low"})
-            thought = (body or {}).get("choices", [{}])[0].get("message", {}).get("reasoning_content")
-            results.append(SmokeResult("reasoning", bool(thought), problem or (
-                f"reasoning_content: {thought[:60]!r}" if thought else "no reasoning_content in the answer"),
-                total=total))
+            results.append(attempt("reasoning", lambda: reasoning_check(client, base, model, messages)))
         if tools:
-            ask = [{"role": "user", "content": "Use get_weather to check the weather in Beijing in Celsius."}]
-            body, total, problem = chat_once(client, base, {"model": model, "messages": ask, "tools": [WEATHER_TOOL],
-                                                             "tool_choice": "auto", "max_tokens": 64})
-            choice = (body or {}).get("choices", [{}])[0]
-            calls = choice.get("message", {}).get("tool_calls") or []
-            ok = bool(calls) and choice.get("finish_reason") == "tool_calls"
-            detail = problem or (f"{calls[0]['function']['name']}({calls[0]['function']['arguments']})" if ok
-                                 else f"no tool call (finish_reason {choice.get('finish_reason')!r})")
-            results.append(SmokeResult("tool call", ok, detail, total=total))
+            results.append(attempt("tool call", lambda: tool_call_check(client, base, model)))
     return results
+
+
+def reasoning_check(client: httpx.Client, base: str, model: str, messages: list[dict]) -> SmokeResult:
+    body, total, problem = chat_once(client, base, {"model": model, "messages": messages, "max_tokens": 64,
+                                                     "reasoning_effort": "low"})
+    thought = (body or {}).get("choices", [{}])[0].get("message", {}).get("reasoning_content")
+    return SmokeResult("reasoning", bool(thought), problem or (
+        f"reasoning_content: {thought[:60]!r}" if thought else "no reasoning_content in the answer"), total=total)
+
+
+def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
+    ask = [{"role": "user", "content": "Use get_weather to check the weather in Beijing in Celsius."}]
+    body, total, problem = chat_once(client, base, {"model": model, "messages": ask, "tools": [WEATHER_TOOL],
+                                                     "tool_choice": "auto", "max_tokens": 64})
+    choice = (body or {}).get("choices", [{}])[0]
+    calls = choice.get("message", {}).get("tool_calls") or []
+    ok = bool(calls) and choice.get("finish_reason") == "tool_calls"
+    detail = problem or (f"{calls[0]['function']['name']}({calls[0]['function']['arguments']})" if ok
+                         else f"no tool call (finish_reason {choice.get('finish_reason')!r})")
+    return SmokeResult("tool call", ok, detail, total=total)
+
+
+def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
+    """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
+    from muse_launch.engines import ENGINES
+    from muse_launch.errors import RuntimeFailure, UsageError
+    from muse_launch.run.explain import explain_addresses
+    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.run.status import observed
+
+    record = observed(record)  # roles that died with no supervisor watching show as failed
+    if record.state is DeploymentState.STOPPED:
+        raise RuntimeFailure(f"deployment {record.name!r} is not running: no role of it is alive",
+                             fix=f"muse-launch up {record.source} -d")
+    routers = [r for r in record.roles if r.kind == "router" and r.url]
+    front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)
+    if front is None:
+        raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
+    workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
+    readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
+    reasoning = any(engine.reasoning(argv) for engine, argv in readers)
+    tools = any(engine.tool_calls(argv) for engine, argv in readers)
+    base = front.url.replace("0.0.0.0", "127.0.0.1")
+    echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
+    results = run_smoke(base, reasoning, tools, timeout)
+    for result in results:
+        timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
+        mark = "ok  " if result.ok else "FAIL"
+        detail = result.detail[:160] if result.ok else result.detail[:SMOKE_FAILURE_CHARS]
+        echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
+    failures = "\n".join(r.detail for r in results if not r.ok)
+    for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
+        echo(f"  where: {line}")
+    if failures:
+        echo(f"  fix: `muse-launch status {record.name}` shows each role's health; "
+             f"`muse-launch logs {record.name} {front.name}` its log")
+    return 0 if results and all(r.ok for r in results) else 1

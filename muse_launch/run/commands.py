@@ -2,34 +2,50 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
-import httpx
 import typer
-from rich.console import Console
-from rich.live import Live
-from rich.table import Table
 
-from muse_launch.errors import UsageError
-from muse_launch.run.down import bring_down, format_report
-from muse_launch.run.explain import explain_addresses
-from muse_launch.run.lifecycle import DeploymentState
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.state import RunDir, is_locked, read_state, resolve_name, running_deployments
-from muse_launch.run.status import health_now, observed, status_json, status_table
-from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
+if TYPE_CHECKING:
+    from rich.console import Console
 
+    from muse_launch.run.state import DeploymentRecord, RunDir
+
+# Start-up time is part of the interface: this module imports typer only, and each command the
+# runtime modules it needs (httpx, rich, psutil, the plan) when it runs. `down` of nothing and
+# `--help` never load them.
 FOLLOW_SECONDS = 0.2
-SMOKE_FAILURE_CHARS = 800
 
 
 def _console() -> Console:
     """Rich's 80 columns would cut a table piped to a file or grep; a terminal keeps its own width."""
+    from rich.console import Console
+
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _names(incomplete: str) -> list[str]:
+    """Shell completion of NAME: the deployments in the state home."""
+    from muse_launch.run.state import state_home
+
+    home = state_home()
+    return sorted(p.name for p in home.iterdir() if p.is_dir() and p.name.startswith(incomplete)) \
+        if home.is_dir() else []
+
+
+def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
+    """NAME's run directory and record; a clear error when its state is gone or unreadable."""
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.state import read_state, resolve_name
+
+    run_dir = resolve_name(name)
+    record = read_state(run_dir)  # StateDamaged (exit 1) when it cannot be read back
+    if record is None:
+        raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                             fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+    return run_dir, record
 
 
 def up(
@@ -46,6 +62,7 @@ def up(
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.checks import engine as engine_check_
     from muse_launch.core import load_plan
+    from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
     pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
     try:
@@ -64,31 +81,60 @@ def up(
 
 
 def down(
-    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)",
+                                         autocompletion=_names),
     grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive and its ports are closed."""
-    report = bring_down(resolve_name(name), grace)
+    from muse_launch.errors import UsageError
+    from muse_launch.run.state import StateDamaged, resolve_name, running_deployments
+
+    damaged: list[StateDamaged] = []
+    if name is None and not running_deployments(damaged):
+        if damaged:
+            names = ", ".join(exc.run_dir.name for exc in damaged)
+            raise UsageError(f"no deployment is running whose state reads back; damaged: {names}",
+                             fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
+        typer.echo("no deployment is running; nothing to stop")
+        return
+    from muse_launch.run.down import bring_down, bring_down_without_state, format_report
+    from muse_launch.run.state import read_state
+
+    run_dir = resolve_name(name)
+    try:
+        whole = read_state(run_dir) is not None
+    except StateDamaged:
+        whole = False
+    report = bring_down(run_dir, grace) if whole else bring_down_without_state(run_dir, grace)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
 
 
 def status(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, URL, ready since, restarts, health now."""
-    from muse_launch.host.versions import deployment_versions
+    import json
+    import time
 
-    run_dir = resolve_name(name)
+    import httpx
+    from rich.live import Live
+    from rich.table import Table
+
+    from muse_launch.host.versions import deployment_versions
+    from muse_launch.run.status import health_now, observed, status_json, status_table
+
+    run_dir, first = _deployment(name)
     console = _console()
-    versions = deployment_versions(read_state(run_dir).roles)  # engine -> installed release, read once
+    versions = deployment_versions(first.roles)  # engine -> installed release, read once
     with httpx.Client() as client:
         def render() -> str | Table:
-            record = observed(read_state(run_dir))
+            record = observed(_deployment(run_dir.name)[1])
             health = health_now(record, run_dir, client)
             if as_json:  # --watch: JSON lines
                 return json.dumps(status_json(record, health, versions), indent=None if watch else 2)
@@ -114,19 +160,26 @@ def status(
 
 
 def logs(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
+    import time
+
+    from muse_launch.errors import UsageError
+    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+    from muse_launch.run.state import RunDir, is_locked, read_state, running_deployments
+
     roles = list(roles or [])
     is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
     if not is_deployment and len(running_deployments()) == 1:
         roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
         name = None
-    run_dir = resolve_name(name)
-    record = read_state(run_dir)
+    run_dir, record = _deployment(name)
     known = [r.name for r in record.roles]
     unknown = [r for r in roles if r not in known]
     if unknown:
@@ -145,7 +198,7 @@ def logs(
         while True:
             follower.print_new(printer)
             record = read_state(run_dir)
-            if record.state is DeploymentState.STOPPED and not is_locked(run_dir):
+            if (record is None or record.state is DeploymentState.STOPPED) and not is_locked(run_dir):
                 follower.print_new(printer)
                 return
             time.sleep(FOLLOW_SECONDS)
@@ -154,43 +207,27 @@ def logs(
 
 
 def smoke(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)"),
+    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+                                         autocompletion=_names),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
-    from muse_launch.engines import ENGINES
-    from muse_launch.engines.argv import last_value
-    from muse_launch.smoke import run_smoke
+    from muse_launch.smoke import smoke_deployment
 
-    record = read_state(resolve_name(name))
-    routers = [r for r in record.roles if r.kind == "router" and r.url]
-    front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)
-    if front is None:
-        raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
-    workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
-    readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
-    reasoning = any(engine.reasoning(argv) for engine, argv in readers)
-    tools = any(engine.tool_calls(argv) for engine, argv in readers)
-    # argv starts with the launcher: read the flag only, not the engine's positional model
-    served = next((name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME))), None)
-    base = front.url.replace("0.0.0.0", "127.0.0.1")
-    typer.echo(f"{record.name}: smoke through {front.name} at {base}")
-    results = run_smoke(base, reasoning, tools, timeout, model=served)
-    for result in results:
-        timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
-        mark = "ok  " if result.ok else "FAIL"
-        detail = result.detail[:160] if result.ok else result.detail[:SMOKE_FAILURE_CHARS]  # a failure at length
-        typer.echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
-    failures = "\n".join(r.detail for r in results if not r.ok)
-    for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
-        typer.echo(f"  where: {line}")
-    raise typer.Exit(0 if results and all(r.ok for r in results) else 1)
+    _, record = _deployment(name)
+    raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
 def ls() -> None:
     """Running deployments."""
-    running = running_deployments()
-    if not running:
+    from rich.table import Table
+
+    from muse_launch.run.state import StateDamaged, running_deployments
+    from muse_launch.run.status import observed
+
+    damaged: list[StateDamaged] = []
+    running = running_deployments(damaged)
+    if not running and not damaged:
         typer.echo("no deployment is running")
         return
     table = Table("name", "state", "roles", "supervisor", "file")
@@ -198,7 +235,12 @@ def ls() -> None:
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)
+    for exc in damaged:
+        table.add_row(exc.run_dir.name, "state damaged", "-", "-", str(exc.run_dir.state_file))
     _console().print(table)
+    for exc in damaged:  # said once per deployment; the others are listed as usual
+        for line in exc.lines():
+            typer.echo(line, err=True)
 
 
 def register(app: typer.Typer) -> None:

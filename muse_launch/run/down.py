@@ -110,3 +110,19 @@ def format_report(report: DownReport) -> list[str]:
         lines += [f"  {p}" for p in report.open_ports]
     return lines
 
+
+
+def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> DownReport:
+    """`down` of a deployment whose state.json is gone or damaged: stop whatever carries its marker.
+
+    Best effort: a process that cleared its environment carries no marker (issue 9: cgroups).
+    """
+    started = time.monotonic()
+    marker = Marker(run_dir.name, str(run_dir.path))
+    roles = sorted(marked_roles(marker))
+    report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace) for role in roles],
+                        marker)
+    note = (f"{run_dir.state_file} is missing or damaged: stopped the processes that carry the deployment's "
+            f"marker (best effort: no ports or process groups to check without the state)")
+    return DownReport(name=run_dir.name, seconds=time.monotonic() - started, stopped=tuple(roles),
+                      killed=tuple(report.killed), survivors=tuple(report.survivors), open_ports=(), notes=(note,))

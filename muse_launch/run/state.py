@@ -11,12 +11,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import yaml
-
+from muse_launch.addresses import connect_host
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
-from muse_launch.addresses import connect_host
 from muse_launch.run.process import ProcessRef, StopTarget
 
 
@@ -174,11 +172,27 @@ def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
     os.replace(tmp, run_dir.state_file)
 
 
+class StateDamaged(RuntimeFailure):
+    """state.json exists but cannot be read back (truncated, edited, from another version)."""
+
+    def __init__(self, run_dir: RunDir, problem: str):
+        self.run_dir = run_dir
+        super().__init__(f"{run_dir.state_file} is damaged ({problem})",
+                         fix=f"`muse-launch down {run_dir.name}` stops what still carries the deployment's marker")
+
+
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
+    """None when there is no state.json; StateDamaged when it cannot be read back."""
     try:
-        return DeploymentRecord.from_json(json.loads(run_dir.state_file.read_text()))
+        text = run_dir.state_file.read_text()
     except FileNotFoundError:
         return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
+    try:
+        return DeploymentRecord.from_json(json.loads(text))
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
 
 
 class DeploymentLock:
@@ -221,32 +235,50 @@ def is_locked(run_dir: RunDir) -> bool:
         os.close(fd)
 
 
-def deployments() -> list[DeploymentRecord]:
+def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRecord]:
+    """Every deployment in the home whose state reads back; those whose state is damaged go to `damaged`
+    (one broken state.json must not hide the others from `ls`, `status` or `down`)."""
     home = state_home()
-    records = [read_state(RunDir(p)) for p in sorted(home.iterdir())] if home.is_dir() else []
+    records = []
+    for path in sorted(home.iterdir()) if home.is_dir() else []:
+        try:
+            records.append(read_state(RunDir(path)))
+        except StateDamaged as exc:
+            if damaged is not None:
+                damaged.append(exc)
     return [r for r in records if r is not None]
 
 
-def running_deployments() -> list[DeploymentRecord]:
-    return [r for r in deployments() if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
+def running_deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRecord]:
+    return [r for r in deployments(damaged)
+            if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
 
 
 def resolve_name(name: str | None) -> RunDir:
     """NAME, a topology FILE (its `name:`), or the one deployment running."""
     if name is None:
         running = running_deployments()
-        if len(running) != 1:
-            which = ", ".join(r.name for r in running) if running else "none is running"
-            raise UsageError(f"give a deployment name ({which})")
+        if not running:
+            raise RuntimeFailure("no deployment is running", fix="`muse-launch up FILE -d` starts one; "
+                                 "`muse-launch ls` lists those running")
+        if len(running) > 1:
+            raise UsageError(f"give a deployment name ({', '.join(r.name for r in running)})")
         return RunDir.of(running[0].name)
     if Path(name).is_file():
         # Only the name: a file that no longer passes its checks must still be stoppable.
-        data = yaml.safe_load(Path(name).read_text())
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(name).read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); give the deployment's name") from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]
+    if not name or "/" in name or name in (".", ".."):
+        raise UsageError(f"{name!r} is neither a deployment name nor a topology file")
     run_dir = RunDir.of(name)
-    if not run_dir.state_file.exists():
+    if not run_dir.state_file.exists() and not run_dir.path.is_dir():  # a run dir that lost its state is still one
         known = ", ".join(r.name for r in deployments()) or "none"
         raise UsageError(f"no deployment named {name!r} (known: {known})")
     return run_dir

@@ -62,9 +62,16 @@ def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
                   environ: Mapping[str, str] | None = None) -> LoadedTopology:
     path = Path(source)
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
         raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as exc:
+        utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise TopologyError([f"{path}:{line}: not UTF-8 text" + (" (it is UTF-16)" if utf16 else
+                             f" (byte {raw[exc.start]:#04x})")], fix="save the file as UTF-8") from None
     return parse_topology(text, path, sets, os.environ if environ is None else environ)
 
 
@@ -90,15 +97,20 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
 
 
 def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     lines: dict[Path_, int] = {(): 1}
     duplicates: list[str] = []
     try:
+        loader = yaml.SafeLoader(text)  # inside: the reader rejects NUL and other control characters here
         node = loader.get_single_node()
         # Before constructing: construction flattens `<<` merges into the nodes in place.
         if node is not None:
             _record_lines(node, (), lines, duplicates, path)
         data = loader.construct_document(node) if node is not None else None
+    except yaml.reader.ReaderError as exc:  # a control character (NUL...): the reader knows only its offset
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise TopologyError([f"{path}:{text.count(chr(10), 0, exc.position) + 1}: not valid YAML: control "
+                             f"character U+{code:04X} is not allowed"]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -107,8 +119,13 @@ def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
         if context and start and (not mark or start.line != mark.line):
             problem += f" ({context} that starts on line {start.line + 1})"
         raise TopologyError([f"{where}: not valid YAML: {problem}"]) from None
+    except RecursionError:
+        raise TopologyError([f"{path}: nested too deeply to be a topology file"]) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise TopologyError([f"{path}: not a topology file: {exc}"]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise TopologyError([f"{path}:1: a topology file is a mapping with version, name, hardware and roles"])
     if duplicates:
@@ -127,6 +144,10 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
         seen: dict[str, int] = {}
         merged: list[yaml.Node] = []
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                duplicates.append(f"{path}:{key_node.start_mark.line + 1}: {dotted(at) or 'top level'}: a key "
+                                  f"must be a plain name, not a list or a mapping")
+                continue
             key = key_node.value
             if key == "<<":
                 merged += value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]

@@ -14,6 +14,7 @@ WORKER_KINDS = ("encoder", "prefill", "decode", "worker")
 WORKER_ENGINES = ("sglang", "vllm")
 ROUTER_ENGINES = ("sglang-router", "smg", "vllm-router")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
 
 
 def _scalar_to_str(value: Any) -> Any:
@@ -145,7 +146,12 @@ class Role(Strict):
             lo, _, hi = part.strip().partition("-")
             if not lo.isdigit() or (hi and not hi.isdigit()):
                 raise ValueError(f"cannot read GPUs {value!r}; write [0, 1, 2, 3] or '0-3'")
-            out.extend(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if last < first:
+                raise ValueError(f"GPU range {part.strip()!r} runs backwards; write '{last}-{first}'")
+            if last - first >= MAX_GPUS_PER_NODE:
+                raise ValueError(f"GPU range {part.strip()!r} spans more than {MAX_GPUS_PER_NODE} GPUs")
+            out.extend(range(first, last + 1))
         return out
 
     @model_validator(mode="after")

@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_run import Ran, muse
 from muse_launch.checks import Severity, run_checks
 from muse_launch.topology.load import parse_topology
 
@@ -24,9 +23,8 @@ EPD = ROOT / "topologies" / "epd-b300.yaml"
 BAD_FILES = sorted(BAD.glob("*.yaml"))
 
 
-def validate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "muse_launch", "validate", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=60)
+def validate(*args: str, env: dict[str, str] | None = None) -> Ran:
+    return muse("validate", *args, env=env, cwd=ROOT)
 
 
 def expectation(path: Path) -> dict:

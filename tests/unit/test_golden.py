@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from cli_run import muse
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.topology.hardware import PROFILES
@@ -181,8 +180,7 @@ def test_topology_names_its_source(path: Path) -> None:
 
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
 def test_topology_validates_strict(path: Path) -> None:
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "validate", str(path), "--strict"],
-                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    run = muse("validate", path, "--strict", env={"PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stdout + run.stderr
 
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_run import muse
 from muse_launch.core import check_file
 from muse_launch.errors import UsageError
 from muse_launch.init import ENGINES, MODES, QUANTS, render_init
@@ -57,15 +56,13 @@ def test_every_combination_validates_or_says_what_works(hardware, mode, engine, 
 def test_each_hardware_has_a_file_that_passes_validate_strict(hardware: str, tmp_path: Path) -> None:
     for mode, engine in itertools.product(("agg", "pd", "epd"), ENGINES):
         out = tmp_path / f"{mode}-{engine}.yaml"
-        made = subprocess.run([sys.executable, "-m", "muse_launch", "init", "--hardware", hardware, "--mode", mode,
-                               "--engine", engine, "-o", str(out)], capture_output=True, text=True)
+        made = muse("init", "--hardware", hardware, "--mode", mode, "--engine", engine, "-o", out)
         if made.returncode == 0:
             break
         assert made.returncode == 2 and "Traceback" not in made.stderr, made.stderr
     else:
         pytest.fail(f"init offers nothing on {hardware}")
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "validate", str(out), "--strict"],
-                         capture_output=True, text=True)
+    run = muse("validate", out, "--strict")
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -105,7 +102,6 @@ def test_unknown_names_are_usage_errors(args, word) -> None:
 
 
 def test_cli_reports_an_unsupported_combination_without_a_traceback() -> None:
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "init", "--hardware", "mi355x", "--mode", "pd",
-                          "--engine", "vllm"], capture_output=True, text=True)
+    run = muse("init", "--hardware", "mi355x", "--mode", "pd", "--engine", "vllm")
     assert run.returncode == 2 and run.stdout == ""
     assert "error: pd with vllm and mxfp4 on mi355x" in run.stderr and "Traceback" not in run.stderr

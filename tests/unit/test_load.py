@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cli_run import Ran, muse
 from muse_launch.errors import TopologyError
 from muse_launch.checks import run_checks
 from muse_launch.topology.load import load_topology, parse_topology
@@ -20,9 +19,8 @@ SECRET_TOKEN = "hf_s3cr3t_T0KEN_4471"
 SECRET_MODEL = "private-org/unreleased-model-9"
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=60)
+def cli(*args: str, env: dict[str, str] | None = None) -> Ran:
+    return muse(*args, env={**os.environ, **(env or {})}, cwd=ROOT)
 
 
 def line_containing(text: str, needle: str, after: str | None = None) -> int:
@@ -277,3 +275,31 @@ def test_set_creates_a_missing_mapping_that_the_schema_then_checks() -> None:
     assert argv["prefill"][argv["prefill"].index("--ready-after") + 1] == "0.3"
     result = cli("validate", str(EPD), "--set", "rehaerse.ready_after=0.3")
     assert result.returncode == 2 and "did you mean 'rehearse'" in result.stderr
+
+
+# ---- files the loader must survive: exit 2 naming file:line, no traceback, no internal error -----------
+
+def _epd_with(tail: bytes) -> bytes:
+    return EPD.read_bytes() + tail
+
+
+EPD_LINES = EPD.read_bytes().count(b"\n")
+
+
+@pytest.mark.parametrize("content, line, says", [
+    (_epd_with("# caf\xe9\n".encode("latin-1")), EPD_LINES + 1, "not UTF-8 text (byte 0xe9)"),
+    (EPD.read_text().encode("utf-16"), 1, "not UTF-8 text (it is UTF-16)"),
+    (_epd_with(b"x: \x00\n"), EPD_LINES + 1, "not valid YAML: control character U+0000 is not allowed"),
+    (_epd_with(b"? [a, b]\n: 1\n"), EPD_LINES + 1, "not valid YAML: found unhashable key"),
+    (b"a: " + b"[" * 20000 + b"]" * 20000 + b"\n", None, "nested too deeply to be a topology file"),
+    (EPD.read_bytes().replace(b"version: 1", b"version: " + b"9" * 5000), None, "not a topology file: Exceeds"),
+    (EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '0-999999999'\n", 1), 16, "spans more than 1024 GPUs"),
+    (EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '3-0'\n", 1), 16, "GPU range '3-0' runs backwards"),
+], ids=["latin-1", "utf-16", "nul", "complex-key", "deep", "5000-digits", "huge-gpu-range", "backwards-range"])
+def test_a_hostile_file_is_a_bad_file(tmp_path: Path, content: bytes, line: int | None, says: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_bytes(content)
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}:{line}: " in result.stderr if line else result.stderr.startswith(f"{path}: "), result.stderr
+    assert says in result.stderr, result.stderr

@@ -6,12 +6,12 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from cli_run import Ran, muse
 from muse_launch.engines.router import RECOVERY_DEFAULTS
 
 from muse_launch.plan.build import build_plan
@@ -27,8 +27,8 @@ def plan_of(text: str) -> Plan:
     return build_plan(parse_topology(textwrap.dedent(text), Path("t.yaml")).topology)
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True)
+def cli(*args: str) -> Ran:
+    return muse(*args)
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -77,8 +77,9 @@ def test_a_second_lock_on_one_name_refuses_naming_the_supervisor(tmp_path, monke
 
 def test_names_resolve_from_a_name_a_file_or_the_one_running(tmp_path, monkeypatch):
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
-    with pytest.raises(UsageError, match="none is running"):
+    with pytest.raises(RuntimeFailure, match="no deployment is running") as none:
         resolve_name(None)
+    assert "muse-launch up" in none.value.fix
     write_state(RunDir.of("demo"), planned_record(PLAN, "demo.yaml", str))
     topology = tmp_path / "demo.yaml"
     topology.write_text("version: 1\nname: demo\nroles: {broken: yes}\n")  # still stoppable by its file

@@ -1,21 +1,21 @@
 """`muse-launch schema` is what an editor validates against: it must accept our files and reject typos."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 
+from cli_run import muse
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "topologies").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
 def schema() -> dict:
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "schema"], capture_output=True, text=True, check=True)
+    run = muse("schema")
+    assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     jsonschema.Draft202012Validator.check_schema(out)
     return out

@@ -45,8 +45,13 @@ def test_health_turns_ready_after_delay(tmp_path):
         first = (await c.get("/health")).status
         gen_first = (await c.get("/health_generate")).status
         chat = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG})
-        await asyncio.sleep(0.35)
-        return first, gen_first, chat.status, (await c.get("/health")).status
+        later = first
+        for _ in range(500):  # poll, no fixed sleep: ready 0.3 s after start, however loaded the host
+            later = (await c.get("/health")).status
+            if later == 200:
+                break
+            await asyncio.sleep(0.01)
+        return first, gen_first, chat.status, later
 
     assert run("sglang", SGL, tmp_path, fn, ready_after=0.3) == (503, 503, 503, 200)
 

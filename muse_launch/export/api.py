@@ -1,0 +1,52 @@
+"""The export pipeline: plan, render, validate, write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import yaml
+
+from .manifests import Manifest, render
+from .names import FLAVOURS
+from .transform import ExportError, ExportPlan, export_plan
+from .validate import Problem, check_dir_problems, check_documents
+
+
+@dataclass(frozen=True)
+class Exported:
+    export: ExportPlan
+    files: tuple[Manifest, ...]
+    problems: tuple[Problem, ...]  # empty: written
+
+
+def build(path: str | Path, flavour: str = "lws", namespace: str = "default", images: Mapping[str, str] = {},
+          sets: Iterable[str] = ()) -> Exported:
+    """Plan, render and validate, writing nothing."""
+    plan = export_plan(path, FLAVOURS[flavour], namespace, sets)
+    files = tuple(render(plan, images))
+    docs = [(f.path, doc) for f in files for doc in yaml.safe_load_all(f.text()) if doc is not None]
+    problems = check_documents(docs, [f.path for f in files])
+    return Exported(plan, files, tuple(problems))
+
+
+def export(path: str | Path, out: Path, flavour: str = "lws", namespace: str = "default",
+           images: Mapping[str, str] = {}, sets: Iterable[str] = ()) -> Exported:
+    """Write the manifests into `out`, unless one fails validation (then nothing is written)."""
+    done = build(path, flavour, namespace, images, sets)
+    if done.problems:
+        return done
+    out.mkdir(parents=True, exist_ok=True)
+    stale = sorted(p.name for p in out.iterdir() if p.suffix in (".yaml", ".yml")) if out.is_dir() else []
+    ours = {f.path for f in done.files}
+    if [s for s in stale if s not in ours]:
+        raise ExportError(f"{out}: holds other manifests ({', '.join(s for s in stale if s not in ours)}); "
+                          f"export into an empty directory or remove them")
+    for f in done.files:
+        (out / f.path).write_text(f.text())
+    return done
+
+
+def check_dir(directory: Path) -> list[Problem]:
+    return check_dir_problems(directory)[0]

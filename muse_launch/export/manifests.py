@@ -1,0 +1,232 @@
+"""Kubernetes objects from an ExportPlan: LeaderWorkerSets (or one RoleBasedGroup), Services,
+the router's Deployment, and a kustomization.yaml listing them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import yaml
+
+from ..plan.spec import ProbeKind
+from ..render_text import image_for
+from ..topology.hardware import PROFILES, Vendor
+from .names import LWS, Names, dns_label
+from .transform import ExportError, ExportPlan, Group, PodCommand
+
+LWS_API = "leaderworkerset.x-k8s.io/v1"
+RBG_API = "workloads.x-k8s.io/v1alpha2"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"  # LWS labels each pod of a set with its name
+GPU_RESOURCE = {Vendor.NVIDIA: "nvidia.com/gpu", Vendor.AMD: "amd.com/gpu"}
+SHM_SIZE = "32Gi"  # as `plan --format docker` gives each container (--shm-size 32g)
+STARTUP_PERIOD = 10  # seconds between start-up probes; the plan's timeout sets how many may fail
+READY_PERIOD = 5
+WORKER_ENGINES = ("sglang", "vllm")
+SINGLE_POD_KINDS = ("router", "command")  # nothing addresses them by pod: a Deployment (LWS flavour)
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # a manifest spells every value out: no &anchors
+        return True
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: str  # file name inside the output directory
+    objects: tuple[dict[str, Any], ...]
+    header: str = ""
+
+    def text(self) -> str:
+        docs = [yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=1 << 16) for o in self.objects]
+        return self.header + "---\n".join(docs)
+
+
+def port_name(key: str) -> str:
+    """A plan port name as a Kubernetes port name (IANA service name: at most 15 characters)."""
+    name = key.replace("_", "-")
+    if len(name) > 15:
+        name = "-".join(p[:4] if p.isalpha() else p for p in name.split("-"))
+    return name[:15].strip("-")
+
+
+def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
+    """`images`: role name -> image, and "" -> an image for every role; else the hardware's."""
+    topology = export.loaded.topology
+    profile = PROFILES[topology.hardware]
+    unknown = sorted(set(images) - {""} - set(topology.roles))
+    if unknown:
+        raise ExportError(f"--image {unknown[0]}=...: no role {unknown[0]!r}; roles: {', '.join(topology.roles)}")
+    missing = []
+    image = {}
+    for group in export.groups:
+        image[group.role] = (images.get(export.origin(group.role)) or images.get("")
+                             or image_for(group.specs[0], profile))
+        if not image[group.role]:
+            missing.append(f"roles.{group.role} ({group.engine})")
+    if missing:
+        raise ExportError(f"no image of the {profile.name} profile ships {', '.join(missing)}: give one with "
+                          f"--image ROLE=IMAGE (or --image IMAGE for every role)")
+    source = export.loaded.source.name
+    header = (f"# {export.plan.name}: exported by `muse-launch export {source} --to {export.names.flavour.name}`."
+              f"\n# Edit the topology and export again; check hand edits with `muse-launch export --check DIR`.\n")
+    if export.names.flavour is LWS:
+        files = [_lws_files(export, g, image[g.role], header) for g in export.groups]
+    else:
+        files = [_rbg_file(export, image, header)]
+    files.append(_kustomization(export, [f.path for f in files]))
+    return files
+
+
+def _labels(names: Names, role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "muse-launch", "app.kubernetes.io/instance": names.deployment,
+            "app.kubernetes.io/component": dns_label(role)}
+
+
+def _meta(names: Names, name: str, role: str | None = None, **annotations: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": names.namespace}
+    meta["labels"] = _labels(names, role) if role else {"app.kubernetes.io/name": "muse-launch",
+                                                        "app.kubernetes.io/instance": names.deployment}
+    if annotations:
+        meta["annotations"] = {f"muse-launch/{k.replace('_', '-')}": v for k, v in annotations.items()}
+    return meta
+
+
+def _annotations(export: ExportPlan, group: Group) -> dict[str, str]:
+    wave = next(i + 1 for i, w in enumerate(export.plan.waves) if group.specs[0].name in w)
+    out = {"wave": str(wave)}
+    if group.depends_on:
+        out["after"] = ",".join(group.depends_on)
+    return out
+
+
+def container(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
+    spec = pod.spec
+    names = export.names
+    profile = PROFILES[export.loaded.topology.hardware]
+    out: dict[str, Any] = {"name": dns_label(group.role), "image": image, "command": list(pod.argv)}
+    env: list[dict[str, Any]] = [{"name": n, "valueFrom": {"secretKeyRef": {"name": names.secret, "key": n}}}
+                                 for n in pod.secrets]
+    env += [{"name": k, "value": v} for k, v in pod.env]
+    if env:
+        out["env"] = env
+    ports = [{"name": port_name(k), "containerPort": p, "protocol": "TCP"} for k, p in spec.ports.items()]
+    if ports:
+        out["ports"] = ports
+    if spec.gpus and profile.vendor in GPU_RESOURCE:
+        out["resources"] = {"limits": {GPU_RESOURCE[profile.vendor]: str(len(spec.gpus))}}
+    out.update(probes(pod))
+    if group.engine in WORKER_ENGINES:
+        out["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    return out
+
+
+def probes(pod: PodCommand) -> dict[str, Any]:
+    """The plan's probe. Its paths must answer in order: the start-up probe polls the first, for as
+    long as the plan's timeout allows; readiness, which Kubernetes polls only once start-up passed,
+    the last."""
+    probe, port = pod.spec.probe, pod.spec.ports.get("http")
+    if port is None or probe.kind not in (ProbeKind.HTTP, ProbeKind.TCP):
+        return {}
+
+    def action(path: str) -> dict[str, Any]:
+        if probe.kind is ProbeKind.HTTP:
+            return {"httpGet": {"path": path, "port": port_name("http")}}
+        return {"tcpSocket": {"port": port_name("http")}}
+
+    first, last = (probe.paths[0], probe.paths[-1]) if probe.paths else ("", "")
+    return {"startupProbe": {**action(first), "periodSeconds": STARTUP_PERIOD,
+                             "failureThreshold": max(1, math.ceil(probe.timeout / STARTUP_PERIOD))},
+            "readinessProbe": {**action(last), "periodSeconds": READY_PERIOD, "failureThreshold": 3}}
+
+
+def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"containers": [container(export, group, pod, image)]}
+    if group.engine in WORKER_ENGINES:
+        out["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
+    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace)
+    return out
+
+
+def _template(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
+    return {"metadata": {"labels": _labels(export.names, group.role)},
+            "spec": pod_spec(export, group, pod, image)}
+
+
+def _service_ports(pod: PodCommand) -> list[dict[str, Any]]:
+    return [{"name": port_name(k), "port": p, "targetPort": p, "protocol": "TCP"} for k, p in pod.spec.ports.items()]
+
+
+def _lws_files(export: ExportPlan, group: Group, image: str, header: str) -> Manifest:
+    names = export.names
+    name = names.workload(group.role)
+    notes = _annotations(export, group)
+    if group.kind in SINGLE_POD_KINDS and group.size == 1:
+        labels = _labels(names, group.role)
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(names, name, group.role, **notes),
+                      "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                               "template": _template(export, group, group.leader, image)}}
+        objects = [deployment]
+        if group.leader.spec.ports:
+            objects.append({"apiVersion": "v1", "kind": "Service",
+                            "metadata": _meta(names, names.entry_service(group.role), group.role),
+                            "spec": {"selector": labels, "ports": _service_ports(group.leader)}})
+        return Manifest(f"{dns_label(group.role)}.yaml", tuple(objects), header)
+    template: dict[str, Any] = {"size": group.size, "restartPolicy": "RecreateGroupOnPodRestart"}
+    if group.worker is None:
+        template["workerTemplate"] = _template(export, group, group.leader, image)
+    else:
+        template["leaderTemplate"] = _template(export, group, group.leader, image)
+        template["workerTemplate"] = _template(export, group, group.worker, image)
+    lws = {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(names, name, group.role, **notes),
+           # LeaderCreated: an engine's leader is ready only once every rank has joined it.
+           "spec": {"replicas": 1, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template}}
+    # The headless Service LWS would create for the set, written out so that its DNS names (the
+    # wiring) and ports are part of the manifests; LWS leaves an existing one alone.
+    service_spec: dict[str, Any] = {"clusterIP": "None", "publishNotReadyAddresses": True,
+                                    "selector": {LWS_NAME_LABEL: name}}
+    ports = _service_ports(group.leader)
+    if ports:
+        service_spec["ports"] = ports
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(names, names.group_service(group.role),
+                                                                       group.role), "spec": service_spec}
+    return Manifest(f"{dns_label(group.role)}.yaml", (lws, service), header)
+
+
+def _rbg_file(export: ExportPlan, image: Mapping[str, str], header: str) -> Manifest:
+    names = export.names
+    roles = []
+    entries = []
+    for group in export.groups:
+        role: dict[str, Any] = {"name": names.workload(group.role), "replicas": 1}
+        if group.depends_on:
+            role["dependencies"] = [names.workload(d) for d in group.depends_on]
+        if group.worker is None:
+            role["standalonePattern"] = {"template": _template(export, group, group.leader, image[group.role])}
+        else:
+            leader = container(export, group, group.leader, image[group.role])
+            role["leaderWorkerPattern"] = {
+                "size": group.size, "restartPolicy": "RecreateRoleInstanceOnPodRestart",
+                "template": _template(export, group, group.worker, image[group.role]),
+                # A strategic merge patch: the leader's container by name, with its own command, ports and probes.
+                "leaderTemplatePatch": {"spec": {"containers": [leader]}}}
+        roles.append(role)
+        if group.kind in SINGLE_POD_KINDS and group.leader.spec.ports:
+            entries.append({"apiVersion": "v1", "kind": "Service",
+                            "metadata": _meta(names, names.entry_service(group.role), group.role),
+                            "spec": {"selector": _labels(names, group.role), "ports": _service_ports(group.leader)}})
+    rbg = {"apiVersion": RBG_API, "kind": "RoleBasedGroup", "metadata": _meta(names, names.deployment),
+           "spec": {"roles": roles}}
+    return Manifest(f"{names.deployment}.yaml", (rbg, *entries), header)
+
+
+def _kustomization(export: ExportPlan, files: list[str]) -> Manifest:
+    names = export.names
+    lines = [f"# {export.plan.name}: `kubectl apply -k .` (namespace {names.namespace}: the wiring's DNS names "
+             f"name it; export again with --namespace to move it)."]
+    if export.secrets:
+        literal = " ".join(f"--from-literal={n}=..." for n in export.secrets)
+        lines.append(f"# First create the Secret it reads (never written here):")
+        lines.append(f"#   kubectl -n {names.namespace} create secret generic {names.secret} {literal}")
+    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": files}
+    return Manifest("kustomization.yaml", (kustomization,), "\n".join(lines) + "\n")

@@ -1,0 +1,309 @@
+"""`export`: manifests from every topology validate in both flavours (or are refused with a reason),
+match the golden ones, and `export --check` reports hand edits by file, object and field path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from muse_launch.export import ExportError, build, check_dir, export
+from muse_launch.export.expand import expand
+from muse_launch.export.names import LWS
+from muse_launch.export.transform import export_plan
+
+pytestmark = pytest.mark.export
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
+GOLDEN = ROOT / "tests" / "data" / "golden" / "k8s"
+GOLDENS = [("epd-b300", "lws"), ("h200-bf16-2node", "lws"), ("pd-b300-low-latency", "rbg")]
+UPDATE = os.environ.get("MUSE_LAUNCH_UPDATE_GOLDEN") == "1"  # regenerate the golden manifests
+
+
+def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("flavour", ["lws", "rbg"])
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=[p.stem for p in TOPOLOGIES])
+def test_every_topology_exports_and_validates(path: Path, flavour: str):
+    try:
+        done = build(path, flavour)
+    except ExportError as exc:  # refused: with the reason and the way out
+        assert "--image" in str(exc), exc
+        done = build(path, flavour, images={"router": "example.org/router:1"})
+    assert not done.problems, [str(p) for p in done.problems]
+    kinds = [o["kind"] for f in done.files for o in f.objects]
+    assert kinds.count("Kustomization") == 1
+    assert (kinds.count("RoleBasedGroup") == 1) if flavour == "rbg" else ("LeaderWorkerSet" in kinds)
+
+
+@pytest.mark.parametrize("name,flavour", GOLDENS, ids=[f"{n}-{f}" for n, f in GOLDENS])
+def test_golden_manifests(name: str, flavour: str, tmp_path: Path):
+    out = tmp_path / "out"
+    done = cli("export", f"topologies/{name}.yaml", "--to", flavour, "-o", out)
+    assert done.returncode == 0, done.stderr
+    golden = GOLDEN / f"{name}-{flavour}"
+    if UPDATE:
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(out, golden)
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in golden.iterdir())
+    for path in golden.iterdir():
+        assert (out / path.name).read_text() == path.read_text(), f"{path} differs; if intended, regenerate with " \
+            f"MUSE_LAUNCH_UPDATE_GOLDEN=1"
+    assert check_dir(golden) == []
+    # The core objects pass kubernetes-validate's own command too (it has no schema for the CRDs: ours check those).
+    tool = Path(sys.executable).parent / "kubernetes-validate"
+    done = subprocess.run([tool, "--strict", "-k", "1.33.0", *sorted(golden.iterdir())], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "passed for resource service/" in done.stdout, done.stdout + done.stderr
+
+
+def _objects(done, kind: str) -> list[dict]:
+    return [o for f in done.files for o in f.objects if o["kind"] == kind]
+
+
+def test_lws_multi_node_group_uses_lws_variables():
+    done = build(ROOT / "topologies/h200-bf16-2node.yaml", "lws")
+    (lws,) = _objects(done, "LeaderWorkerSet")
+    template = lws["spec"]["leaderWorkerTemplate"]
+    assert template["size"] == 2
+    for which in ("leaderTemplate", "workerTemplate"):
+        command = " ".join(template[which]["spec"]["containers"][0]["command"])
+        assert "--dist-init-addr $(LWS_LEADER_ADDRESS):20000" in command
+        assert "--nnodes $(LWS_GROUP_SIZE) --node-rank $(LWS_WORKER_INDEX)" in command
+    leader = template["leaderTemplate"]["spec"]["containers"][0]
+    assert leader["resources"] == {"limits": {"nvidia.com/gpu": "8"}}
+    assert leader["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert "readinessProbe" in leader and "startupProbe" in leader
+    assert "CUDA_VISIBLE_DEVICES" not in str(leader)  # the device plugin picks a pod's GPUs
+    (service,) = _objects(done, "Service")
+    assert service["spec"]["clusterIP"] == "None" and service["metadata"]["name"] == lws["metadata"]["name"]
+
+
+def test_wiring_goes_through_dns_names_and_router_probe_is_readiness():
+    done = build(ROOT / "topologies/epd-b300.yaml", "lws", namespace="serving")
+    (router,) = _objects(done, "Deployment")
+    container = router["spec"]["template"]["spec"]["containers"][0]
+    command = container["command"]
+    assert command[command.index("--prefill") + 1:command.index("--prefill") + 3] == \
+        ["http://epd-b300-prefill-0.epd-b300-prefill.serving:30001", "8998"]
+    assert command[command.index("--decode") + 1] == "http://epd-b300-decode-0.epd-b300-decode.serving:30002"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert container["image"] == "lmsysorg/sglang:dev-muse-spark-open"
+    prefill = next(o for o in _objects(done, "LeaderWorkerSet") if o["metadata"]["name"] == "epd-b300-prefill")
+    args = prefill["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--encoder-urls") + 1] == "http://epd-b300-encoder-0.epd-b300-encoder.serving:30010"
+    assert all(o["metadata"]["namespace"] == "serving" for f in done.files for o in f.objects if "metadata" in o)
+
+
+def test_rbg_roles_and_dependencies_mirror_the_waves():
+    done = build(ROOT / "topologies/epd-b300.yaml", "rbg")
+    (rbg,) = _objects(done, "RoleBasedGroup")
+    roles = {r["name"]: r.get("dependencies", []) for r in rbg["spec"]["roles"]}
+    assert roles == {"encoder": [], "prefill": ["encoder"], "decode": ["encoder"], "router": ["prefill", "decode"]}
+
+
+def test_amd_gpus_are_amd_resources():
+    done = build(ROOT / "topologies/mi355x-mxfp4.yaml", "lws")
+    limits = [c.get("resources", {}).get("limits", {}) for o in _objects(done, "LeaderWorkerSet")
+              for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
+    assert any("amd.com/gpu" in l for l in limits) and not any("nvidia.com/gpu" in l for l in limits)
+
+
+def test_secrets_are_references_never_values(tmp_path: Path):
+    env = {"HF_TOKEN": "hf-very-secret", "MODEL_ALIAS": "alias-secret"}
+    out = tmp_path / "out"
+    done = cli("export", "tests/data/export/pd-secrets.yaml", "-o", out, "--image", "example.org/muse:1", env=env)
+    assert done.returncode == 0, done.stderr
+    text = "".join(p.read_text() for p in out.iterdir())
+    assert "hf-very-secret" not in text and "alias-secret" not in text
+    assert "secretKeyRef" in text and "muse-$(MODEL_ALIAS)" in text
+    assert "create secret generic pd-secrets-secrets" in done.stdout
+    # Exporting needs no secret at all: the manifests only name them.
+    assert cli("export", "tests/data/export/pd-secrets.yaml", "-o", tmp_path / "again", "--image", "x/y:1",
+               env={"HF_TOKEN": "", "MODEL_ALIAS": ""}).returncode == 0
+
+
+def test_literal_dollar_parens_are_escaped(tmp_path: Path):
+    path = tmp_path / "t.yaml"
+    path.write_text((ROOT / "topologies/epd-b300.yaml").read_text().replace(
+        "args: [--quantization, modelopt_fp4]", "args: [--quantization, modelopt_fp4, --chat-template, 'a$(b)']"))
+    done = build(path, "lws")
+    command = _objects(done, "LeaderWorkerSet")[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"][
+        "containers"][0]["command"]
+    assert "a$$(b)" in command and expand("a$$(b)", {"b": "x"}) == "a$(b)"
+
+
+def test_kubelet_expansion():
+    defined = {"A": "1", "B": "two"}
+    assert expand("$(A)-$(B)", defined) == "1-two"
+    assert expand("$(C)", defined) == "$(C)"  # undefined: left as written
+    assert expand("$$(A)", defined) == "$(A)"
+    assert expand("a$b", defined) == "a$b" and expand("$(A", defined) == "$(A"
+
+
+def test_three_nodes_share_one_worker_template(tmp_path: Path):
+    path = tmp_path / "t.yaml"
+    text = (ROOT / "topologies/h200-bf16-2node.yaml").read_text()
+    text = text.replace("  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}")
+    path.write_text(text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]").replace("tp: 16", "tp: 24").replace("ep: 16", "ep: 24"))
+    plan = export_plan(path, LWS, "default")
+    (group,) = plan.groups
+    assert group.size == 3 and "$(LWS_WORKER_INDEX)" in group.worker.argv
+
+
+def test_refuses_what_one_worker_template_cannot_say(tmp_path: Path):
+    path = tmp_path / "t.yaml"
+    text = (ROOT / "topologies/vllm-multinode-dep-b200.yaml").read_text()
+    text = text.replace("  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}")
+    path.write_text(text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]").replace("dp: 16", "dp: 24")
+                    .replace("ep: 16", "ep: 24"))
+    with pytest.raises(ExportError, match="one template"):
+        export_plan(path, LWS, "default")
+
+
+def test_replicas_become_one_group_each():
+    path = ROOT / "tests/data/export/pd-replicas.yaml"
+    done = build(path, "lws", images={"": "example.org/muse:1"})
+    assert not done.problems, done.problems
+    names = [o["metadata"]["name"] for o in _objects(done, "LeaderWorkerSet")]
+    assert names == ["pd-replicas-prefill-0", "pd-replicas-prefill-1", "pd-replicas-decode"]
+    (router,) = _objects(done, "Deployment")
+    command = router["spec"]["template"]["spec"]["containers"][0]["command"]
+    prefills = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--prefill"]
+    assert prefills == [["http://pd-replicas-prefill-0-0.pd-replicas-prefill-0.default:31001", "8998"],
+                        ["http://pd-replicas-prefill-1-0.pd-replicas-prefill-1.default:31002", "8999"]]
+    images = [c["image"] for o in _objects(build(path, "lws", images={"prefill": "p:1", "": "x:1"}), "LeaderWorkerSet")
+              for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
+    assert images == ["p:1", "p:1", "x:1"]
+    with pytest.raises(ExportError, match="no role 'prefil'"):
+        build(path, "lws", images={"prefil": "p:1", "": "x:1"})
+    rbg = build(path, "rbg", images={"": "example.org/muse:1"})
+    (group,) = _objects(rbg, "RoleBasedGroup")
+    assert [r.get("dependencies", []) for r in group["spec"]["roles"]][-1] == ["prefill-0", "prefill-1", "decode"]
+
+
+def test_export_refuses_to_write_invalid_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import muse_launch.export as export_module
+    from muse_launch.export import manifests
+
+    real = manifests.container
+
+    def broken(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out["stdin"] = "yes"
+        out["gpuCount"] = 1
+        return out
+
+    monkeypatch.setattr(manifests, "container", broken)
+    done = export_module.export(ROOT / "topologies/epd-b300.yaml", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    messages = [str(p) for p in done.problems]
+    assert any(m.startswith("encoder.yaml: LeaderWorkerSet/epd-b300-encoder: "
+                            "spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]: ") and "gpuCount" in m
+               for m in messages), messages
+    assert any(m.endswith("containers[0].stdin: 'yes' is not of type 'boolean'") for m in messages), messages
+
+
+def _edit(path: Path, change) -> None:
+    docs = list(yaml.safe_load_all(path.read_text()))
+    change(docs)
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+
+
+def test_check_reports_hand_edits_by_file_object_and_path(tmp_path: Path):
+    out = tmp_path / "m"
+    assert cli("export", "topologies/h200-bf16-2node.yaml", "-o", out).returncode == 0
+    ok = cli("export", "--check", out)
+    assert ok.returncode == 0 and "ok" in ok.stdout
+
+    def edits(docs):
+        lws, service = docs
+        lws["spec"]["leaderWorkerTemplate"]["size"] = "2"
+        lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["gpus"] = 8
+        lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1]["name"] = \
+            "distributed-init-port"
+        service["spec"]["ports"][0]["port"] = "http"
+
+    _edit(out / "server.yaml", edits)
+    (out / "extra.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: Bad_Name}\n")
+    bad = cli("export", "--check", out)
+    assert bad.returncode == 1, bad.stderr
+    lines = bad.stderr.splitlines()
+    where = f"{out}/server.yaml: LeaderWorkerSet/h200-bf16-2node-server: spec.leaderWorkerTemplate."
+    assert f"{where}size: '2' is not of type 'integer'" in lines, lines
+    assert any(l.startswith(f"{where}workerTemplate.spec.containers[0]: ") and "'gpus' was unexpected" in l
+               for l in lines), lines
+    assert f"{out}/server.yaml: Service/h200-bf16-2node-server: spec.ports[0].port: 'http' is not of type " \
+           f"'integer'" in lines, lines
+    assert any(l.startswith(f"{out}/kustomization.yaml: Kustomization: resources: extra.yaml is not listed")
+               for l in lines), lines
+    assert "Traceback" not in bad.stderr
+
+
+def test_check_port_names_and_names_the_api_server_would_refuse(tmp_path: Path):
+    out = tmp_path / "m"
+    assert cli("export", "topologies/h200-bf16-2node.yaml", "-o", out).returncode == 0
+
+    def edits(docs):
+        docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1]["name"] = \
+            "distributed-init-port"
+        docs[1]["metadata"]["name"] = "9server"
+
+    _edit(out / "server.yaml", edits)
+    (out / "router.yaml").write_text("""apiVersion: apps/v1
+kind: Deployment
+metadata: {name: router}
+spec:
+  selector: {matchLabels: {app: router}}
+  template:
+    metadata: {labels: {app: other}}
+    spec: {containers: [{name: router, image: x}]}
+""")
+    _edit(out / "kustomization.yaml", lambda docs: docs[0]["resources"].append("router.yaml"))
+    lines = cli("export", "--check", out).stderr.splitlines()
+    assert any(l.endswith("router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
+                          "spec.template.metadata.labels") for l in lines), lines
+    assert any("leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in l
+               for l in lines), lines
+    assert any("Service/9server: metadata.name: '9server' is not a DNS-1035 label" in l for l in lines), lines
+
+
+def test_check_bad_yaml_and_usage_exit_2(tmp_path: Path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "kustomization.yaml").write_text("resources: [a.yaml\n")
+    bad = cli("export", "--check", out)
+    assert bad.returncode == 2 and "not valid YAML" in bad.stderr and "Traceback" not in bad.stderr
+    for argv in (["export"], ["export", "--check", tmp_path / "none"], ["export", "topologies/epd-b300.yaml"],
+                 ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--to", "helm"],
+                 ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--namespace", "Not_A_Label"],
+                 ["export", tmp_path / "missing.yaml", "-o", tmp_path / "x"]):
+        done = cli(*argv)
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert "Traceback" not in done.stderr and done.stderr.strip(), argv
+
+
+def test_export_into_a_directory_of_other_manifests_is_refused(tmp_path: Path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "mine.yaml").write_text("kind: Other\n")
+    with pytest.raises(ExportError, match="mine.yaml"):
+        export(ROOT / "topologies/epd-b300.yaml", out)
+
+
+@pytest.mark.parametrize("name,code", [("dangling-reference", 1), ("dependency-cycle", 1), ("bad-gpus-string", 2),
+                                       ("duplicate-key", 2)])
+def test_a_topology_that_fails_its_checks_is_not_exported(name: str, code: int, tmp_path: Path):
+    done = cli("export", f"tests/data/bad/{name}.yaml", "-o", tmp_path / "out")
+    assert done.returncode == code, done.stderr
+    assert f"tests/data/bad/{name}.yaml:" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
