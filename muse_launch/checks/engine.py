@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
