@@ -39,6 +39,7 @@ class PlanFormat(str, Enum):
     json = "json"
     shell = "shell"
     docker = "docker"
+    sbatch = "sbatch"
 
 
 @app.command()
@@ -87,7 +88,7 @@ def validate(
 @app.command()
 def plan(
     file: Path = typer.Argument(..., help="topology file"),
-    fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker"),
+    fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch"),
     rehearse: bool = typer.Option(False, "--rehearse", help="the plan `up --rehearse` would run"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
@@ -110,10 +111,17 @@ def plan(
         PlanFormat.json: lambda p, r, t: json.dumps(p.to_dict(r), indent=2),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
+        PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
     }
     head, _, rest = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology).partition("\n")
     comment = "# " if fmt is PlanFormat.shell else ""
     typer.echo(f"{head}\n{comment}{installed}\n{rest}" if installed else f"{head}\n{rest}")
+
+
+def _sbatch_script(plan, topology, rehearse: bool, sets: list[str]) -> str:
+    from .slurm.up import sbatch_script
+
+    return sbatch_script(plan, topology, rehearse, sets)
 
 
 @app.command()

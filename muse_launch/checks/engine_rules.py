@@ -27,8 +27,11 @@ def engine_choices(ctx: CheckContext) -> Iterator[Finding]:
     """Values SGLang 0.5.23 and vLLM 0.33 accept for the disaggregation options."""
     for spec in roles(ctx):
         if spec.engine == vllm.NAME:
-            connector = (vllm.kv_transfer_config(spec.args) or {}).get("kv_connector")
-            if connector is not None and connector not in vllm.KNOWN_CONNECTORS:
+            config = vllm.kv_transfer_config(spec.args) or {}
+            connector = config.get("kv_connector")
+            # A connector of one's own comes with the module that registers it, as vLLM allows.
+            if connector is not None and connector not in vllm.KNOWN_CONNECTORS \
+                    and not config.get(vllm.CONNECTOR_MODULE_PATH):
                 yield error(origin(ctx, spec, vllm.KV_TRANSFER_CONFIG, "transfer_backend"), f"vLLM has no KV "
                             f"connector {connector}", f"use transfer_backend {', '.join(vllm.CONNECTORS)}",
                             spec.role)

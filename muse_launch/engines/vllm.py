@@ -37,6 +37,7 @@ KNOWN_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector", "
                     "LMCacheConnectorV1", "LMCacheMPConnector", "MultiConnector", "OffloadingConnector",
                     "SimpleCPUOffloadConnector", "DecodeBenchConnector", "HiSparseConnector", "MoRIIOConnector",
                     "FlexKVConnectorV1", "HF3FSKVConnector")
+CONNECTOR_MODULE_PATH = "kv_connector_module_path"  # a connector class outside vLLM, and its module
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 NIXL_SIDE_CHANNEL_BASE = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
 MOONCAKE_BOOTSTRAP_BASE = 8998  # vLLM's VLLM_MOONCAKE_BOOTSTRAP_PORT default

@@ -58,6 +58,11 @@ def up(
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
                                       "the installed engine's own parser first (not with --rehearse)"),
+    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
+    partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
+    account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
+    time_limit: Optional[str] = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
+    sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.checks import engine as engine_check_
@@ -74,6 +79,12 @@ def up(
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
     if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
+    if on is not None:
+        from muse_launch.slurm.commands import up_on
+
+        raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
+                               sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
+                               sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
@@ -101,12 +112,14 @@ def down(
     from muse_launch.run.down import bring_down, bring_down_without_state, format_report
     from muse_launch.run.state import read_state
 
+    from muse_launch.slurm.commands import down_any
+
     run_dir = resolve_name(name)
     try:
         whole = read_state(run_dir) is not None
     except StateDamaged:
         whole = False
-    report = bring_down(run_dir, grace) if whole else bring_down_without_state(run_dir, grace)
+    report = down_any(run_dir, grace, bring_down if whole else bring_down_without_state)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
@@ -128,12 +141,15 @@ def status(
 
     from muse_launch.host.versions import deployment_versions
     from muse_launch.run.status import health_now, observed, status_json, status_table
+    from muse_launch.slurm.commands import slurm_status
 
     run_dir, first = _deployment(name)
     console = _console()
     versions = deployment_versions(first.roles)  # engine -> installed release, read once
     with httpx.Client() as client:
         def render() -> str | Table:
+            if slurm := slurm_status(run_dir, client, as_json, watch):
+                return slurm
             record = observed(_deployment(run_dir.name)[1])
             health = health_now(record, run_dir, client)
             if as_json:  # --watch: JSON lines
@@ -230,8 +246,10 @@ def ls() -> None:
     if not running and not damaged:
         typer.echo("no deployment is running")
         return
+    from muse_launch.slurm.commands import observed_any
+
     table = Table("name", "state", "roles", "supervisor", "file")
-    for record in map(observed, running):
+    for record in (observed_any(r, observed) for r in running):
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)

@@ -78,6 +78,9 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     run_dir = RunDir.of(plan.name)
     lock = DeploymentLock(run_dir)
     try:
+        from muse_launch.slurm.commands import leave_slurm
+
+        leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         marker = Marker(plan.name, str(run_dir.path))
         if leftovers := marked_processes(marker):
             raise RuntimeFailure(

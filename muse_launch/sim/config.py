@@ -242,7 +242,7 @@ def parse_sglang(argv: list[str]) -> SimConfig:
     ns, rest = p.parse_known_args(argv)
     if not ns.model_path:
         raise ArgvError("sglang serve: error: the following arguments are required: "
-                        "--model-path")
+                        f"{SGLANG_FLAGS['model'][0]}")
     served = ns.served_model_name or ns.model_path
     return SimConfig(
         engine="sglang", argv=list(argv), model=ns.model_path, served_model_names=[served],
@@ -301,7 +301,8 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     ns, rest = p.parse_known_args(args)
     model = ns.model or positional_model
     if ns.model and positional_model and ns.model != positional_model:
-        raise ArgvError("vllm serve: error: model given both positionally and with --model")
+        raise ArgvError(f"vllm serve: error: model given both positionally and with "
+                        f"{VLLM_FLAGS['model'][0]}")
     if not model:
         model = "Qwen/Qwen3-0.6B"  # vLLM's own default model
     kvc = None
@@ -309,10 +310,10 @@ def parse_vllm(argv: list[str]) -> SimConfig:
         try:
             kvc = json.loads(ns.kv_transfer_config)
         except json.JSONDecodeError as e:
-            raise ArgvError(f"vllm serve: error: argument --kv-transfer-config: invalid "
+            raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: invalid "
                             f"JSON ({e})") from None
         if not isinstance(kvc, dict):
-            raise ArgvError("vllm serve: error: argument --kv-transfer-config: expected a "
+            raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: expected a "
                             "JSON object")
     max_len = DEFAULT_CONTEXT_LENGTH
     if ns.max_model_len:
@@ -332,8 +333,8 @@ def parse_vllm(argv: list[str]) -> SimConfig:
         # DP ranks over several nodes (or API servers): they rendezvous with the head (start
         # rank 0) at --data-parallel-address:--data-parallel-rpc-port, as vLLM's DP coordinator.
         if ns.dp_size % local:
-            raise ArgvError(f"vllm serve: error: --data-parallel-size {ns.dp_size} is not a "
-                            f"multiple of --data-parallel-size-local {local}")
+            raise ArgvError(f"vllm serve: error: {VLLM_FLAGS['dp'][0]} {ns.dp_size} is not a "
+                            f"multiple of {vllm.DP_SIZE_LOCAL} {local}")
         nnodes, node_rank = ns.dp_size // local, ns.dp_start_rank // local
         dist = f"{ns.dp_address or '127.0.0.1'}:{ns.dp_rpc_port}"
     return SimConfig(
@@ -363,18 +364,18 @@ def startup_errors(cfg: SimConfig) -> list[str]:
     errs: list[str] = []
     if cfg.engine == "sglang":
         if cfg.encoder_only and cfg.language_only:
-            errs.append("--encoder-only and --language-only cannot be used together")
+            errs.append(f"{sgl.ENCODER_ONLY} and {sgl.LANGUAGE_ONLY} cannot be used together")
         if cfg.encoder_only and cfg.disaggregation_mode in ("prefill", "decode"):
-            errs.append("--encoder-only cannot be combined with --disaggregation-mode "
+            errs.append(f"{sgl.ENCODER_ONLY} cannot be combined with {sgl.DISAGGREGATION_MODE} "
                         f"{cfg.disaggregation_mode}")
         if cfg.encoder_urls and not cfg.language_only:
-            errs.append("--encoder-urls requires --language-only")
+            errs.append(f"{sgl.ENCODER_URLS} requires {sgl.LANGUAGE_ONLY}")
         if cfg.encoder_register_urls and not cfg.encoder_only:
-            errs.append("--encoder-register-urls requires --encoder-only")
+            errs.append(f"{sgl.ENCODER_REGISTER_URLS} requires {sgl.ENCODER_ONLY}")
         if cfg.nnodes > 1 and not cfg.dist_init_addr:
-            errs.append("--dist-init-addr is required when --nnodes > 1")
+            errs.append(f"{sgl.DIST_INIT_ADDR} is required when {sgl.NNODES} > 1")
         if not 0 <= cfg.node_rank < max(cfg.nnodes, 1):
-            errs.append(f"--node-rank {cfg.node_rank} out of range for --nnodes {cfg.nnodes}")
+            errs.append(f"{sgl.NODE_RANK} {cfg.node_rank} out of range for {sgl.NNODES} {cfg.nnodes}")
     else:
         kvc = cfg.kv_transfer_config
         if kvc is not None:
@@ -386,11 +387,11 @@ def startup_errors(cfg: SimConfig) -> list[str]:
                                                              "kv_both"):
                 errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
                             "['kv_producer', 'kv_consumer', 'kv_both']")
-            if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get("kv_connector_module_path"):
+            if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get(vllm.CONNECTOR_MODULE_PATH):
                 errs.append(f"Unsupported connector type: {conn}")
         if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
-            errs.append("When `--enable-auto-tool-choice` is set, `--tool-call-parser` "
+            errs.append(f"When `--enable-auto-tool-choice` is set, `{vllm.TOOL_CALL_PARSER}` "
                         "must be set as well")
         if not 0 <= cfg.node_rank < max(cfg.nnodes, 1):
-            errs.append(f"--node-rank {cfg.node_rank} out of range for --nnodes {cfg.nnodes}")
+            errs.append(f"{vllm.NODE_RANK} {cfg.node_rank} out of range for {vllm.NNODES} {cfg.nnodes}")
     return errs

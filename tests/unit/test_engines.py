@@ -96,3 +96,22 @@ def test_rehearsal_plan_is_checked_again(tmp_path: Path):
     findings = recheck_placement(topology, moved)
     assert [f.message for f in findings] == [
         "server@node1 binds HTTP port 8000, already the HTTP port of server@node0 on this host"]
+
+
+def test_a_connector_of_ones_own_passes_with_its_module_path(tmp_path: Path):
+    """vLLM loads a connector it does not know from kv_connector_module_path; the checks let it through,
+    and still refuse an unknown name given without one."""
+    from muse_launch.checks import run_checks
+
+    base = (REPO / "topologies" / "vllm-pd-b200.yaml").read_text()
+    findings = {}
+    for case, extra in (("module", '{"kv_connector_module_path": "my_pkg.kv"}'), ("bare", "{}")):
+        path = tmp_path / f"{case}.yaml"
+        path.write_text(base)
+        loaded = load_topology(path, [f"roles.prefill.kv_transfer_config={extra}",
+                                      f"roles.decode.kv_transfer_config={extra}",
+                                      "roles.prefill.transfer_backend=MyConnector",
+                                      "roles.decode.transfer_backend=MyConnector"])
+        findings[case] = [f.message for f in run_checks(loaded)[0] if "KV connector" in f.message]
+    assert findings["module"] == []
+    assert findings["bare"] and all("vLLM has no KV connector MyConnector" in m for m in findings["bare"])

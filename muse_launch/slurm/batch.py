@@ -1,0 +1,164 @@
+"""On the batch host, inside the allocation: re-plan the checked topology with the allocated
+nodes' addresses, check it again, then run the same Supervisor as on one host (waves, probes,
+fail-fast, restart) with each role instance a job step on its node.
+
+    python -m muse_launch.slurm.batch --run-dir DIR [--rehearse] [--fail-fast] [--set K=V ...] TOPOLOGY
+
+Talks to `up`, `status` and `down` through the run directory: state.json (as on one host),
+slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks) and slurm/done (the
+supervisor finished: it stopped what it started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import psutil
+
+from muse_launch.addresses import is_wildcard
+from muse_launch.checks import Severity, recheck_placement
+from muse_launch.core import load_plan
+from muse_launch.errors import UserError
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.process import Marker, ProcessRef
+from muse_launch.run.state import DeploymentRecord, RunDir, now_iso, planned_record, write_state
+from muse_launch.run.supervisor import Outcome, Supervisor
+
+from . import cluster
+from .files import HEARTBEAT_SECONDS, SlurmFiles
+from .placement import AllocatedNode, allocated_plan, placement
+from .processes import SlurmProcesses, cpu_shares, shared_gpus
+
+REQUEST_POLL = 0.2
+
+
+def allocation_nodes() -> list[AllocatedNode]:
+    return [AllocatedNode(n, cluster.node_address(n)) for n in cluster.hostnames(os.environ["SLURM_JOB_NODELIST"])]
+
+
+def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
+    """A role listening on every interface is probed at its node's address, not at loopback."""
+    hosts = {s.name: s.host for s in plan.specs}
+    return replace(record, roles=tuple(
+        replace(r, probe_host=hosts[r.name] if is_wildcard(plan.spec(r.name).bind) else r.probe_host)
+        for r in record.roles))
+
+
+def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict) -> None:
+    """Heartbeat for `status`/`down`, and `down`'s request to stop (its --grace goes in `asked`: the
+    record is the supervisor loop's to change)."""
+    last_beat = 0.0
+    while not stopping.is_set():
+        if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+            files.heartbeat.write_text(f"{time.time():.3f}\n")
+            last_beat = time.monotonic()
+        request = files.read_json(files.down_request)
+        if request is not None and not sup.stop_requested.is_set():
+            grace = request.get("grace")
+            asked["grace"] = grace
+            print(f"muse-launch: `down` asked to stop (grace {grace if grace is not None else 'per role'})",
+                  flush=True)
+            sup.request_stop()
+        time.sleep(REQUEST_POLL)
+
+
+def run(args: argparse.Namespace, stopped: dict) -> int:
+    """Returns the exit code; `stopped` gets what stopping the roles had to SIGKILL, for `down`."""
+    run_dir = RunDir(Path(args.run_dir))
+    files = SlurmFiles(run_dir)
+    job_id = os.environ["SLURM_JOB_ID"]
+    allocation = allocation_nodes()
+    checked = load_plan(args.topology, args.set)  # the same checks as at submission
+    topology = checked.loaded.topology
+    plan = allocated_plan(checked.plan, topology, allocation, args.rehearse, sys.executable)
+    findings = recheck_placement(topology, plan)
+    for f in findings:
+        print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)
+    if any(f.severity is Severity.ERROR for f in findings):
+        print("muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
+              flush=True)
+        return 1
+    where = placement(checked.plan, topology, allocation)
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
+    files.write_json(files.placement, {
+        "job_id": job_id, "batch_host": allocation[0].name, "started_at": time.time(),
+        "nodes": [{"name": n.name, "address": n.address} for n in allocation],
+        "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
+    })
+    loaded = checked.loaded
+    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
+    record = replace(reached_at(planned_record(plan, source, loaded.redact), plan), supervisor=me)
+    processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
+                               cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
+    stopping = threading.Event()
+    with httpx.Client() as client:
+        sup = Supervisor(plan, record, run_dir, processes, client, on_change=lambda r: write_state(run_dir, r))
+        write_state(run_dir, record)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda *_: sup.request_stop())
+        asked: dict = {}
+        watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked), daemon=True)
+        watcher.start()
+        try:
+            outcome = sup.start()
+            if outcome is Outcome.READY:
+                ready = [r for r in sup.record.roles if r.kind == "router"] or [sup.record.roles[-1]]
+                print(f"muse-launch: {plan.name} ready at {now_iso(time.time())}: "
+                      f"{', '.join(r.url for r in ready if r.url)}", flush=True)
+                outcome = sup.supervise(args.fail_fast)
+            if outcome is Outcome.FAILED:
+                failed = sup.record.role(sup.failed_role) if sup.failed_role else None
+                print(f"muse-launch: role {failed.name if failed else '?'} failed: "
+                      f"{failed.reason if failed else ''}; stopping everything", flush=True)
+            if asked.get("grace") is not None:  # `down --grace S`
+                grace = float(asked["grace"])
+                sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))
+            report = sup.stop()
+            stopped["killed"], stopped["survivors"] = list(report.killed), list(report.survivors)
+            for line in report.killed:
+                print(f"muse-launch: had to SIGKILL {line}", flush=True)
+            for line in report.survivors:
+                print(f"muse-launch: still there after SIGKILL: {line}", flush=True)
+            sup.sign_off()
+        finally:
+            stopping.set()
+            files.heartbeat.unlink(missing_ok=True)
+    print(f"muse-launch: {plan.name} stopped", flush=True)
+    failed = any(r.state is RoleState.FAILED for r in sup.record.roles)
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="muse_launch.slurm.batch")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--rehearse", action="store_true")
+    parser.add_argument("--fail-fast", action="store_true")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("topology")
+    args = parser.parse_args(argv)
+    files = SlurmFiles(RunDir(Path(args.run_dir)))
+    code = 1
+    stopped: dict = {}
+    try:
+        code = run(args, stopped)
+    except UserError as exc:  # the file no longer loads or passes its checks
+        print(f"muse-launch: {exc}", flush=True)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        files.write_json(files.done, {"exit": code, "at": time.time(), **stopped})
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

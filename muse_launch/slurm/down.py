@@ -1,0 +1,100 @@
+"""`down NAME` of a SLURM deployment: from any host that shares the run directory.
+
+With the batch supervisor alive, `down` asks it (slurm/down-request) to stop the roles in reverse
+waves, as it would on Ctrl-C, and waits for it to finish. Without it (killed; the batch script
+then keeps the allocation), `down` stops each wave's steps itself through scancel. Either way it
+then cancels the job and returns once SLURM lists no job or step of it, and no process of it is
+left on this host; the state file ends with every role stopped.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import replace
+
+from muse_launch.errors import RuntimeFailure
+from muse_launch.run.down import DownReport
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.process import Marker, StopTarget, describe, marked_processes, stop_roles
+from muse_launch.run.state import RunDir, read_state, write_state
+
+from . import cluster
+from .files import SlurmFiles
+from .processes import stop_steps
+
+SUPERVISOR_ACK_SECONDS = 5.0
+JOB_GONE_SECONDS = 60.0
+BATCH_EXIT_SECONDS = 5.0
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=0.3).close()
+        return True
+    except OSError:
+        return False
+
+
+def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
+    started = time.monotonic()
+    files = SlurmFiles(run_dir)
+    record = initial = read_state(run_dir)
+    job_id = files.job_id()
+    if record is None or job_id is None:
+        raise RuntimeFailure(f"{run_dir.path}: no SLURM job recorded; nothing to stop")
+    files.write_json(files.job, {**(files.read_json(files.job) or {}), "down_at": time.time()})
+    notes: list[str] = []
+    killed: list[str] = []
+    survivors: list[str] = []
+    job = cluster.job(job_id)
+    had_steps = cluster.steps(job_id)
+    if job.active and files.supervisor_alive() and not files.done.exists():
+        files.write_json(files.down_request, {"grace": grace, "at": time.time()})
+        waves_grace = sum(max((grace if grace is not None else r.grace) for r in record.roles
+                              if r.name in wave) + 20.0 for wave in record.stop_waves)
+        deadline = time.monotonic() + waves_grace
+        while not files.done.exists() and files.supervisor_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not files.done.exists():
+            notes.append(f"the batch supervisor did not finish stopping within {waves_grace:g}s; "
+                         "stopping the steps from here")
+        else:
+            done = files.read_json(files.done) or {}
+            killed += [f"{k} (by the batch supervisor)" for k in done.get("killed", [])]
+            survivors += done.get("survivors", [])
+            cluster.wait_gone(job_id, BATCH_EXIT_SECONDS)  # the batch script ends the job itself
+    elif job.state == "PENDING":
+        notes.append(f"SLURM job {job_id} was still pending; cancelling it")
+    elif job.active:
+        notes.append("no supervisor was running; stopping the steps through SLURM")
+    elif job.state != "GONE":
+        notes.append(f"SLURM job {job_id} had already ended ({job.state.lower()})")
+    record = read_state(run_dir) or record
+    if cluster.job(job_id).active:
+        for wave in record.stop_waves:
+            targets = [StopTarget(name, None, record.role(name).stop_signal,
+                                  record.role(name).grace if grace is None else grace) for name in wave]
+            report = stop_steps(job_id, targets)
+            killed += report.killed
+            survivors += report.survivors
+        cluster.cancel(job_id)
+    gone = cluster.wait_gone(job_id, JOB_GONE_SECONDS)
+    if gone.active or cluster.steps(job_id):
+        survivors.append(f"SLURM still lists job {job_id} ({gone.state}) or its steps: "
+                         f"{', '.join(cluster.steps(job_id)) or 'none'}")
+    # The steps' processes are SLURM's to end (proctrack); what it missed on this host is ours.
+    marker = Marker(record.name, str(run_dir.path))
+    if leftovers := marked_processes(marker):
+        killed += [f"left by SLURM: {describe(p)}" for p in leftovers]
+        report = stop_roles([StopTarget(r, None, "SIGKILL", 0.0) for r in {r.name for r in record.roles}], marker)
+        survivors += list(report.survivors)
+    open_ports = [f"{r.name} {kind} port {r.probe_host}:{port}" for r in record.roles
+                  for kind, port in r.ports.items() if _listening(r.probe_host, port)]
+    final = replace(record, supervisor=None, roles=tuple(
+        replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))
+    write_state(run_dir, final)
+    files.down_request.unlink(missing_ok=True)
+    stopped = tuple(r.name for r in initial.roles if r.process or r.name in had_steps)
+    return DownReport(record.name, time.monotonic() - started, stopped, tuple(killed), tuple(survivors),
+                      tuple(open_ports), tuple(notes or [f"SLURM job {job_id}: {gone.state.lower()}"]))

@@ -1,0 +1,95 @@
+"""A SLURM deployment's files, under its run directory (which the nodes must share, as they share
+the venv): the batch script as submitted, the checked topology, the job, the placement the batch
+host chose, its heartbeat, and the two words `down` and the supervisor exchange."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from muse_launch.run.state import RunDir
+
+HEARTBEAT_SECONDS = 1.0
+HEARTBEAT_STALE = 5.0  # a supervisor silent this long is gone
+
+
+@dataclass(frozen=True)
+class SlurmFiles:
+    run_dir: RunDir
+
+    @property
+    def dir(self) -> Path:
+        return self.run_dir.path / "slurm"
+
+    @property
+    def script(self) -> Path:
+        return self.dir / "job.sbatch"
+
+    @property
+    def topology(self) -> Path:
+        return self.dir / "topology.yaml"
+
+    @property
+    def source(self) -> Path:
+        """The path of the file the user gave `up` (the batch host plans from the copy beside it)."""
+        return self.dir / "source"
+
+    @property
+    def job(self) -> Path:
+        return self.dir / "job.json"
+
+    @property
+    def placement(self) -> Path:
+        return self.dir / "placement.json"
+
+    @property
+    def batch_log(self) -> Path:
+        return self.dir / "batch.out"
+
+    @property
+    def heartbeat(self) -> Path:
+        return self.dir / "heartbeat"
+
+    @property
+    def down_request(self) -> Path:
+        return self.dir / "down-request"
+
+    @property
+    def done(self) -> Path:
+        return self.dir / "done"
+
+    def exists(self) -> bool:
+        return self.job.exists()
+
+    def write_json(self, path: Path, data: Any) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2))
+        os.replace(tmp, path)
+
+    def read_json(self, path: Path) -> dict[str, Any] | None:
+        try:
+            return json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def job_id(self) -> str | None:
+        data = self.read_json(self.job)
+        return data.get("job_id") if data else None
+
+    def supervisor_alive(self) -> bool:
+        """The batch host's supervisor beats every second; across hosts a pid means nothing."""
+        try:
+            return time.time() - float(self.heartbeat.read_text().strip()) < HEARTBEAT_STALE
+        except (FileNotFoundError, ValueError):
+            return False
+
+    def clear_run(self) -> None:
+        """Before a new submission: nothing of the last job may be read as this one's."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for path in (self.placement, self.heartbeat, self.down_request, self.done, self.batch_log, self.job):
+            path.unlink(missing_ok=True)

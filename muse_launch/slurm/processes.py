@@ -1,0 +1,168 @@
+"""The supervisor's `Processes` seam on SLURM: each role instance a named job step on its node.
+
+spawn: `srun` (its client stays on the batch host, relaying the step's output to the role's log)
+with the role's node, its GPUs as --gres=gpu:K (SLURM picks them and sets the visible devices;
+--exact so two roles on one node never share one) and an even share of the node's CPUs; a role
+without GPUs is --gres=none --overlap. stop: the role's stop signal to the step through scancel
+(every task, on whichever node), its grace, then SIGKILL to the step; done when SLURM lists the
+step no more and the srun client has exited.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import psutil
+
+from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run.process import (
+    Marker,
+    ProcessRef,
+    SpawnedProcess,
+    SpawnError,
+    StopReport,
+    StopTarget,
+    program_path,
+)
+from muse_launch.run.state import RunDir
+
+from . import cluster
+from .placement import AllocatedNode, node_gpus
+
+VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+POLL_SECONDS = 0.1
+AFTER_KILL_SECONDS = 15.0  # SLURM's KillWait and a node's slurmstepd between them
+
+
+def srun_argv(spec: LaunchSpec, node: AllocatedNode, cpus: int, shared_gpus: int | None = None) -> list[str]:
+    """`srun` for one instance on one node, named after it (squeue --steps, scancel JOB.STEP).
+
+    Where the node's roles share GPUs (`shared_gpus`: the node's count), the step gets them all
+    and muse_launch.slurm.step keeps the plan's."""
+    argv = ["srun", f"--job-name={spec.name}", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}",
+            "--kill-on-bad-exit=1", "--unbuffered", "--mem=0"]  # --mem=0: the node's memory, shared by its steps
+    if spec.gpus and shared_gpus:
+        argv += ["--overlap", f"--gres=gpu:{shared_gpus}"]
+    elif spec.gpus:
+        argv += ["--exact", f"--gres=gpu:{len(spec.gpus)}", f"--cpus-per-task={max(1, cpus)}"]
+    else:
+        argv += ["--overlap", "--gres=none"]
+    return argv
+
+
+def shared_gpus(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec]) -> dict[str, int]:
+    """Instance -> its node's GPU count, for the instances on nodes whose roles share GPUs."""
+    out: dict[str, int] = {}
+    for node in {n.name for n in placement.values()}:
+        here = [s for s in specs if placement[s.name].name == node]
+        count, shared = node_gpus(here)
+        if shared:
+            out.update((s.name, count) for s in here)
+    return out
+
+
+def cpu_shares(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec], cpus_per_node: int) -> dict[str, int]:
+    """The node's CPUs split evenly among the GPU roles on it (the others overlap them)."""
+    on_node: dict[str, int] = {}
+    for spec in specs:
+        if spec.gpus:
+            on_node[placement[spec.name].name] = on_node.get(placement[spec.name].name, 0) + 1
+    return {s.name: cpus_per_node // on_node[placement[s.name].name] if s.gpus else 0 for s in specs}
+
+
+@dataclass
+class SlurmProcesses:
+    job_id: str
+    run_dir: RunDir
+    marker: Marker
+    placement: Mapping[str, AllocatedNode]
+    cpus: Mapping[str, int]
+    shared: Mapping[str, int] = field(default_factory=dict)  # instance -> its node's GPUs, where roles share
+    step_ids: dict[str, str] = field(default_factory=dict)
+    clients: dict[str, SpawnedProcess] = field(default_factory=dict)
+
+    def spawn(self, spec: LaunchSpec, restart_note: str | None) -> SpawnedProcess:
+        log_path = self.run_dir.log(spec.name)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.env, **self.marker.env(spec.name)}
+        for var in VISIBLE_DEVICES:  # SLURM sets them for the step's GPUs; the batch step's must not leak
+            env.pop(var, None)
+        shared = self.shared.get(spec.name) if spec.gpus else None
+        narrow = [sys.executable, "-m", "muse_launch.slurm.step", "--gpus", ",".join(map(str, spec.gpus)), "--"]
+        argv = [*srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0), shared),
+                *(narrow if shared else []), program_path(spec.argv[0], env), *spec.argv[1:]]
+        try:
+            with open(log_path, "ab" if restart_note else "wb") as log:
+                if restart_note:
+                    log.write(f"--- muse-launch: {restart_note} ---\n".encode())
+                    log.flush()
+                popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            raise SpawnError(f"cannot run srun: {e.strerror}") from e
+        self.step_ids.pop(spec.name, None)
+        process = SpawnedProcess(popen, ProcessRef(popen.pid, psutil.Process(popen.pid).create_time()))
+        self.clients[spec.name] = process
+        return process
+
+    def step_of(self, role: str) -> str | None:
+        if role not in self.step_ids:
+            found = cluster.steps(self.job_id).get(role)
+            if found:
+                self.step_ids[role] = found
+        return self.step_ids.get(role)
+
+    def stop(self, targets: list[StopTarget], kill_now: threading.Event) -> StopReport:
+        return stop_steps(self.job_id, targets, kill_now, self.clients, self.step_ids)
+
+
+def stop_steps(job_id: str, targets: list[StopTarget], kill_now: threading.Event | None = None,
+               clients: Mapping[str, SpawnedProcess] | None = None,
+               known: Mapping[str, str] | None = None) -> StopReport:
+    """Stop roles' steps together: signal, grace, SIGKILL; until SLURM lists none of them and
+    their srun clients (when this process started them) have exited."""
+    clients = clients or {}
+    listed = cluster.steps(job_id)
+    step_ids = {t.role: listed.get(t.role) or (known or {}).get(t.role) for t in targets}
+    started = time.monotonic()
+    for t in targets:
+        if step_ids[t.role]:
+            cluster.signal_step(step_ids[t.role], t.signal)
+        elif (client := clients.get(t.role)) is not None and client.poll() is None:
+            client.popen.send_signal(signal.Signals[t.signal])  # no step yet: srun cancels its request
+    remaining = {t.role: t for t in targets}
+    killed_at: dict[str, float] = {}
+    killed: list[str] = []
+    survivors: list[str] = []
+    while remaining:
+        listed = cluster.steps(job_id)
+        now = time.monotonic()
+        for role, t in list(remaining.items()):
+            client = clients.get(role)
+            client_alive = client is not None and client.poll() is None
+            if role not in listed and not client_alive:
+                del remaining[role]
+                continue
+            if role not in killed_at and (now - started >= t.grace or (kill_now is not None and kill_now.is_set())):
+                if role in listed:
+                    cluster.signal_step(listed[role], "KILL")
+                    killed.append(f"{role}: step {listed[role]}")
+                if client_alive:
+                    client.popen.kill()
+                killed_at[role] = now
+            elif role in killed_at and now - killed_at[role] > AFTER_KILL_SECONDS:
+                survivors.append(f"{role}: step {listed.get(role, '?')} still listed after SIGKILL")
+                del remaining[role]
+        if remaining:
+            time.sleep(POLL_SECONDS)
+    for role in (t.role for t in targets):
+        if (client := clients.get(role)) is not None:
+            client.poll()  # reap it
+    return StopReport(tuple(killed), tuple(survivors))

@@ -1,0 +1,68 @@
+"""The batch script: `plan FILE --format sbatch` prints it, `up FILE --on slurm` submits it.
+
+Whole nodes (--exclusive), one task per node; GPUs as --gres=gpu:K with K the most any node
+needs. The script runs muse-launch's supervisor on the batch host; if that supervisor is killed,
+the script keeps the allocation (and the roles) for `muse-launch down`, as on one host.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..plan.build import build_plan
+from ..topology.model import Topology
+from .files import SlurmFiles
+from .placement import shape
+
+
+def batch_command(python: str, files: SlurmFiles, rehearse: bool, sets: list[str], fail_fast: bool) -> list[str]:
+    argv = [python, "-m", "muse_launch.slurm.batch", "--run-dir", str(files.run_dir.path)]
+    argv += ["--rehearse"] if rehearse else []
+    argv += ["--fail-fast"] if fail_fast else []
+    for assignment in sets:
+        argv += ["--set", assignment]
+    return [*argv, str(files.topology)]
+
+
+def render_script(topology: Topology, files: SlurmFiles, python: str, rehearse: bool,
+                  sets: list[str], fail_fast: bool = False) -> str:
+    """From the file's own plan (the rehearsal keeps its shape): nodes, GPUs, which role goes where."""
+    plan = build_plan(topology)
+    s = shape(plan, topology)
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={plan.name}",
+        f"#SBATCH --nodes={s.count}",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --exclusive",
+        *([f"#SBATCH --gres=gpu:{s.gpus_per_node}"] if s.gpus_per_node else []),
+        f"#SBATCH --output={files.batch_log}",
+        "#",
+        f"# muse-launch: {plan.name}{' (rehearsal)' if rehearse else ''}, {s.count} node(s) mapped role by role,",
+        "# the plan's machines onto the allocation's nodes in order:",
+    ]
+    for i, where in enumerate(s.machines, 1):
+        lines.append(f"#   {where} -> allocated node {i}: {', '.join(s.by_machine[where]) or 'nothing'}")
+    for where in s.shared:
+        lines.append(f"#   {where}: its roles share GPUs, so each step there gets the node's GPUs and keeps the plan's")
+    lines += [
+        "# The supervisor below runs on the batch host and starts each role as a named step on its node",
+        "# (srun --nodelist --gres=gpu:K: SLURM sets the visible GPUs). `muse-launch status/logs/down` follow it.",
+        " ".join(shlex.quote(a) for a in batch_command(python, files, rehearse, sets, fail_fast)),
+        "code=$?",
+        f'if [ ! -e {shlex.quote(str(files.done))} ]; then',
+        f'  echo "muse-launch: the supervisor died (exit $code); the roles stay up for '
+        f'\\`muse-launch down {plan.name}\\`"',
+        "  while :; do sleep 3600; done",
+        "fi",
+        "exit $code",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def default_python() -> str:
+    import sys
+
+    return str(Path(sys.executable))
