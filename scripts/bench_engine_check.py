@@ -83,14 +83,17 @@ def measure(path: Path, runs: int) -> dict:
         result = pending.result()
         return time.perf_counter() - t, result
 
-    preflight_with_check()  # warm-up
+    preflight_with_check()  # warm-up (in "remembered" mode, the run that remembers)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     alone, total, results = [], [], []
     for _ in range(runs):
         alone.append(preflight_alone())
         seconds, result = preflight_with_check()
         total.append(seconds)
         results.append(result)
-    return {"alone": statistics.median(alone), "total": statistics.median(total),
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / runs
+    return {"alone": statistics.median(alone), "total": statistics.median(total), "cpu": cpu,
             "notes": results[-1].notes, "errors": [f.message for f in results[-1].findings]}
 
 
@@ -109,11 +112,8 @@ def main() -> None:
                             (f"32 roles ({big.name})", big)):
             for mode, cache in (("parsed", "0"), ("remembered", "1")):
                 os.environ["MUSE_LAUNCH_ENGINE_CHECK_CACHE"] = cache
-                cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 m = measure(path, args.runs)
-                cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                cpu = (cpu_after.ru_utime + cpu_after.ru_stime - cpu_before.ru_utime - cpu_before.ru_stime) / (
-                    args.runs + 1)  # the warm-up and each run with the check; the runs without start none
+                cpu = m["cpu"]  # of the timed runs; the runs without the check start no process
                 added = m["total"] - m["alone"]
                 print(f"{label}, {mode}: the engine check adds {added:.2f} s to up's preflight "
                       f"({m['total']:.2f} s with it, {m['alone']:.2f} s without; median of {args.runs}); "
