@@ -87,7 +87,7 @@ def up(
                                sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
+    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console()))
 
 

@@ -65,9 +65,12 @@ def since(iso: str | None) -> str:
 def status_table(record: DeploymentRecord, health: dict[str, str | None],
                  versions: dict[str, str | None] | None = None) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
+    wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
+    installed = ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items()) if versions else ""
+    caption = "\n".join(c for c in (f"wiring: {wiring}" if wiring else "", f"installed: {installed}" if installed
+                                     else "") if c) or None
     table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left",
-                  caption="installed: " + ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items())
-                  if versions else None, caption_justify="left")
+                  caption=caption, caption_justify="left")
     for column in ("role", "kind", "state", "pid", "gpus", "url", "ready since", "restarts", "health now"):
         table.add_column(column)
     for role in record.roles:
