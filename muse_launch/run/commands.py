@@ -56,6 +56,8 @@ def up(
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
     only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
+                                      "the installed engine's own parser first (not with --rehearse)"),
     on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
     partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
     account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
@@ -63,12 +65,20 @@ def up(
     sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.checks import engine as engine_check_
     from muse_launch.core import load_plan
     from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
-    loaded = load_plan(file, set_, rehearse=rehearse)
+    pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
+    try:
+        loaded = load_plan(file, set_, rehearse=rehearse)
+    except BaseException:
+        engine_check_.cancel(pending)
+        raise
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
+        raise typer.Exit(1)  # a command the engine refuses: nothing started
     if on is not None:
         from muse_launch.slurm.commands import up_on
 
@@ -128,20 +138,22 @@ def status(
     from rich.live import Live
     from rich.table import Table
 
+    from muse_launch.host.versions import deployment_versions
     from muse_launch.run.status import health_now, observed, status_json, status_table
     from muse_launch.slurm.commands import slurm_status
 
-    run_dir, _ = _deployment(name)
+    run_dir, first = _deployment(name)
     console = _console()
+    versions = deployment_versions(first.roles)  # engine -> installed release, read once
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
             if slurm := slurm_status(run_dir, client, as_json, watch):
                 return slurm
             record = observed(_deployment(run_dir.name)[1])
             health = health_now(record, run_dir, client)
-            if as_json:
-                return json.dumps(status_json(record, health), indent=None if watch else 2)  # --watch: JSON lines
-            return status_table(record, health)
+            if as_json:  # --watch: JSON lines
+                return json.dumps(status_json(record, health, versions), indent=None if watch else 2)
+            return status_table(record, health, versions)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)

@@ -40,9 +40,13 @@ def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) 
     return out
 
 
-def status_json(record: DeploymentRecord, health: dict[str, str | None]) -> dict[str, Any]:
-    """SPEC section 5's shape, each role with "health": "ok", "failing" or null."""
+def status_json(record: DeploymentRecord, health: dict[str, str | None],
+                versions: dict[str, str | None] | None = None) -> dict[str, Any]:
+    """SPEC section 5's shape, each role with "health": "ok", "failing" or null; "versions": the installed
+    release of each engine and router (null: not found here)."""
     out = record.status_dict()
+    if versions is not None:
+        out["versions"] = versions
     for role in out["roles"]:
         seen = health[role["name"]]
         role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
@@ -58,10 +62,13 @@ def since(iso: str | None) -> str:
         f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"
 
 
-def status_table(record: DeploymentRecord, health: dict[str, str | None]) -> Table:
+def status_table(record: DeploymentRecord, health: dict[str, str | None],
+                 versions: dict[str, str | None] | None = None) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
     wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
-    caption = f"wiring: {wiring}" if wiring else None
+    installed = ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items()) if versions else ""
+    caption = "\n".join(c for c in (f"wiring: {wiring}" if wiring else "", f"installed: {installed}" if installed
+                                     else "") if c) or None
     table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left",
                   caption=caption, caption_justify="left")
     for column in ("role", "kind", "state", "pid", "gpus", "url", "ready since", "restarts", "health now"):
