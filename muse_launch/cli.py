@@ -48,6 +48,8 @@ def validate(
     strict: bool = typer.Option(False, "--strict", help="warnings fail too"),
     as_json: bool = typer.Option(False, "--json", help="findings as JSON, for tools"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    engine_check: bool = typer.Option(False, "--engine-check", help="parse each command with the installed "
+                                      "engine's and router's own parser too (what `up` does)"),
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
     import json
@@ -56,12 +58,19 @@ def validate(
     from .checks import Severity
 
     try:
-        loaded, findings, _ = check_file(file, set_)
+        loaded, findings, plan = check_file(file, set_)
     except TopologyError as exc:
         if not as_json:
             raise
         typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems}, indent=2))
         raise typer.Exit(exc.exit_code)
+    if engine_check and plan is not None:
+        from .checks.engine import check
+
+        result = check(plan, loaded)
+        findings += result.findings
+        for note in result.notes:
+            typer.echo(loaded.redact(note), err=True)
     failed = any(f.severity is Severity.ERROR or strict for f in findings)
     if as_json:
         typer.echo(json.dumps({"file": str(file), "ok": not failed,
@@ -92,6 +101,11 @@ def plan(
     loaded_plan = load_plan(file, set_, rehearse=rehearse)
     for f in loaded_plan.findings:
         typer.echo(loaded_plan.redact(f.format(loaded_plan.loaded)), err=True)
+    installed = ""
+    if not rehearse and fmt in (PlanFormat.text, PlanFormat.shell):
+        from .checks.engine import installed_here
+
+        installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
     renderers = {
         PlanFormat.text: render_text.plan_text,
         PlanFormat.json: lambda p, r, t: json.dumps(p.to_dict(r), indent=2),
@@ -99,7 +113,9 @@ def plan(
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
     }
-    typer.echo(renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology))
+    head, _, rest = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology).partition("\n")
+    comment = "# " if fmt is PlanFormat.shell else ""
+    typer.echo(f"{head}\n{comment}{installed}\n{rest}" if installed else f"{head}\n{rest}")
 
 
 def _sbatch_script(plan, topology, rehearse: bool, sets: list[str]) -> str:
@@ -183,10 +199,19 @@ def run(argv: list[str] | None = None) -> int:
 def main(argv: list[str] | None = None) -> None:
     """The console script: click handles usage errors (exit 2) and Ctrl-C (130); errors.explain the rest."""
     code = run(argv)
-    try:
-        sys.stdout.flush()
-    except (BrokenPipeError, ValueError):  # the reader left: say nothing more, and no "Exception ignored"
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115  replaced so the interpreter's final flush is quiet
-        code = code or 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (BrokenPipeError, ValueError):  # the reader left: say nothing more, and no "Exception ignored"
+            setattr(sys, "stdout" if stream is sys.stdout else "stderr", open(os.devnull, "w"))  # noqa: SIM115
+            code = code or 1
+    threading = sys.modules.get("threading")
+    if threading is None or threading.active_count() == 1:
+        # Nothing else runs: skip the interpreter's teardown, which frees every module one by one (~30 ms
+        # of CPU after `validate` or `up`), once the exit handlers have run and the output is flushed.
+        import atexit
+
+        atexit._run_exitfuncs()
+        os._exit(code)
     sys.exit(code)
 

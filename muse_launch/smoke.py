@@ -51,28 +51,49 @@ def served_models(client: httpx.Client, base: str) -> list[str]:
     return [str(m["id"]) for m in response.json()["data"]]
 
 
-def list_models(client: httpx.Client, base: str) -> tuple[str | None, SmokeResult]:
-    """The model to ask for, and the check's line: which the router reports, or why it reports none."""
+def _named(listed: list[str]) -> list[str]:
+    return [m for m in listed if m.strip().lower() not in PLACEHOLDER_MODELS]
+
+
+def list_models(client: httpx.Client, base: str, workers: tuple[str, ...] = (),
+                declared: tuple[str, ...] = ()) -> tuple[str | None, SmokeResult]:
+    """The model to ask for, and the check's line saying who reported it.
+
+    The router's /v1/models first. A router that knows no name for its workers lists a placeholder
+    (sglang-router in front of vLLM lists "unknown", though the request is routed by the name vLLM
+    serves): then the workers' own /v1/models (`workers`: their base URLs), then the names their
+    argv declares (`declared`: `--served-model-name`). A router that does not answer fails the check.
+    """
     start = time.perf_counter()
     try:
         listed = served_models(client, base)
     except httpx.TransportError as exc:
-        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: {exc or 'no reply'});"
-                                 " is the deployment still up?", total=time.perf_counter() - start)
+        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: "
+                                 f"{exc or 'no reply'}); is the deployment still up?", total=time.perf_counter() - start)
     except httpx.HTTPStatusError as exc:
         return None, SmokeResult("models", False, f"GET {base}/v1/models: HTTP {exc.response.status_code}: "
                                  f"{exc.response.text[:300]}", total=time.perf_counter() - start)
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
         return None, SmokeResult("models", False, f"GET {base}/v1/models: not an OpenAI model list ({exc!r})",
                                  total=time.perf_counter() - start)
-    total = time.perf_counter() - start
-    named = [m for m in listed if m.strip().lower() not in PLACEHOLDER_MODELS]
-    if not named:
-        what = f"only {', '.join(map(repr, listed))}" if listed else "no model"
-        return None, SmokeResult("models", False, f"the router lists {what} at /v1/models: no worker registered "
-                                 "with a model name", total=total)
-    others = f" (also listed: {', '.join(named[1:])})" if len(named) > 1 else ""
-    return named[0], SmokeResult("models", True, f"{named[0]}{others}", total=total)
+    named = _named(listed)
+    if named:
+        others = f" (also listed: {', '.join(named[1:])})" if len(named) > 1 else ""
+        return named[0], SmokeResult("models", True, f"{named[0]}{others}", total=time.perf_counter() - start)
+    router_says = f"the router lists {', '.join(map(repr, listed))}" if listed else "the router lists no model"
+    for worker in workers:
+        try:
+            from_worker = _named(served_models(client, worker))
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+            continue
+        if from_worker:
+            return from_worker[0], SmokeResult("models", True, f"{from_worker[0]} (as {worker} serves it; "
+                                               f"{router_says})", total=time.perf_counter() - start)
+    if declared:
+        return declared[0], SmokeResult("models", True, f"{declared[0]} (--served-model-name; {router_says}, "
+                                        "no worker answered)", total=time.perf_counter() - start)
+    return None, SmokeResult("models", False, f"{router_says} at /v1/models and no worker names its model",
+                             total=time.perf_counter() - start)
 
 
 def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
@@ -133,10 +154,12 @@ def attempt(check: str, request: Callable[[], SmokeResult]) -> SmokeResult:
                            total=time.perf_counter() - start)
 
 
-def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0) -> list[SmokeResult]:
-    """The checks in order: the model the router lists, a streamed chat, then reasoning and a tool call."""
-    with httpx.Client(timeout=timeout) as client:
-        model, listed = list_models(client, base)
+def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, workers: tuple[str, ...] = (),
+              declared: tuple[str, ...] = ()) -> list[SmokeResult]:
+    """The checks in order: the model the deployment reports (list_models), a streamed chat, then
+    reasoning and a tool call."""
+    with httpx.Client(timeout=timeout, verify=False) as client:  # role URLs are plain HTTP: no CA bundle
+        model, listed = list_models(client, base, workers, declared)
         if model is None:
             return [listed]
         messages = [{"role": "user", "content": "Briefly explain: what is SGLang?"}]
@@ -174,6 +197,7 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
     from muse_launch.engines import ENGINES
+    from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
     from muse_launch.run.explain import explain_addresses
     from muse_launch.run.lifecycle import DeploymentState
@@ -191,9 +215,12 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
     readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
     reasoning = any(engine.reasoning(argv) for engine, argv in readers)
     tools = any(engine.tool_calls(argv) for engine, argv in readers)
+    behind = tuple(r.url.replace("0.0.0.0", "127.0.0.1") for r in workers if r.url and r is not front)
+    # argv starts with the launcher: read the flag only, not the engine's positional model
+    declared = tuple(name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME)))
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
-    results = run_smoke(base, reasoning, tools, timeout)
+    results = run_smoke(base, reasoning, tools, timeout, behind, declared)
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"

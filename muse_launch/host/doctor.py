@@ -8,18 +8,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from muse_launch.host.gpus import GpuReader, GpuView, gib
-from muse_launch.run.gpus import Owners, gpu_needs, gpu_problems
+from muse_launch.host.versions import installed_versions
+from muse_launch.run.gpus import Owners, gpu_needs, gpu_problems, one_host
 from muse_launch.run.ports import can_bind, port_holder
 from muse_launch.run.state import running_deployments
 from muse_launch.topology.hardware import PROFILES
-
-
-def _versions(plan) -> dict[str, str | None] | None:
-    try:
-        from muse_launch.host.versions import installed_versions
-    except ImportError:  # written alongside (issue 12)
-        return None
-    return installed_versions(plan)
 
 
 def doctor_report(file: Path | None, read: GpuReader) -> dict[str, Any]:
@@ -35,9 +28,9 @@ def doctor_report(file: Path | None, read: GpuReader) -> dict[str, Any]:
     plan, topology = loaded.plan, loaded.loaded.topology
     report["file"] = str(file)
     report["hardware"] = topology.hardware
-    report["engines"] = _versions(plan)
+    report["engines"] = installed_versions(plan)
     if view.available and PROFILES[topology.hardware].has_gpus:
-        problems, notes = gpu_problems(gpu_needs(plan, topology), PROFILES[topology.hardware], view, owners)
+        problems, notes = gpu_problems(one_host(gpu_needs(plan, topology)), PROFILES[topology.hardware], view, owners)
         report["gpu_check"] = {"problems": [{"text": p.text, "fix": p.fix} for p in problems], "notes": notes}
     report["ports"] = [
         {"role": spec.name, "name": name, "port": port, "host": spec.bind, "free": free,

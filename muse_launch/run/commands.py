@@ -58,6 +58,8 @@ def up(
     only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
+    engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
+                                      "the installed engine's own parser first (not with --rehearse)"),
     on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
     partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
     account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
@@ -65,14 +67,22 @@ def up(
     sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.checks import engine as engine_check_
     from muse_launch.core import load_plan
     from muse_launch.host.gpus import read_gpu_view
     from muse_launch.run.gpus import preflight_for
     from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
-    loaded = load_plan(file, set_, rehearse=rehearse)
+    pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
+    try:
+        loaded = load_plan(file, set_, rehearse=rehearse)
+    except BaseException:
+        engine_check_.cancel(pending)
+        raise
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
+    if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
+        raise typer.Exit(1)  # a command the engine refuses: nothing started
     if on is not None:
         from muse_launch.slurm.commands import up_on
 
@@ -81,7 +91,7 @@ def up(
                                sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only)
+    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
     skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
     gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))
@@ -109,7 +119,6 @@ def down(
     from muse_launch.host.gpus import read_gpu_view
     from muse_launch.run.down import bring_down, bring_down_without_state, format_report
     from muse_launch.run.state import read_state
-
     from muse_launch.slurm.commands import down_any
 
     run_dir = resolve_name(name)
@@ -138,12 +147,14 @@ def status(
     from rich.table import Table
 
     from muse_launch.host.gpus import read_gpu_view
+    from muse_launch.host.versions import deployment_versions
     from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
     from muse_launch.slurm.commands import slurm_status
 
-    run_dir, _ = _deployment(name)
+    run_dir, first = _deployment(name)
     console = _console()
-    with httpx.Client() as client:
+    versions = deployment_versions(first.roles)  # engine -> installed release, read once
+    with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
             if slurm := slurm_status(run_dir, client, as_json, watch):
                 return slurm
@@ -151,8 +162,8 @@ def status(
             health = health_now(record, run_dir, client)
             gpu_memory = gpu_memory_now(record, read_gpu_view)
             if as_json:  # --watch: JSON lines
-                return json.dumps(status_json(record, health, gpu_memory), indent=None if watch else 2)
-            return status_table(record, health, gpu_memory)
+                return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
+            return status_table(record, health, versions, gpu_memory)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)

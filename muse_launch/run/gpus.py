@@ -40,6 +40,7 @@ class GpuNeed:
     fraction: float | None  # mem_fraction: of each GPU's total
     share_bytes: int | None = None  # else the model's share of each GPU (weights only: a lower bound)
     share_of: str = ""  # where that share comes from
+    node: str | None = None  # a multi-node role's node: each node is another host
 
     def bytes_on(self, gpu: Gpu) -> int | None:
         return int(self.fraction * gpu.total_bytes) if self.fraction is not None else self.share_bytes
@@ -69,8 +70,15 @@ def gpu_needs(plan: Plan, topology: Topology) -> tuple[GpuNeed, ...]:
         gpus_in_all = len(spec.gpus) * max(len(role.nodes), 1)
         share = size * GB // gpus_in_all if size and fraction is None else None
         needs.append(GpuNeed(spec.name, spec.role, spec.gpus, fraction, share,
-                             f"its share of {model}'s {size} GB over {gpus_in_all} GPUs" if share else ""))
+                             f"its share of {model}'s {size} GB over {gpus_in_all} GPUs" if share else "", spec.node))
     return tuple(needs)
+
+
+def one_host(needs: Iterable[GpuNeed]) -> list[GpuNeed]:
+    """What one host runs: a multi-node plan's first node (the others are other hosts, alike or not)."""
+    needs = list(needs)
+    first = next((n.node for n in needs if n.node), None)
+    return [n for n in needs if n.node in (None, first)]
 
 
 @dataclass(frozen=True)
@@ -234,7 +242,7 @@ class GpuPreflight:
     def require(self, plan: Plan, records: Callable[[], Iterable[DeploymentRecord]], say: Callable[[str], None]) -> None:
         """Raises RuntimeFailure naming each problem and its fix; else one line saying what it saw."""
         names = {s.name for s in plan.specs}
-        needs = [n for n in self.needs if n.name in names]  # `--only` starts a part of the plan
+        needs = one_host(n for n in self.needs if n.name in names)  # `--only` starts a part of the plan
         if not needs or not self.profile.has_gpus:
             return
         if self.skipped:

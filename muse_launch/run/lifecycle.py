@@ -12,20 +12,22 @@ class RoleState(str, Enum):
     READY = "ready"
     FAILED = "failed"
     RESTARTING = "restarting"
+    STOPPING = "stopping"  # its stop signal sent; SIGKILL at the end of its grace
     STOPPED = "stopped"
 
 
 ALLOWED = {
     RoleState.PENDING: {RoleState.STARTING, RoleState.FAILED, RoleState.STOPPED},  # failed: could not exec
-    RoleState.STARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPED},
-    RoleState.READY: {RoleState.RESTARTING, RoleState.FAILED, RoleState.STOPPED},
-    RoleState.RESTARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPED},
-    RoleState.FAILED: {RoleState.STOPPED},
+    RoleState.STARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPING, RoleState.STOPPED},
+    RoleState.READY: {RoleState.RESTARTING, RoleState.FAILED, RoleState.STOPPING, RoleState.STOPPED},
+    RoleState.RESTARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPING, RoleState.STOPPED},
+    RoleState.STOPPING: {RoleState.STOPPED},
+    RoleState.FAILED: {RoleState.STOPPED},  # a failed role's leftovers are stopped without leaving FAILED
     RoleState.STOPPED: set(),
 }
 
 # States in which the role has (or is about to have) a process of its own.
-LIVE_STATES = frozenset({RoleState.STARTING, RoleState.READY, RoleState.RESTARTING})
+LIVE_STATES = frozenset({RoleState.STARTING, RoleState.READY, RoleState.RESTARTING, RoleState.STOPPING})
 
 
 class InvalidTransition(RuntimeError):
@@ -42,15 +44,19 @@ class DeploymentState(str, Enum):
     STARTING = "starting"
     READY = "ready"
     DEGRADED = "degraded"
+    STOPPING = "stopping"
     STOPPED = "stopped"
 
 
-def deployment_state(roles: Iterable[RoleState]) -> DeploymentState:
+def deployment_state(roles: Iterable[RoleState], wired: bool = True) -> DeploymentState:
+    """`wired`: every router lists all its workers, every language worker all its encoders (run/wiring.py)."""
     states = list(roles)
     if not any(s in LIVE_STATES for s in states):
         return DeploymentState.STOPPED
+    if any(s is RoleState.STOPPING for s in states):
+        return DeploymentState.STOPPING
     if all(s is RoleState.READY for s in states):
-        return DeploymentState.READY
+        return DeploymentState.READY if wired else DeploymentState.STARTING
     if any(s in (RoleState.FAILED, RoleState.RESTARTING, RoleState.STOPPED) for s in states):
         return DeploymentState.DEGRADED
     return DeploymentState.STARTING

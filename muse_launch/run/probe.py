@@ -12,7 +12,10 @@ import httpx
 from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Probe, ProbeKind
 
-HTTP_TIMEOUT = 2.0  # an answer slower than this counts as "not ready yet"
+HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
+
+
+NO_ANSWER_YET = "no answer yet"
 
 
 def base_url(host: str, port: int) -> str:
@@ -28,7 +31,7 @@ class ReadinessCheck:
         self.port = port
         self.log_path = log_path
         self.client = client
-        self.last_seen = "no answer yet"
+        self.last_seen = NO_ANSWER_YET
         self._log_offset = 0
         self._log_partial = b""
 
@@ -48,6 +51,9 @@ class ReadinessCheck:
                 answer = self.client.get(base_url(self.host, self.port) + path, timeout=HTTP_TIMEOUT)
             except httpx.ConnectError:
                 self.last_seen = f"GET {path}: connection refused"
+                return False
+            except httpx.TimeoutException:
+                self.last_seen = f"GET {path}: no answer within {HTTP_TIMEOUT:g}s"
                 return False
             except httpx.TransportError as e:
                 self.last_seen = f"GET {path}: {type(e).__name__}"

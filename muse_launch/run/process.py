@@ -243,38 +243,49 @@ def _signal(processes: Iterable[psutil.Process], pgid: int | None, sig: signal.S
             continue
 
 
-def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None) -> StopReport:
-    """Stop roles together: their stop signal to each group and escaped process, their grace, then SIGKILL.
+class GroupStop:
+    """Stopping some roles, as a state with deadlines: their stop signal sent at the start, SIGKILL at
+    the end of each one's grace (or at once on `kill_now`). `poll` never waits: the supervisor's loop
+    calls it between other work; it returns the report once none of their processes is alive."""
 
-    Returns once none of their processes is alive; `kill_now` (a second Ctrl-C) cuts the grace short.
-    """
-    now = time.monotonic()
-    stopping = []
-    for target in targets:
-        processes, pgid = role_processes(target, marker)
-        _signal(processes, pgid, signal.Signals[target.signal])
-        stopping.append(_Stopping(target, processes, now + target.grace))
-    killed: list[str] = []
-    survivors: list[str] = []
-    while stopping:
-        now = time.monotonic()
-        for entry in list(stopping):
+    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float):
+        self.marker = marker
+        self.stopping: list[_Stopping] = []
+        self.killed: list[str] = []
+        self.survivors: list[str] = []
+        for target in targets:
+            processes, pgid = role_processes(target, marker)
+            _signal(processes, pgid, signal.Signals[target.signal])
+            self.stopping.append(_Stopping(target, processes, now + target.grace))
+
+    def poll(self, now: float, kill_now: bool = False) -> StopReport | None:
+        for entry in list(self.stopping):
             entry.processes = [p for p in entry.processes if is_alive(p)]
             if not entry.processes:
                 # Look again: a process may have forked while shutting down.
-                entry.processes, _ = role_processes(StopTarget(entry.target.role, None), marker)
+                entry.processes, _ = role_processes(StopTarget(entry.target.role, None), self.marker)
                 if not entry.processes:
-                    stopping.remove(entry)
-                    killed += entry.killed
+                    self.stopping.remove(entry)
+                    self.killed += entry.killed
                 continue
-            if entry.killed_at is None and (now >= entry.deadline or (kill_now is not None and kill_now.is_set())):
-                entry.processes, pgid = role_processes(entry.target, marker)
+            if entry.killed_at is None and (now >= entry.deadline or kill_now):
+                entry.processes, pgid = role_processes(entry.target, self.marker)
                 entry.killed = [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
                 _signal(entry.processes, pgid, signal.SIGKILL)
                 entry.killed_at = now
             elif entry.killed_at is not None and now - entry.killed_at > AFTER_KILL_SECONDS:
-                survivors += [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
-                killed += entry.killed
-                stopping.remove(entry)
+                self.survivors += [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                self.killed += entry.killed
+                self.stopping.remove(entry)
+        return None if self.stopping else StopReport(tuple(self.killed), tuple(self.survivors))
+
+
+def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None) -> StopReport:
+    """Stop roles together and wait until none of their processes is alive (`down`: nothing else to do).
+
+    `kill_now` (a second Ctrl-C) cuts the grace short.
+    """
+    stop = GroupStop(targets, marker, time.monotonic())
+    while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
         time.sleep(POLL_SECONDS)
-    return StopReport(tuple(killed), tuple(survivors))
+    return report

@@ -21,7 +21,8 @@ from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
 
 STATE_STYLES = {
     RoleState.PENDING: "dim", RoleState.STARTING: "yellow", RoleState.READY: "green",
-    RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPED: "dim",
+    RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPING: "yellow",
+    RoleState.STOPPED: "dim",
 }
 
 
@@ -49,8 +50,8 @@ class PlainProgress:
         self.seen = {r.name: self._key(r) for r in shown.roles} if shown else {}
 
     @staticmethod
-    def _key(role: RoleRecord) -> tuple[RoleState, int]:
-        return role.state, role.restarts
+    def _key(role: RoleRecord) -> tuple:
+        return role.state, role.restarts, role.wiring
 
     def __enter__(self) -> PlainProgress:
         return self
@@ -62,12 +63,14 @@ class PlainProgress:
         width = max(len(r.name) for r in record.roles)
         for role in record.roles:
             key = self._key(role)
-            if self.seen.get(role.name, (RoleState.PENDING, 0)) == key:
+            unseen = (RoleState.PENDING, 0, role.wiring)  # a role still pending is no news
+            if self.seen.get(role.name, unseen) == key:
                 continue
             self.seen[role.name] = key
             detail = {
                 RoleState.STARTING: f"pid {role.process.pid}" if role.process else "",
-                RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else ""),
+                RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else "")
+                + (f"  lists {role.wiring_text}" if role.wiring else ""),
                 RoleState.RESTARTING: f"restart {role.restarts}: {role.reason}" if role.restarts else f"{role.reason}",
                 RoleState.FAILED: role.reason or "",
             }.get(role.state, "")
@@ -99,9 +102,15 @@ class LiveProgress:
                                 ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
             table.add_column(column, **options)
         for role in self.record.roles:
-            last = (role.reason if role.state is RoleState.FAILED else None) or \
-                "".join(last_lines(self.run_dir.log(role.name), 1))
+            last = self._last(role)
             last_text = Text.from_ansi(LOG_TIMESTAMP.sub("", last, count=1))  # not markup; keeps its colours
             table.add_row(role.name, Text(role.state.value, style=STATE_STYLES[role.state]), elapsed(role),
                           str(role.process.pid) if role.process else "-", last_text)
         return table
+
+    def _last(self, role: RoleRecord) -> str:
+        if role.state is RoleState.FAILED and role.reason:
+            return role.reason
+        if role.state is RoleState.READY and not role.wired:
+            return f"waiting until it lists them all: {role.wiring_text}"
+        return "".join(last_lines(self.run_dir.log(role.name), 1))

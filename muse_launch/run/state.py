@@ -18,6 +18,9 @@ from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, d
 from muse_launch.run.process import ProcessRef, StopTarget
 
 
+WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
+
+
 def state_home() -> Path:
     return Path(os.environ.get("MUSE_LAUNCH_HOME") or Path.home() / ".local" / "state" / "muse-launch")
 
@@ -73,6 +76,18 @@ class RoleRecord:
     reason: str | None = None  # why it failed or was restarted: an exit status, a timeout
     argv: tuple[str, ...] = ()  # as planned, secrets redacted: what smoke and status read of it
     engine: str = ""  # whose argv reader reads argv
+    # Its peers as it lists them, (kind, listed, expected) per kind: a router's prefill, decode and workers,
+    # a language worker's encoders; empty for a role that lists none (run/wiring.py).
+    wiring: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def wired(self) -> bool:
+        return all(have == want for _, have, want in self.wiring)
+
+    @property
+    def wiring_text(self) -> str:
+        """'2/2 prefill, 1/1 decode'."""
+        return ", ".join(f"{have}/{want} {WIRING_LABELS.get(kind, kind)}" for kind, have, want in self.wiring)
 
     @property
     def live(self) -> bool:
@@ -89,6 +104,7 @@ class RoleRecord:
             "pgid": self.process.pid if self.process else None,  # started with its own session: pgid == pid
             "gpus": list(self.gpus), "url": self.url, "ports": dict(self.ports),
             "restarts": self.restarts, "ready_at": self.ready_at,
+            "wiring": {kind: f"{have}/{want}" for kind, have, want in self.wiring},
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -97,6 +113,7 @@ class RoleRecord:
             create_time=self.process.create_time if self.process else None,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
             stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
+            wiring_counts=[list(w) for w in self.wiring],
         )
         return out
 
@@ -108,7 +125,8 @@ class RoleRecord:
         process = ProcessRef(d["pid"], d["create_time"]) if d.get("pid") else None
         return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
-                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""))
+                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
+                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())))
 
 
 @dataclass(frozen=True)
@@ -121,7 +139,7 @@ class DeploymentRecord:
 
     @property
     def state(self) -> DeploymentState:
-        return deployment_state(r.state for r in self.roles)
+        return deployment_state((r.state for r in self.roles), wired=all(r.wired for r in self.roles))
 
     def role(self, name: str) -> RoleRecord:
         return next(r for r in self.roles if r.name == name)
@@ -152,11 +170,15 @@ class DeploymentRecord:
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> DeploymentRecord:
-    """Every role pending; URLs redacted, since a host may come from a secret `${env:...}`."""
+    """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
+    `${env:...}`."""
+    from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
+
+    wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
     roles = tuple(
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
-                   argv=tuple(redact(a) for a in s.argv), engine=s.engine)
+                   argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()))
         for s in plan.specs
     )
     return DeploymentRecord(plan.name, source, plan.stop_waves(), roles)
@@ -271,7 +293,8 @@ def resolve_name(name: str | None) -> RunDir:
         try:
             data = yaml.safe_load(Path(name).read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); give the deployment's name") from None
+            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); "
+                             "give the deployment's name") from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]

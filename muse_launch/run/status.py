@@ -54,10 +54,13 @@ def gpu_memory_now(record: DeploymentRecord, read: GpuReader) -> GpuMemory | Non
 
 
 def status_json(record: DeploymentRecord, health: dict[str, str | None],
-                gpu_memory: GpuMemory | None = None) -> dict[str, Any]:
+                versions: dict[str, str | None] | None = None, gpu_memory: GpuMemory | None = None) -> dict[str, Any]:
     """SPEC section 5's shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
-    ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read)."""
+    ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read); "versions": the
+    installed release of each engine and router (null: not found here)."""
     out = record.status_dict()
+    if versions is not None:
+        out["versions"] = versions
     for role in out["roles"]:
         seen = health[role["name"]]
         role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
@@ -76,9 +79,15 @@ def since(iso: str | None) -> str:
         f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"
 
 
-def status_table(record: DeploymentRecord, health: dict[str, str | None], gpu_memory: GpuMemory | None = None) -> Table:
+def status_table(record: DeploymentRecord, health: dict[str, str | None],
+                 versions: dict[str, str | None] | None = None, gpu_memory: GpuMemory | None = None) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
-    table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left")
+    wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
+    installed = ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items()) if versions else ""
+    caption = "\n".join(c for c in (f"wiring: {wiring}" if wiring else "", f"installed: {installed}" if installed
+                                     else "") if c) or None
+    table = Table(title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})", title_justify="left",
+                  caption=caption, caption_justify="left")
     columns = ("role", "kind", "state", "pid", "gpus", *(("gpu memory",) if gpu_memory is not None else ()), "url",
                "ready since", "restarts", "health now")
     for column in columns:

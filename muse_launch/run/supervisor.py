@@ -2,15 +2,21 @@
 start together), fails fast when a starting role exits, restarts a role that dies after ready,
 and stops everything in reverse dependency order.
 
-One loop, no threads (after honcho's manager). Its seams are parameters: the processes (spawn
-and stop), the HTTP client the probes use, and the clock; `on_change` receives every new record;
-`ports_taken` says which of a role's ports another process holds once the role has exited.
+One loop that never blocks (after honcho's manager and supervisor's process.py): starting,
+stopping and restart backoff are states with deadlines that the loop checks each round; probes
+run on a small thread pool, each within its HTTP time budget, so a role that accepts a connection
+and never answers delays no other role; signal handlers only set a flag and wake the loop.
+Its seams are parameters: the processes (spawn, and a stop to poll), the HTTP client and the pool
+the probes use, and the clock; `on_change` receives every new record; `ports_taken` says which of
+a role's ports another process holds once the role has exited.
 """
 
 from __future__ import annotations
 
-import threading
+import os
+import select
 import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable, Protocol
@@ -19,8 +25,9 @@ import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.run.lifecycle import RoleState, transition
-from muse_launch.run.probe import ReadinessCheck
+from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.run.process import (
+    GroupStop,
     Marker,
     RoleProcess,
     SpawnError,
@@ -28,14 +35,47 @@ from muse_launch.run.process import (
     StopTarget,
     describe_exit,
     spawn_role,
-    stop_roles,
 )
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
+from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
 
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
+STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
+
+
+class Wakeup:
+    """A self-pipe: `set` is one non-blocking write, safe in a signal handler (no lock, unlike
+    threading.Event); `wait` sleeps until it is set or the time is up."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        try:
+            os.write(self._write, b"!")
+        except (BlockingIOError, OSError):  # full: the loop wakes anyway; closed: nobody waits
+            pass
+
+    def wait(self, seconds: float) -> None:
+        readable, _, _ = select.select([self._read], [], [], max(0.0, seconds))
+        if readable:
+            try:
+                while os.read(self._read, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        for fd in (self._read, self._write):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class Clock(Protocol):
@@ -43,8 +83,8 @@ class Clock(Protocol):
 
     def time(self) -> float: ...
 
-    def wait(self, wakeup: threading.Event, seconds: float) -> None:
-        """Sleep for `seconds`, or less if `wakeup` is set (by a signal handler)."""
+    def wait(self, wakeup: Wakeup, seconds: float) -> None:
+        """Sleep for `seconds`, or less if `wakeup` is set (a signal, a probe's answer)."""
 
 
 class SystemClock:
@@ -54,14 +94,20 @@ class SystemClock:
     def time(self) -> float:
         return time.time()
 
-    def wait(self, wakeup: threading.Event, seconds: float) -> None:
+    def wait(self, wakeup: Wakeup, seconds: float) -> None:
         wakeup.wait(seconds)
+
+
+class Stopping(Protocol):
+    def poll(self, now: float, kill_now: bool) -> StopReport | None:
+        """None while some of the processes are alive; the report once none is."""
 
 
 class Processes(Protocol):
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess: ...
 
-    def stop(self, targets: list[StopTarget], kill_now: threading.Event) -> StopReport: ...
+    def stop(self, targets: list[StopTarget], now: float) -> Stopping:
+        """Send the stop signals now; the returned stop is polled until it is done."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +125,8 @@ class LocalProcesses:
                 f.write(f"--- muse-launch: {restart_note} ---\n")
         return spawn_role(spec, self.marker, log, append=restart_note is not None)
 
-    def stop(self, targets: list[StopTarget], kill_now: threading.Event) -> StopReport:
-        return stop_roles(targets, self.marker, kill_now)
+    def stop(self, targets: list[StopTarget], now: float) -> Stopping:
+        return GroupStop(targets, self.marker, now)
 
 
 class Outcome(Enum):
@@ -99,7 +145,18 @@ class RoleRun:
     check: ReadinessCheck | None = None
     started_at: float = 0.0
     next_probe_at: float = 0.0
-    restart_at: float | None = None
+    probe: Future | None = None  # the probe in flight: at most one per role
+    probe_sent_at: float = 0.0
+    restart_at: float | None = None  # RESTARTING: when its backoff ends
+    stopping: Stopping | None = None  # its processes being stopped (STOPPING, or leftovers of a dead one)
+    wiring: WiringCheck | None = None  # the peers it must list before the deployment is ready
+    wired: bool = True
+    unlisted: tuple[Wire, ...] = ()  # the peers its list lacked at the last look
+
+
+def probe_pool(plan: Plan) -> ThreadPoolExecutor:
+    """One probe in flight per role; room for the stale ones a restart leaves behind."""
+    return ThreadPoolExecutor(max_workers=2 * len(plan.specs) + 2, thread_name_prefix="probe")
 
 
 class Supervisor:
@@ -107,7 +164,10 @@ class Supervisor:
         self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
         clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
+        probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
     ):
+        """`start_after`: role -> the roles it waits for before it starts (default: its depends_on, wave by
+        wave; `start: overlap` passes fewer). Stopping always goes by the plan's waves, reversed."""
         self.plan = plan
         self.record = record
         self.run_dir = run_dir
@@ -116,29 +176,46 @@ class Supervisor:
         self.clock = clock
         self.on_change = on_change
         self.ports_taken = ports_taken
+        self.probes = probes or probe_pool(plan)
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
-        self.stop_requested = threading.Event()  # first Ctrl-C / SIGTERM
-        self.kill_now = threading.Event()  # second Ctrl-C: no more grace
-        self.released = threading.Event()  # SIGUSR1 from `down`
-        self.wakeup = threading.Event()  # cuts the loop's sleep short when one of the above is set
+        self.start_after = {s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
+                            for s in plan.specs}
+        for name, check in wiring_checks(plan, {r.name: r.probe_host for r in record.roles}).items():
+            self.runs[name].wiring, self.runs[name].wired, self.runs[name].unlisted = check, False, check.wires
+        self.wakeup = Wakeup()  # cuts the loop's sleep short: a signal, a probe's answer
+        self.stops = 0  # Ctrl-C / SIGTERM received: the first stops gracefully, a second kills
+        self.released = False  # SIGUSR1 from `down`
         self.failed_role: str | None = None
+        self.leftovers = StopReport()  # what clearing dead roles' leftover processes had to SIGKILL
 
+    # Called from signal handlers: set a flag, wake the loop, nothing else.
     def request_stop(self) -> None:
         """Ctrl-C: the first stops gracefully, a second cuts every grace period short."""
-        if self.stop_requested.is_set():
-            self.kill_now.set()
-        self.stop_requested.set()
+        self.stops += 1
         self.wakeup.set()
 
     def release(self) -> None:
         """`down` takes over: stop supervising, leave the roles running for it to stop."""
-        self.released.set()
+        self.released = True
         self.wakeup.set()
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stops > 0
+
+    @property
+    def kill_now(self) -> bool:
+        return self.stops > 1
 
     def sign_off(self) -> None:
         """The supervisor is going away: from now on no one watches these roles."""
         self.record = replace(self.record, supervisor=None)
         self.on_change(self.record)
+
+    def close(self) -> None:
+        """Abandon probes in flight (each ends within its HTTP budget) and close the wake-up pipe."""
+        self.probes.shutdown(wait=False, cancel_futures=True)
+        self.wakeup.close()
 
     def state_of(self, name: str) -> RoleState:
         return self.record.role(name).state
@@ -151,20 +228,23 @@ class Supervisor:
         self.on_change(self.record)
 
     def start(self) -> Outcome:
-        """Start roles as their dependencies become ready; return once all are ready or one failed."""
+        """Start roles as those they wait for become ready; return once all are ready and wired, or one failed."""
         while True:
             if interrupted := self._interruption():
                 return interrupted
             for run in self.runs.values():
-                deps_ready = all(self.state_of(d) is RoleState.READY for d in run.spec.depends_on if d in self.runs)
+                deps_ready = all(self.state_of(d) is RoleState.READY for d in self.start_after[run.spec.name])
                 if self.state_of(run.spec.name) is RoleState.PENDING and deps_ready:
                     if error := self._spawn(run, restart_note=None):
                         return self._fail(run, error)
                 if self.state_of(run.spec.name) is RoleState.STARTING and (reason := self._watch_starting(run)):
                     return self._fail(run, reason)
-                if self.state_of(run.spec.name) is RoleState.READY and (code := run.process.poll()) is not None:
-                    return self._fail(run, f"{describe_exit(code)} after it was ready, while others were starting")
-            if all(self.state_of(n) is RoleState.READY for n in self.runs):
+                if self.state_of(run.spec.name) is RoleState.READY:
+                    if (code := run.process.poll()) is not None:
+                        return self._fail(run, f"{describe_exit(code)} after it was ready, while others were starting")
+                    if not run.wired and (reason := self._watch_wiring(run)):
+                        return self._fail(run, reason)
+            if all(self.state_of(n) is RoleState.READY and r.wired for n, r in self.runs.items()):
                 return Outcome.READY
             self.clock.wait(self.wakeup, self._wait(STARTING_TICK))
 
@@ -176,12 +256,14 @@ class Supervisor:
             for run in self.runs.values():
                 name = run.spec.name
                 state = self.state_of(name)
+                if run.stopping:
+                    self._clear_leftovers(run)
                 if state is RoleState.READY and (code := run.process.poll()) is not None:
                     if fail_fast:
                         return self._fail(run, f"{describe_exit(code)} after it was ready")
                     self._role_down(run, describe_exit(code), failed=code != 0)
                 elif state is RoleState.RESTARTING and run.process is None:
-                    if self.clock.monotonic() >= run.restart_at:
+                    if run.stopping is None and self.clock.monotonic() >= run.restart_at:
                         record = self.record.role(name)
                         self._update(name, restarts=record.restarts + 1)
                         note = f"restart {record.restarts + 1} of {run.spec.restart.max} after: {record.reason}"
@@ -193,26 +275,46 @@ class Supervisor:
             self.clock.wait(self.wakeup, self._wait(IDLE_TICK))
 
     def stop(self) -> StopReport:
-        """Stop every started role, last wave first; roles of one wave stop together."""
-        killed: list[str] = []
-        survivors: list[str] = []
+        """Stop every started role, last wave first; roles of one wave stop together, each through
+        STOPPING (its stop signal sent, SIGKILL at the end of its grace or on a second Ctrl-C)."""
+        killed: list[str] = list(self.leftovers.killed)
+        survivors: list[str] = list(self.leftovers.survivors)
         for wave in self.plan.stop_waves():
-            records = [self.record.role(n) for n in wave]
-            report = self.processes.stop([r.stop_target() for r in records if r.process], self.kill_now)
-            killed += report.killed
-            survivors += report.survivors
-            for record in records:
-                if (run := self.runs[record.name]).process:
-                    run.process.poll()  # reap it
-                    run.process = None
-                state = RoleState.FAILED if record.state is RoleState.FAILED else RoleState.STOPPED
-                self._update(record.name, state=state, process=None, ready_at=None)
+            for name in wave:
+                self._begin_stop(self.runs[name])
+            while stopping := [self.runs[n] for n in wave if self.runs[n].stopping]:
+                now = self.clock.monotonic()
+                for run in stopping:
+                    if (report := run.stopping.poll(now, self.kill_now)) is not None:
+                        killed += report.killed
+                        survivors += report.survivors
+                        run.stopping = None
+                        self._stopped(run)
+                if any(r.stopping for r in stopping):
+                    self.clock.wait(self.wakeup, STOPPING_TICK)
         return StopReport(tuple(killed), tuple(survivors))
 
+    def _begin_stop(self, run: RoleRun) -> None:
+        record = self.record.role(run.spec.name)
+        run.probe = None
+        if record.process and run.stopping is None:
+            run.stopping = self.processes.stop([record.stop_target()], self.clock.monotonic())
+        if run.stopping is None:
+            self._stopped(run)
+        elif record.state in (RoleState.STARTING, RoleState.READY, RoleState.RESTARTING):
+            self._update(record.name, state=RoleState.STOPPING)
+
+    def _stopped(self, run: RoleRun) -> None:
+        if run.process:
+            run.process.poll()  # reap it
+            run.process = None
+        state = RoleState.FAILED if self.state_of(run.spec.name) is RoleState.FAILED else RoleState.STOPPED
+        self._update(run.spec.name, state=state, process=None, ready_at=None)
+
     def _interruption(self) -> Outcome | None:
-        if self.released.is_set():
+        if self.released:
             return Outcome.RELEASED
-        if self.stop_requested.is_set():
+        if self.stop_requested:
             return Outcome.INTERRUPTED
         return None
 
@@ -226,6 +328,7 @@ class Supervisor:
             return str(e)
         run.started_at = self.clock.monotonic()
         run.next_probe_at = run.started_at + spec.probe.interval
+        run.probe = None
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
@@ -238,29 +341,79 @@ class Supervisor:
         return Outcome.FAILED
 
     def _watch_starting(self, run: RoleRun) -> str | None:
-        """None while it may still become ready; else why it failed."""
+        """None while it may still become ready; else why it failed. Never waits for a probe."""
         if (code := run.process.poll()) is not None:
             # A port it needed taken meanwhile (by another role, say) is the likely reason: say who has it.
             return "; ".join([f"{describe_exit(code)} before it was ready", *self.ports_taken(run.spec, self.record)])
         now = self.clock.monotonic()
-        if now >= run.next_probe_at:
+        if run.probe is None and now >= run.next_probe_at:
             run.next_probe_at = now + run.spec.probe.interval
-            if run.check.check(alive_for=now - run.started_at):
+            run.probe, run.probe_sent_at = self.probes.submit(run.check.check, now - run.started_at), now
+            run.probe.add_done_callback(lambda _: self.wakeup.set())
+        if run.probe is not None and run.probe.done():
+            probe, run.probe = run.probe, None
+            if self._answered(run, probe):
+                run.next_probe_at = now  # its wiring, if it has any to show, is looked at right away
                 self._update(run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None)
                 return None
         if now - run.started_at > run.spec.probe.timeout:
-            return f"not ready after {run.spec.probe.timeout:g}s ({run.check.last_seen})"
+            seen = run.check.last_seen  # what the last probe that came back saw, unless one is overdue
+            if run.probe is not None and (now - run.probe_sent_at >= HTTP_TIMEOUT or seen == NO_ANSWER_YET):
+                seen = f"no answer to the probe sent {now - run.probe_sent_at:.1f}s ago"
+            return f"not ready after {run.spec.probe.timeout:g}s ({seen})"
         return None
+
+    def _watch_wiring(self, run: RoleRun) -> str | None:
+        """A ready role that must list its peers: look at its list every probe interval, in the pool, until
+        it holds them all; None while it may still, else why not (at its probe's timeout)."""
+        now = self.clock.monotonic()
+        # Only a look taken once every peer serves counts: a language worker lists its encoders from the start,
+        # and may evict a slow one for a while (it takes it back within one of its probe intervals).
+        peers_ready = all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
+        if not peers_ready:
+            run.next_probe_at = max(run.next_probe_at, now + run.spec.probe.interval)  # no need to wake before
+            return None  # a peer that never gets ready fails on its own probe's timeout
+        if run.probe is None and now >= run.next_probe_at:
+            run.next_probe_at = now + run.spec.probe.interval
+            run.probe, run.probe_sent_at = self.probes.submit(run.wiring.check, self.client), now
+            run.probe.add_done_callback(lambda _: self.wakeup.set())
+        if run.probe is not None and run.probe.done():
+            probe, run.probe = run.probe, None
+            result = probe.result() if not probe.cancelled() and probe.exception() is None else \
+                WiringResult(run.wiring.wires, f"wiring check error: {probe.exception()!r}")
+            run.check.last_seen = result.seen
+            run.unlisted = result.missing
+            counts = run.wiring.counts(result.missing)
+            if counts != self.record.role(run.spec.name).wiring:
+                self._update(run.spec.name, wiring=counts)
+            if not result.missing:
+                run.wired = True
+                return None
+        if now - run.started_at > run.spec.probe.timeout:
+            return run.wiring.failure(run.unlisted, run.spec.probe.timeout)
+        return None
+
+    @staticmethod
+    def _answered(run: RoleRun, probe: Future) -> bool:
+        if probe.cancelled():
+            return False
+        if (error := probe.exception()) is not None:
+            run.check.last_seen = f"probe error: {type(error).__name__}: {error}"
+            return False
+        return bool(probe.result())
 
     def _role_down(self, run: RoleRun, reason: str, failed: bool) -> None:
         """Its main process exited (or never became ready): clear what it left, then restart or give up."""
         record = self.record.role(run.spec.name)
         if record.process:
-            # Children it left (an engine's scheduler) still hold its GPUs and ports: kill them now.
-            self.processes.stop([StopTarget(record.name, record.process, "SIGKILL", 0.0)], self.kill_now)
+            # Children it left (an engine's scheduler) still hold its GPUs and ports: kill them now; the
+            # restart waits until they are gone.
+            run.stopping = self.processes.stop([StopTarget(record.name, record.process, "SIGKILL", 0.0)],
+                                               self.clock.monotonic())
         if run.process:
             run.process.poll()
         run.process = None
+        run.probe = None
         policy = run.spec.restart
         if failed and policy.policy is RestartPolicyKind.ON_FAILURE and record.restarts < policy.max:
             backoff = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2 ** record.restarts)
@@ -270,11 +423,24 @@ class Supervisor:
             gave_up = f"; gave up after {record.restarts} restarts" if failed and record.restarts else ""
             state = RoleState.FAILED if failed else RoleState.STOPPED
             self._update(record.name, state=state, reason=reason + gave_up, process=None)
+        if run.stopping:
+            self._clear_leftovers(run)
+
+    def _clear_leftovers(self, run: RoleRun) -> None:
+        if (report := run.stopping.poll(self.clock.monotonic(), True)) is not None:
+            run.stopping = None
+            self.leftovers = StopReport(self.leftovers.killed + report.killed,
+                                        self.leftovers.survivors + report.survivors)
 
     def _wait(self, tick: float) -> float:
-        """Sleep until the next probe is due, but no longer than `tick`."""
+        """Sleep until the next probe is due, but no longer than `tick`; a probe's answer wakes it sooner."""
         now = self.clock.monotonic()
         due = [r.next_probe_at for r in self.runs.values()
-               if self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING) and r.process]
+               if (self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING)
+                   or self.state_of(r.spec.name) is RoleState.READY and not r.wired) and r.process
+               and r.probe is None]
+        due += [r.restart_at for r in self.runs.values()
+                if self.state_of(r.spec.name) is RoleState.RESTARTING and r.process is None and r.restart_at]
+        if any(r.stopping for r in self.runs.values()):
+            due.append(now + STOPPING_TICK)
         return max(0.005, min([tick, *(d - now for d in due)]))
-

@@ -24,14 +24,17 @@ from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
                                    running_deployments, write_state)
+from muse_launch.run.start_policy import choose, engine_versions
 from muse_launch.run.supervisor import LocalProcesses, Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20
+StartAfter = dict[str, tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class UpOptions:
     fail_fast: bool = False
     keep: bool = False
     only: str | None = None
+    start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -78,6 +82,10 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     if options.only:
         plan, assumed = select_only(plan, options.only)
         saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
+    policy = choose(plan, options.start, engine_versions(plan))
+    plan = policy.plan
+    if policy.note:
+        saying(console)(policy.note)
     run_dir = RunDir.of(plan.name)
     lock = DeploymentLock(run_dir)
     try:
@@ -99,14 +107,14 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         record = planned_record(plan, str(source), redact)
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
-            return _detach(plan, record, run_dir, options, console, lock)
-        return _foreground(plan, record, run_dir, options, console)
+            return _detach(plan, record, run_dir, options, console, lock, policy.start_after)
+        return _foreground(plan, record, run_dir, options, console, policy.start_after)
     finally:
         lock.release()
 
 
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
-                report: Callable[[DeploymentRecord], None]) -> Supervisor:
+                report: Callable[[DeploymentRecord], None], start_after: StartAfter) -> Supervisor:
     me = ProcessRef(os.getpid(), psutil.Process().create_time())
     record = replace(record, supervisor=me)
 
@@ -116,7 +124,7 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
 
     on_change(record)
     return Supervisor(plan, record, run_dir, LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
-                      client, on_change=on_change, ports_taken=_ports_taken)
+                      client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after)
 
 
 def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
@@ -124,7 +132,10 @@ def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
 
 
 def _handle_signals(sup: Supervisor) -> dict[str, int]:
-    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over."""
+    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over.
+
+    The handlers only note the signal and wake the supervisor's loop (a flag and a byte down a pipe):
+    they take no lock and do no I/O that could block, whatever the loop was doing when they ran."""
     received: dict[str, int] = {}
 
     def interrupt(signum: int, frame) -> None:
@@ -137,21 +148,33 @@ def _handle_signals(sup: Supervisor) -> dict[str, int]:
     return received
 
 
-def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console) -> int:
-    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
-    with httpx.Client() as client:
-        sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r))
-        received = _handle_signals(sup)
-        started = time.monotonic()
-        with progress:
-            outcome = sup.start()
-        if outcome is Outcome.READY:
-            _say_ready(console, sup.record, time.monotonic() - started, detached=False)
-            progress = PlainProgress(console.file, sup.record)  # after ready: a line per change, between logs
-            printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
-            follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
-            outcome = sup.supervise(options.fail_fast, on_tick=lambda: follower.print_new(printer))
-        return _finish(sup, outcome, options, received, console, run_dir)
+def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
+                start_after: StartAfter) -> int:
+    # Everything this process prints goes through a thread of its own: a slow reader never stops supervision.
+    out = BackgroundWriter(console.file)
+    quiet = Console(file=out, force_terminal=console.is_terminal, width=console.width,
+                    color_system=console.color_system)
+    progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
+    try:
+        with httpx.Client(verify=False) as client:  # plain HTTP to the roles: no CA bundle to load (~30 ms)
+            sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after)
+            try:
+                received = _handle_signals(sup)
+                started = time.monotonic()
+                with progress:
+                    outcome = sup.start()
+                if outcome is Outcome.READY:
+                    _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
+                    progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
+                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+                    follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
+                    out.follow(lambda: follower.print_new(printer))
+                    outcome = sup.supervise(options.fail_fast)
+                return _finish(sup, outcome, options, received, quiet, run_dir)
+            finally:
+                sup.close()
+    finally:
+        out.close()
 
 
 def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dict[str, int], console: Console,
@@ -213,7 +236,7 @@ def invoked_as() -> str:
 
 
 def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
-            lock: DeploymentLock) -> int:
+            lock: DeploymentLock, start_after: StartAfter) -> int:
     """Double fork: the supervisor leaves this session, so closing the terminal does not touch it.
 
     It reports through a pipe: its pid, then "ready" (or EOF, once it has cleaned up a failure).
@@ -228,8 +251,11 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
             os._exit(0)
         code = 1
         try:
-            code = _run_detached(plan, record, run_dir, options, write_end)
+            code = _run_detached(plan, record, run_dir, options, write_end, start_after)
         finally:
+            # Free the lock now: a process with threads (the probes') is a zombie to `down` before
+            # the kernel closes its files, and `down` takes the lock as soon as it sees a zombie.
+            lock.release()
             os._exit(code)  # never back into the command line's code in this process
     os.close(write_end)
     os.waitpid(child, 0)
@@ -237,7 +263,8 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
     return _await_detached(run_dir, read_end, console, record)
 
 
-def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int) -> int:
+def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int,
+                  start_after: StartAfter) -> int:
     log = os.open(run_dir.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -245,8 +272,8 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
     os.dup2(log, 2)  # nothing may keep the caller's terminal or pipe open
     console = Console(file=sys.stdout, force_terminal=False, width=200)
     try:
-        with httpx.Client() as client:
-            sup = _supervisor(plan, record, run_dir, client, PlainProgress(sys.stdout).update)
+        with httpx.Client(verify=False) as client:  # before the first spawn: no CA bundle to load (~30 ms)
+            sup = _supervisor(plan, record, run_dir, client, PlainProgress(sys.stdout).update, start_after)
             received = _handle_signals(sup)
             os.write(pipe, f"pid {os.getpid()}\n".encode())
             outcome = sup.start()
@@ -255,7 +282,9 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
                 os.close(pipe)
                 pipe = -1
                 outcome = sup.supervise(options.fail_fast)
-            return _finish(sup, outcome, options, received, console, run_dir)
+            code = _finish(sup, outcome, options, received, console, run_dir)
+            sup.close()
+            return code
     except BaseException:
         traceback.print_exc()
         return 1

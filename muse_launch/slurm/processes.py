@@ -119,50 +119,65 @@ class SlurmProcesses:
                 self.step_ids[role] = found
         return self.step_ids.get(role)
 
-    def stop(self, targets: list[StopTarget], kill_now: threading.Event) -> StopReport:
-        return stop_steps(self.job_id, targets, kill_now, self.clients, self.step_ids)
+    def stop(self, targets: list[StopTarget], now: float) -> StepStop:
+        """The supervisor's seam (run/supervisor.py Processes): signals now, polled until done."""
+        return StepStop(self.job_id, targets, now, self.clients, self.step_ids)
+
+
+class StepStop:
+    """Stopping roles' steps, as a state with deadlines (the supervisor's loop polls it, never waits on it):
+    their signal now, SIGKILL at the end of each one's grace or on `kill_now`; done once SLURM lists none
+    of them and their srun clients (when this process started them) have exited."""
+
+    def __init__(self, job_id: str, targets: list[StopTarget], now: float,
+                 clients: Mapping[str, SpawnedProcess] | None = None, known: Mapping[str, str] | None = None):
+        self.job_id = job_id
+        self.clients = clients or {}
+        self.targets = list(targets)
+        self.started = now
+        listed = cluster.steps(job_id)
+        step_ids = {t.role: listed.get(t.role) or (known or {}).get(t.role) for t in targets}
+        for t in targets:
+            if step_ids[t.role]:
+                cluster.signal_step(step_ids[t.role], t.signal)
+            elif (client := self.clients.get(t.role)) is not None and client.poll() is None:
+                client.popen.send_signal(signal.Signals[t.signal])  # no step yet: srun cancels its request
+        self.remaining = {t.role: t for t in targets}
+        self.killed_at: dict[str, float] = {}
+        self.killed: list[str] = []
+        self.survivors: list[str] = []
+
+    def poll(self, now: float, kill_now: bool = False) -> StopReport | None:
+        listed = cluster.steps(self.job_id) if self.remaining else {}
+        for role, t in list(self.remaining.items()):
+            client = self.clients.get(role)
+            client_alive = client is not None and client.poll() is None
+            if role not in listed and not client_alive:
+                del self.remaining[role]
+                continue
+            if role not in self.killed_at and (now - self.started >= t.grace or kill_now):
+                if role in listed:
+                    cluster.signal_step(listed[role], "KILL")
+                    self.killed.append(f"{role}: step {listed[role]}")
+                if client_alive:
+                    client.popen.kill()
+                self.killed_at[role] = now
+            elif role in self.killed_at and now - self.killed_at[role] > AFTER_KILL_SECONDS:
+                self.survivors.append(f"{role}: step {listed.get(role, '?')} still listed after SIGKILL")
+                del self.remaining[role]
+        if self.remaining:
+            return None
+        for t in self.targets:
+            if (client := self.clients.get(t.role)) is not None:
+                client.poll()  # reap it
+        return StopReport(tuple(self.killed), tuple(self.survivors))
 
 
 def stop_steps(job_id: str, targets: list[StopTarget], kill_now: threading.Event | None = None,
                clients: Mapping[str, SpawnedProcess] | None = None,
                known: Mapping[str, str] | None = None) -> StopReport:
-    """Stop roles' steps together: signal, grace, SIGKILL; until SLURM lists none of them and
-    their srun clients (when this process started them) have exited."""
-    clients = clients or {}
-    listed = cluster.steps(job_id)
-    step_ids = {t.role: listed.get(t.role) or (known or {}).get(t.role) for t in targets}
-    started = time.monotonic()
-    for t in targets:
-        if step_ids[t.role]:
-            cluster.signal_step(step_ids[t.role], t.signal)
-        elif (client := clients.get(t.role)) is not None and client.poll() is None:
-            client.popen.send_signal(signal.Signals[t.signal])  # no step yet: srun cancels its request
-    remaining = {t.role: t for t in targets}
-    killed_at: dict[str, float] = {}
-    killed: list[str] = []
-    survivors: list[str] = []
-    while remaining:
-        listed = cluster.steps(job_id)
-        now = time.monotonic()
-        for role, t in list(remaining.items()):
-            client = clients.get(role)
-            client_alive = client is not None and client.poll() is None
-            if role not in listed and not client_alive:
-                del remaining[role]
-                continue
-            if role not in killed_at and (now - started >= t.grace or (kill_now is not None and kill_now.is_set())):
-                if role in listed:
-                    cluster.signal_step(listed[role], "KILL")
-                    killed.append(f"{role}: step {listed[role]}")
-                if client_alive:
-                    client.popen.kill()
-                killed_at[role] = now
-            elif role in killed_at and now - killed_at[role] > AFTER_KILL_SECONDS:
-                survivors.append(f"{role}: step {listed.get(role, '?')} still listed after SIGKILL")
-                del remaining[role]
-        if remaining:
-            time.sleep(POLL_SECONDS)
-    for role in (t.role for t in targets):
-        if (client := clients.get(role)) is not None:
-            client.poll()  # reap it
-    return StopReport(tuple(killed), tuple(survivors))
+    """Stop roles' steps together and wait until they are gone (`down`: nothing else to do)."""
+    stop = StepStop(job_id, targets, time.monotonic(), clients, known)
+    while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
+        time.sleep(POLL_SECONDS)
+    return report

@@ -188,6 +188,9 @@ class Topology(Strict):
     launcher: Argv | None = Field(None, description="default program for engine workers")
     nodes: dict[str, NodeConfig] = {}
     rehearse: RehearseConfig = RehearseConfig()
+    start: Literal["overlap", "waves"] | None = Field(
+        None, description="overlap: roles whose engines tolerate a late peer start together (default where the "
+                          "installed versions allow it); waves: each role once all it is wired to are ready")
     roles: dict[str, Role] = Field(min_length=1)
 
     @field_validator("hardware")

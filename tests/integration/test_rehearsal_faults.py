@@ -218,3 +218,23 @@ def test_two_routers_on_one_metrics_port(rehearsals):
                      r"is in use by pid \d+ \(role router, ", out), out
     assert "router2 | " in out and "Address already in use" in out, out
     assert "everything started was stopped" in out, out
+
+
+def test_language_worker_given_a_wrong_encoder_url(rehearsals):
+    """(c) SGLang 0.5.23 reports the prefill healthy without its encoder; `up` waits for the prefill's
+    encoder list to hold the encoder the file wires to it, and at the prefill's timeout fails naming
+    both ends and the URL (issue 14)."""
+    (nowhere,) = free_ports(1)
+    plan, source = rehearsal("epd-b300")
+    prefill = plan.spec("prefill")
+    plan = change(plan, "prefill", probe=replace(prefill.probe, timeout=6.0),
+                  args=swap(prefill.args, ["--encoder-urls", "http://127.0.0.1:30010"],
+                            ["--encoder-urls", f"http://127.0.0.1:{nowhere}"]))
+    d, up = rehearsals.up(plan, source)
+    assert up.returncode == 1, up.stdout + up.stderr
+    assert "error: role prefill failed: not wired after 6s: its encoder list (GET " \
+           "http://127.0.0.1:8997/list_encoder_urls) does not hold encoder encoder at http://127.0.0.1:30010" \
+           in up.stdout, up.stdout + up.stderr
+    status = d.status()
+    assert status["state"] == "stopped"
+    assert {r["name"]: r["wiring"] for r in status["roles"]}["prefill"] == {"encoder": "0/1"}

@@ -16,7 +16,9 @@ def test_a_role_crashing_after_ready_is_restarted_on_the_same_port(deployment, t
     crashed_once = tmp_path / "crashed"
     topology = deployment.write({
         "base": stand_in(base),
-        "flaky": stand_in(port, "--crash-after-ready", 1.0, "--crash-once", crashed_once, after=["base"],
+        # Ready 2 s after each start: "restarting" lasts the 1 s backoff and those 2 s, long enough to see.
+        "flaky": stand_in(port, "--ready-after", 2.0, "--crash-after-ready", 1.0, "--crash-once", crashed_once,
+                          after=["base"],
                           restart={"policy": "on-failure", "max": 2}),
     })
     up = deployment.cli("up", topology, "--detach")

@@ -54,19 +54,47 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
     p.add_argument("--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent")
     p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
+    p.add_argument("--hang", action="store_true", help="accept every connection and never answer")
+    p.add_argument("--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second")
     p.add_argument("--model-path", default=os.path.dirname(os.path.abspath(__file__)))
     # SGLang's own flags, when the planner renders this script in place of `sglang serve`.
     p.add_argument("--disaggregation-mode")
     p.add_argument("--disaggregation-bootstrap-port", type=int)
     p.add_argument("--language-only", action="store_true")
     p.add_argument("--encoder-bootstrap-port", type=int)
+    p.add_argument("--encoder-urls", nargs="*", default=[])
+    # A router's wiring, when a topology's router `launcher:` puts this script in its place: GET /workers lists it.
+    p.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]")
+    p.add_argument("--decode", action="append", default=[])
+    p.add_argument("--worker-urls", nargs="*", default=[])
     args, _ = p.parse_known_args(argv)
-    # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker.
+    # Hold the ports SGLang 0.5.23 binds: KV bootstrap on a prefill, encoder bootstrap on a language worker
+    # (which answers GET /list_encoder_urls there: its --encoder-urls, see encoder_list_server).
     if args.disaggregation_mode == "prefill" and args.disaggregation_bootstrap_port:
         args.also_listen.append(args.disaggregation_bootstrap_port)
-    if args.language_only and args.encoder_bootstrap_port:
-        args.also_listen.append(args.encoder_bootstrap_port)
     return args
+
+
+def encoder_list_server(host: str, port: int, urls: list[str]) -> ThreadingHTTPServer:
+    """A language worker's encoder bootstrap server, as SGLang 0.5.23 has it: up before the worker's
+    own /health, listing --encoder-urls (this stand-in never evicts one)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = {"encoder_urls": urls} if self.path == "/list_encoder_urls" else "OK"
+            data = json.dumps(body).encode()
+            self.send_response(200 if self.path in ("/list_encoder_urls", "/health") else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, fmt: str, *a) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def main(argv: list[str]) -> None:
@@ -79,11 +107,16 @@ def main(argv: list[str]) -> None:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            if args.hang:
+                time.sleep(3600)  # the connection stays open, unanswered
             if path in HEALTH_PATHS:
                 self.reply(200 if is_ready() else 503, {"status": "ok" if is_ready() else "starting"})
             elif path in SERVER_INFO_PATHS:
                 info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True}
                 self.reply(200, info)
+            elif path == "/workers" and (args.prefill or args.decode or args.worker_urls):
+                urls = [p[0] for p in args.prefill] + args.decode + args.worker_urls
+                self.reply(200, {"workers": [{"url": u, "is_healthy": True} for u in urls], "total": len(urls)})
             elif path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": args.model_path, "object": "model"}]})
             else:
@@ -113,6 +146,8 @@ def main(argv: list[str]) -> None:
         signal.signal(signal.SIGTERM, lambda *_: stop_later(args.stop_delay))
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    if args.language_only and args.encoder_bootstrap_port:
+        encoder_list_server(args.host, args.encoder_bootstrap_port, args.encoder_urls)
     held = [socket.create_server((args.host, port)) for port in args.also_listen]  # noqa: F841 (held open until exit)
     print(f"stand-in pid {os.getpid()} listening on {args.host}:{args.port} {args.also_listen}", flush=True)
 
@@ -131,6 +166,14 @@ def main(argv: list[str]) -> None:
     watch_lifecycle(args, ready_at)
 
 
+def spew(per_second: int) -> None:
+    for second in range(3600):
+        for i in range(per_second // 100):
+            print(f"{second:04d} {i:06d} " + "x" * 88)
+        sys.stdout.flush()
+        time.sleep(1.0)
+
+
 def stop_later(delay: float) -> None:
     print(f"SIGTERM: stopping in {delay}s", flush=True)
     threading.Timer(delay, lambda: os._exit(0)).start()
@@ -144,6 +187,8 @@ def watch_lifecycle(args: argparse.Namespace, ready_at: float) -> None:
     if ready_at != float("inf"):
         time.sleep(max(0.0, ready_at - process_age()))
         print(f"ready after {process_age():.2f}s", flush=True)
+        if args.spew:
+            threading.Thread(target=spew, args=(args.spew,), daemon=True).start()
         if args.crash_after_ready is not None and not (args.crash_once and os.path.exists(args.crash_once)):
             time.sleep(args.crash_after_ready)
             if args.crash_once:

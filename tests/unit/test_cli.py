@@ -147,12 +147,20 @@ def script(*args: str, env: dict[str, str] | None = None, home: Path) -> subproc
 
 
 @pytest.mark.parametrize("argv, code", [
-    (["frobnicate"], 2), (["status"], 1), (["down"], 0), (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1),
+    (["frobnicate"], 2), (["status"], 1), (["down"], 0),
+    (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1),
 ])
 def test_the_shell_sees_the_exit_code(argv: list[str], code: int, home: Path) -> None:
     run = script(*argv, home=home)
     assert run.returncode == code, run.stdout + run.stderr
     assert "Traceback" not in run.stdout + run.stderr
+
+
+def test_output_to_a_pipe_is_all_there_at_exit(home: Path) -> None:
+    """main() leaves without the interpreter's teardown: only after flushing what it printed."""
+    run = script("plan", EPD, "--format", "json", home=home)
+    assert run.returncode == 0 and json.loads(run.stdout)["name"] == "epd-b300"
+    assert script("validate", EPD, home=home).stdout == f"{EPD}: ok (4 roles, 0 errors, 0 warnings)\n"
 
 
 def test_an_internal_error_in_a_real_process(home: Path) -> None:
@@ -189,7 +197,8 @@ HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "
 ])
 def test_each_command_imports_only_what_it_needs(argv: list[str], allowed: set[str], home: Path) -> None:
     probe = ("import json, sys\nfrom muse_launch.cli import run\ncode = run(sys.argv[1:])\n"
-             "print(json.dumps([code, sorted({m.split('.')[0] for m, v in sys.modules.items() if v is not None})]), file=sys.stderr)\n")
+             "loaded = {m.split('.')[0] for m, v in sys.modules.items() if v is not None}\n"
+             "print(json.dumps([code, sorted(loaded)]), file=sys.stderr)\n")
     run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)})
     code, modules = json.loads(run.stderr.splitlines()[-1])

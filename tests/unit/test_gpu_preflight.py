@@ -16,7 +16,7 @@ from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import Plan
 from muse_launch.run.gpus import (GpuNeed, Owners, await_gpu_release, deployment_holders, gpu_needs, gpu_problems,
-                                  preflight_for, role_gpu_memory)
+                                  one_host, preflight_for, role_gpu_memory)
 from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.state import DeploymentRecord, RoleRecord
 from muse_launch.plan.spec import Probe, ProbeKind
@@ -225,7 +225,17 @@ def test_status_json_carries_each_roles_gpu_memory_or_null():
     from muse_launch.run.status import gpu_memory_now, status_json
 
     record = record_with(None)
-    out = status_json(record, {"prefill": None}, {"prefill": {0: 60 * GIB, 1: 50 * GIB}})
+    out = status_json(record, {"prefill": None}, gpu_memory={"prefill": {0: 60 * GIB, 1: 50 * GIB}})
     assert out["roles"][0]["gpu_memory"] == {"total_bytes": 110 * GIB, "by_gpu": {"0": 60 * GIB, "1": 50 * GIB}}
     unreadable = gpu_memory_now(record, lambda: GpuView("none", unavailable="no NVML"))
-    assert unreadable is None and status_json(record, {"prefill": None}, unreadable)["roles"][0]["gpu_memory"] is None
+    assert unreadable is None
+    assert status_json(record, {"prefill": None}, gpu_memory=unreadable)["roles"][0]["gpu_memory"] is None
+
+
+def test_a_multi_node_plan_is_judged_one_host_at_a_time():
+    loaded = load_topology(ROOT / "topologies" / "h200-bf16-2node.yaml", environ={})
+    needs = gpu_needs(build_plan(loaded.topology), loaded.topology)
+    assert [n.name for n in needs] == ["server@node0", "server@node1"]
+    [node0] = one_host(needs)
+    assert node0.name == "server@node0" and node0.share_bytes == 1959 * 10**9 // 16
+    assert gpu_problems([node0], PROFILES["h200"], h200s(8), Owners([])) == ([], [])

@@ -31,6 +31,7 @@ def test_transitions_are_guarded():
     ([RoleState.READY, RoleState.RESTARTING], DeploymentState.DEGRADED),
     ([RoleState.READY, RoleState.FAILED], DeploymentState.DEGRADED),
     ([RoleState.STOPPED, RoleState.FAILED], DeploymentState.STOPPED),
+    ([RoleState.READY, RoleState.STOPPING, RoleState.STOPPED], DeploymentState.STOPPING),
 ])
 def test_deployment_state_follows_its_roles(states, expected):
     assert deployment_state(states) is expected
@@ -57,9 +58,11 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     assert again.stop_waves == (("router",), ("prefill",))
     assert again.status_dict() == {"name": "demo", "supervisor_pid": None, "state": "stopped", "roles": [
         {"name": "prefill", "kind": "prefill", "state": "pending", "pid": None, "pgid": None, "gpus": [0, 1],
-         "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "ready_at": None},
+         "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "ready_at": None,
+         "wiring": {}},
         {"name": "router", "kind": "router", "state": "pending", "pid": None, "pgid": None, "gpus": [],
-         "url": "http://127.0.0.1:8000", "ports": {"http": 8000}, "restarts": 0, "ready_at": None},
+         "url": "http://127.0.0.1:8000", "ports": {"http": 8000}, "restarts": 0, "ready_at": None,
+         "wiring": {"prefill": "0/1"}},  # the router must list its prefill
     ]}
 
 

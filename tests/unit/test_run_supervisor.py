@@ -4,15 +4,17 @@ transport that answers each role's probe from its script (after honcho's test_ma
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import httpx
 import pytest
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind
 from muse_launch.run.lifecycle import DeploymentState, RoleState
-from muse_launch.run.process import ProcessRef, StopReport
+from muse_launch.run.process import ProcessRef, StopReport, StopTarget
 from muse_launch.run.state import DeploymentRecord, RunDir, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 
@@ -20,6 +22,10 @@ from muse_launch.run.supervisor import Outcome, Supervisor
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
+        self.alarms: list[tuple[float, Callable[[], None]]] = []  # (when, what): a signal arriving then
+
+    def at(self, when: float, what: Callable[[], None]) -> None:
+        self.alarms.append((when, what))
 
     def monotonic(self) -> float:
         return self.now
@@ -29,6 +35,9 @@ class FakeClock:
 
     def wait(self, wakeup, seconds: float) -> None:
         self.now += seconds
+        for alarm in [a for a in self.alarms if a[0] <= self.now]:
+            self.alarms.remove(alarm)
+            alarm[1]()
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,9 @@ class Script:
     ready_after: float = 0.0
     exit_after: float = math.inf
     code: int = 1
+    stop_after: float = 0.0  # from its stop signal to its exit (inf: only SIGKILL ends it)
+    hangs: bool = False  # accepts the probe's connection and never answers
+    dies_after_kill: float = 0.0  # from SIGKILL to gone (uninterruptible sleep in a driver call)
 
 
 @dataclass
@@ -46,7 +58,7 @@ class FakeProcess:
     clock: FakeClock
     started: float
     script: Script
-    stopped: bool = False
+    stopped: bool = False  # its stop is complete
 
     def poll(self) -> int | None:
         if self.stopped:
@@ -62,8 +74,9 @@ class FakeProcesses:
     clock: FakeClock
     scripts: dict[str, list[Script]]
     spawned: list[tuple[float, str]] = field(default_factory=list)
-    stopped: list[list[str]] = field(default_factory=list)
+    stopped: list[tuple[float, str]] = field(default_factory=list)  # when each role's stop signal went
     current: dict[str, FakeProcess] = field(default_factory=dict)
+    listed_from: dict[str, float] = field(default_factory=dict)  # a router lists this worker from then (default 0)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> FakeProcess:
         count = sum(1 for _, name in self.spawned if name == spec.name)
@@ -74,20 +87,68 @@ class FakeProcesses:
         self.current[spec.name] = process
         return process
 
-    def stop(self, targets, kill_now) -> StopReport:
-        self.stopped.append([t.role for t in targets])
-        for target in targets:
-            self.current[target.role].stopped = True
-        return StopReport()
+    def stop(self, targets: list[StopTarget], now: float) -> FakeStop:
+        self.stopped += [(now, t.role) for t in targets]
+        return FakeStop([(t, self.current[t.role]) for t in targets], now)
 
     def transport(self, ports: dict[int, str]) -> httpx.MockTransport:
         def answer(request: httpx.Request) -> httpx.Response:
             process = self.current.get(ports[request.url.port])
             if process is None or process.poll() is not None:
                 raise httpx.ConnectError("connection refused", request=request)
+            if process.script.hangs:
+                raise Hang()
+            if request.url.path == "/workers":  # a router's worker list: every other ready role, once listed
+                return httpx.Response(200, json={"workers": [
+                    {"url": f"http://127.0.0.1:{port}", "is_healthy": True} for port, name in ports.items()
+                    if name in self.current and self.current[name].ready()
+                    and self.clock.now >= self.listed_from.get(name, 0.0)]})
             return httpx.Response(200 if process.ready() else 503)
 
         return httpx.MockTransport(answer)
+
+
+@dataclass
+class FakeStop:
+    """Each process exits `stop_after` its stop signal, or is killed at the end of its grace."""
+
+    targets: list[tuple[StopTarget, FakeProcess]]
+    sent_at: float
+    killed: list[str] = field(default_factory=list)
+    kill_at: float = 0.0
+
+    def poll(self, now: float, kill_now: bool) -> StopReport | None:
+        for target, process in self.targets:
+            if process.stopped:
+                continue
+            exits_at = self.sent_at + process.script.stop_after
+            if process.script.dies_after_kill and process.poll() is not None:
+                exits_at = math.inf  # its main process is gone; the children it left only go with SIGKILL
+            if target.role not in self.killed and (now >= self.sent_at + target.grace or kill_now) and now < exits_at:
+                self.killed.append(target.role)
+                self.kill_at = now
+            if now >= exits_at or (target.role in self.killed and now >= self.kill_at + process.script.dies_after_kill):
+                process.stopped = True
+        return StopReport(tuple(self.killed)) if all(p.stopped for _, p in self.targets) else None
+
+
+class Hang(Exception):
+    """Raised by the transport for a probe that never gets an answer."""
+
+
+class InlineProbes(Executor):
+    """Runs each probe at once on the caller's thread; a probe that hangs never completes."""
+
+    def __init__(self) -> None:
+        self.hanging: list[Future] = []
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Hang:
+            self.hanging.append(future)  # pending for ever: its role is never probed again meanwhile
+        return future
 
 
 def spec(name: str, port: int, *depends_on: str, timeout: float = 60.0, restart_max: int = 3,
@@ -109,6 +170,10 @@ class Harness:
     processes: FakeProcesses
     records: list[DeploymentRecord]
 
+    def first(self, role: str, state: RoleState) -> int:
+        """The index of the first record in which the role is in this state."""
+        return next(i for i, record in enumerate(self.records) if record.role(role).state is state)
+
     def states(self, role: str) -> list[RoleState]:
         """The role's distinct states, in order."""
         out: list[RoleState] = []
@@ -124,7 +189,7 @@ def harness(tmp_path: Path, plan: Plan, scripts: dict[str, list[Script]]) -> Har
     client = httpx.Client(transport=processes.transport({s.ports["http"]: s.name for s in plan.specs}))
     records: list[DeploymentRecord] = []
     supervisor = Supervisor(plan, planned_record(plan, "test.yaml", str), RunDir(tmp_path), processes, client,
-                            clock=clock, on_change=records.append)
+                            clock=clock, on_change=records.append, probes=InlineProbes())
     return Harness(supervisor, clock, processes, records)
 
 
@@ -158,10 +223,17 @@ def test_a_role_that_never_answers_times_out(tmp_path):
 
 
 def test_stop_goes_in_reverse_dependency_order_wave_by_wave(tmp_path):
-    h = harness(tmp_path, EPD, {})
+    h = harness(tmp_path, EPD, {"router": [Script(stop_after=1.0)], "decode": [Script(stop_after=0.5)],
+                                "prefill": [Script(stop_after=2.0)]})
     assert h.supervisor.start() is Outcome.READY
+    began = h.clock.now
     h.supervisor.stop()
-    assert h.processes.stopped == [["router"], ["decode", "prefill"], ["encoder"]]
+    stopped = {name: at - began for at, name in h.processes.stopped}
+    assert list(stopped) == ["router", "decode", "prefill", "encoder"]
+    assert stopped["router"] == 0.0
+    assert stopped["decode"] == stopped["prefill"] == pytest.approx(1.0, abs=0.03)  # together, once router exited
+    assert stopped["encoder"] == pytest.approx(3.0, abs=0.05)  # once the slower of the two exited
+    assert h.states("prefill")[-3:] == [RoleState.READY, RoleState.STOPPING, RoleState.STOPPED]
     assert all(r.state is RoleState.STOPPED and r.process is None for r in h.supervisor.record.roles)
     assert h.supervisor.record.state is DeploymentState.STOPPED
 
@@ -207,9 +279,9 @@ def test_ctrl_c_stops_and_a_second_one_kills(tmp_path):
     h = harness(tmp_path, EPD, {"encoder": [Script(10.0)]})
     h.supervisor.request_stop()
     assert h.supervisor.start() is Outcome.INTERRUPTED
-    assert not h.supervisor.kill_now.is_set()
+    assert not h.supervisor.kill_now
     h.supervisor.request_stop()
-    assert h.supervisor.kill_now.is_set()
+    assert h.supervisor.kill_now
 
 
 def test_down_taking_over_releases_the_roles(tmp_path):
@@ -218,6 +290,7 @@ def test_down_taking_over_releases_the_roles(tmp_path):
     h.supervisor.release()
     assert h.supervisor.supervise(fail_fast=False) is Outcome.RELEASED
     assert h.processes.stopped == []
+    assert h.supervisor.record.state is DeploymentState.READY
 
 
 def test_a_ready_role_dying_while_others_start_fails_the_start(tmp_path):
@@ -226,3 +299,99 @@ def test_a_ready_role_dying_while_others_start_fails_the_start(tmp_path):
     assert h.supervisor.failed_role == "encoder"
     reason = h.supervisor.record.role("encoder").reason
     assert reason == "exited with code 1 after it was ready, while others were starting"
+
+
+def test_probes_that_never_answer_delay_no_other_role(tmp_path):
+    """Five roles accept the probe's connection and never answer; another becomes ready and a third
+    crashes meanwhile: both are seen when they happen, and each hung role has one probe in flight."""
+    hung = [f"hung{i}" for i in range(5)]
+    plan = Plan("hung", tuple(spec(n, i + 10) for i, n in enumerate(hung)) + (spec("quick", 1), spec("crashing", 2)),
+                (tuple(hung) + ("quick", "crashing"),))
+    h = harness(tmp_path, plan, {**{n: [Script(hangs=True)] for n in hung}, "quick": [Script(1.0)],
+                                 "crashing": [Script(60.0, exit_after=2.0, code=3)]})
+    assert h.supervisor.start() is Outcome.FAILED
+    assert h.supervisor.failed_role == "crashing"
+    assert h.supervisor.record.role("crashing").reason == "exited with code 3 before it was ready"
+    assert h.clock.now == pytest.approx(2.0, abs=0.11)  # on the fake clock: the crash noticed within a tick
+    assert h.states("quick")[-1] is RoleState.READY and h.states("crashing")[-1] is RoleState.FAILED
+    assert h.first("quick", RoleState.READY) < h.first("crashing", RoleState.FAILED)
+    assert all(h.supervisor.record.role(n).state is RoleState.STARTING for n in hung)
+    assert len(h.supervisor.probes.hanging) == 5  # one probe in flight each, not one per interval
+
+
+def test_a_hung_probe_times_out_its_own_role_only(tmp_path):
+    plan = Plan("one", (spec("hung", 1, timeout=3.0), spec("other", 2)), (("hung", "other"),))
+    h = harness(tmp_path, plan, {"hung": [Script(hangs=True)], "other": [Script(0.5)]})
+    assert h.supervisor.start() is Outcome.FAILED
+    assert h.states("other")[-1] is RoleState.READY
+    assert h.supervisor.record.role("hung").reason.startswith("not ready after 3s (no answer to the probe sent ")
+
+
+def test_leftovers_that_take_long_to_die_delay_only_their_own_restart(tmp_path):
+    """A dead role's children survive SIGKILL for 8 s (a driver call): its restart waits for them,
+    while another role's crash meanwhile is handled at once."""
+    plan = Plan("two", (spec("stuck", 1), spec("flaky", 2)), (("stuck", "flaky"),))
+    h = harness(tmp_path, plan, {"stuck": [Script(0.1, exit_after=1.0, dies_after_kill=8.0), Script(0.1)],
+                                 "flaky": [Script(0.1, exit_after=2.0), Script(0.1)]})
+    assert h.supervisor.start() is Outcome.READY
+    ticks = []
+    h.supervisor.supervise(False, on_tick=lambda: ticks.append(1) if h.clock.now < 15 else h.supervisor.request_stop())
+    spawns = {name: [at for at, n in h.processes.spawned if n == name] for name in ("stuck", "flaky")}
+    assert spawns["flaky"][1] == pytest.approx(2.0 + 1.0, abs=0.3)  # died at 2 s, 1 s backoff: not held up
+    assert spawns["stuck"][1] == pytest.approx(1.0 + 8.0, abs=0.3)  # not at 2 s: its leftovers were alive
+    assert h.states("stuck")[-2:] == [RoleState.RESTARTING, RoleState.READY]
+    assert h.supervisor.record.state is DeploymentState.READY
+
+
+def test_a_second_ctrl_c_during_the_grace_kills_at_once(tmp_path):
+    plan = Plan("one", (spec("stubborn", 1),), (("stubborn",),))
+    h = harness(tmp_path, plan, {"stubborn": [Script(0.1, stop_after=math.inf)]})
+    assert h.supervisor.start() is Outcome.READY
+    h.supervisor.request_stop()
+    began = h.clock.now
+    h.clock.at(began + 1.0, h.supervisor.request_stop)
+    report = h.supervisor.stop()
+    assert report.killed == ("stubborn",)
+    assert h.clock.now - began == pytest.approx(1.0, abs=0.05)  # not its 30 s grace
+    assert h.states("stubborn")[-2:] == [RoleState.STOPPING, RoleState.STOPPED]
+
+
+def test_a_role_ignoring_its_stop_signal_is_killed_at_the_end_of_its_grace(tmp_path):
+    plan = Plan("one", (spec("stubborn", 1),), (("stubborn",),))
+    h = harness(tmp_path, plan, {"stubborn": [Script(0.1, stop_after=math.inf)]})
+    assert h.supervisor.start() is Outcome.READY
+    began = h.clock.now
+    assert h.supervisor.stop().killed == ("stubborn",)
+    assert h.clock.now - began == pytest.approx(30.0, abs=0.05)
+
+
+def worker(name: str, port: int, kind: str) -> LaunchSpec:
+    return replace(spec(name, port), kind=kind, engine="sglang")
+
+
+PD = Plan("pd", (worker("prefill-0", 2, "prefill"), worker("prefill-1", 3, "prefill"), worker("decode", 5, "decode"),
+                 replace(spec("router", 4, "prefill-0", "prefill-1", "decode", timeout=20.0), kind="router",
+                         engine="sglang-router")),
+          (("prefill-0", "prefill-1", "decode"), ("router",)))
+
+
+def test_ready_waits_until_the_router_lists_every_worker(tmp_path):
+    h = harness(tmp_path, PD, {})
+    h.processes.listed_from["prefill-1"] = 3.0  # registered late: the router's own probe is ready long before
+    assert h.supervisor.start() is Outcome.READY
+    assert h.clock.now >= 3.0
+    wiring = [r.role("router").wiring for r in h.records]
+    assert (("prefill", 1, 2), ("decode", 1, 1)) in wiring
+    assert wiring[-1] == (("prefill", 2, 2), ("decode", 1, 1))
+    assert DeploymentState.STARTING in {r.state for r in h.records if r.role("router").state is RoleState.READY}
+    assert h.supervisor.record.state is DeploymentState.READY
+
+
+def test_a_worker_the_router_never_lists_fails_up_naming_both_ends(tmp_path):
+    h = harness(tmp_path, PD, {})
+    h.processes.listed_from["prefill-1"] = math.inf
+    assert h.supervisor.start() is Outcome.FAILED
+    router = h.supervisor.record.role("router")
+    assert router.reason == ("not wired after 20s: the router's worker list (GET http://127.0.0.1:4/workers) "
+                             "does not hold as healthy prefill prefill-1 at http://127.0.0.1:3")
+    assert router.wiring == (("prefill", 1, 2), ("decode", 1, 1))

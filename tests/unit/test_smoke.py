@@ -3,6 +3,7 @@ deployment is gone: stopped, its state lost or damaged, its router not answering
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,13 +24,15 @@ from muse_launch.run.state import RunDir, planned_record, write_state
 
 
 class FakeRouter(ThreadingHTTPServer):
-    """/v1/models lists `models`; a chat completion streams one token and records the model asked for."""
+    """/v1/models lists `models`; a chat completion for one of `serves` streams one token. Records the
+    model each request asked for."""
 
     daemon_threads = True
 
-    def __init__(self, models: list[str]):
+    def __init__(self, models: list[str], serves: tuple[str, ...] = ()):
         super().__init__(("127.0.0.1", 0), Handler)
         self.models = models
+        self.serves = set(serves) | set(models)
         self.asked: list[str] = []
 
 
@@ -46,7 +49,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.asked.append(request["model"])
-        if request["model"] not in self.server.models:
+        if request["model"] not in self.server.serves:
             self._send(404, "application/json", b'{"error": {"message": "model not found"}}')
             return
         chunk = {"choices": [{"delta": {"content": "SGLang serves models."}, "finish_reason": "stop"}]}
@@ -66,14 +69,22 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-@pytest.fixture
-def router(request: pytest.FixtureRequest) -> Iterator[FakeRouter]:
-    server = FakeRouter(getattr(request, "param", ["unknown", "muse-served"]))
+@contextlib.contextmanager
+def serving(models: list[str], serves: tuple[str, ...] = ()) -> Iterator[FakeRouter]:
+    server = FakeRouter(models, serves)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def router(request: pytest.FixtureRequest) -> Iterator[FakeRouter]:
+    with serving(getattr(request, "param", ["unknown", "muse-served"])) as server:
+        yield server
 
 
 def free_port() -> int:
@@ -81,11 +92,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def deployment(router_port: int, state: RoleState = RoleState.READY, supervised: bool = True) -> RunDir:
-    """A deployment record as `up -d` leaves it: a worker serving under another name, a router in front."""
+def deployment(router_port: int, state: RoleState = RoleState.READY, supervised: bool = True,
+               worker_port: int | None = None, served: str | None = "declared-name") -> RunDir:
+    """A deployment record as `up -d` leaves it: a worker (whose argv declares `served`), a router in front."""
     plan = Plan("demo", (
         LaunchSpec(name="decode", role="decode", kind="decode", engine="sglang", launcher=("sglang", "serve"),
-                   args=("--served-model-name", "a-name-the-router-does-not-list"), ports={"http": free_port()}),
+                   args=("--served-model-name", served) if served else (),
+                   ports={"http": worker_port or free_port()}),
         LaunchSpec(name="router", role="router", kind="router", engine="sglang-router", launcher=("sglang-router",),
                    args=(), ports={"http": router_port}, probe=Probe(ProbeKind.HTTP, ("/health",)),
                    depends_on=("decode",)),
@@ -108,12 +121,32 @@ def test_smoke_asks_for_the_model_the_router_lists(home: Path, router: FakeRoute
     assert "ok   chat" in run.stdout
 
 
+def test_a_router_that_lists_unknown_defers_to_the_workers_own_list(home: Path) -> None:
+    """sglang-router in front of vLLM lists "unknown" but routes by the name the worker serves."""
+    with serving(["tiny"]) as worker, serving(["unknown"], serves=("tiny",)) as router:
+        deployment(router.server_address[1], worker_port=worker.server_address[1])
+        run = muse("smoke", "demo", "--timeout", "10")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert router.asked == ["tiny"]
+    assert "ok   models" in run.stdout and "tiny (as http://127.0.0.1:" in run.stdout
+    assert "the router lists 'unknown')" in run.stdout
+
+
 @pytest.mark.parametrize("router", [[], ["unknown"]], indirect=True, ids=["empty", "unknown"])
-def test_smoke_fails_when_the_router_lists_no_model(home: Path, router: FakeRouter) -> None:
-    deployment(router.server_address[1])
+def test_with_no_name_reported_the_declared_one_is_asked_for(home: Path, router: FakeRouter) -> None:
+    deployment(router.server_address[1])  # the worker does not answer
     run = muse("smoke", "demo", "--timeout", "10")
+    assert run.returncode == 1, run.stdout + run.stderr  # the fake router serves no such model
+    assert router.asked == ["declared-name"]
+    assert "ok   models" in run.stdout and "declared-name (--served-model-name;" in run.stdout
+
+
+def test_smoke_fails_when_nothing_names_the_model(home: Path) -> None:
+    with serving([]) as router:
+        deployment(router.server_address[1], served=None)
+        run = muse("smoke", "demo", "--timeout", "10")
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "FAIL models" in run.stdout and "no worker registered" in run.stdout
+    assert "FAIL models" in run.stdout and "the router lists no model at /v1/models and no worker names" in run.stdout
     assert router.asked == []
 
 

@@ -1,0 +1,112 @@
+"""When each role may start: `start: waves` waits for every role a role is wired to; `start: overlap`
+(the default where the installed versions allow it) starts together the roles whose engines
+tolerate a late peer (ENGINE-FACTS.md, "Start order"): an SGLang >= 0.5.17 language worker does not
+contact its encoders while it starts: it lists them, probes them every 10 s, evicts one after 3
+failures and takes it back when healthy, unless it stayed evicted for
+SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL (600 s), which is set here from the encoders' ready timeouts so
+that a slow encoder is never dropped for good.
+
+The router still starts once its workers are ready, although sglang-router and smg would register
+late workers: they retry a worker that is not up 1, 2, 3, 4, 5, 5 s apart, so a router started
+early saw its workers 1.0-1.5 s after they were ready, against 0.5-0.6 s for a router started then
+(scripts/bench_start_policy.py: PD overlapping the router took 1.16-1.18x the waves' time, and
+--worker-startup-check-interval 1 did not change it). Either way `up` is ready only once the wiring
+shows (run/wiring.py). Other edges (vLLM, `after:`) keep their order.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from importlib import metadata
+
+from muse_launch.engines import sglang
+from muse_launch.plan.spec import LaunchSpec, Plan
+
+OVERLAP, WAVES = "overlap", "waves"
+MIN_SGLANG = (0, 5, 17)  # re-adds an evicted encoder (0.5.16 drops it for good)
+TTL_MARGIN = 60.0  # seconds beyond the slowest encoder's ready timeout
+DISTRIBUTIONS = {"sglang": "sglang", "vllm": "vllm", "sglang-router": "sglang-router", "smg": "smg",
+                 "vllm-router": "vllm-router"}
+
+
+@dataclass(frozen=True)
+class StartPolicy:
+    policy: str  # overlap | waves
+    start_after: dict[str, tuple[str, ...]]  # role -> the roles it waits for before it starts
+    plan: Plan  # the plan to run: with the encoder eviction TTL where overlap relies on it
+    note: str | None  # one line for the user: the policy and, for waves, why
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
+
+
+def engine_versions(plan: Plan) -> dict[str, str | None]:
+    """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed one."""
+    try:
+        from muse_launch.host.versions import installed_versions  # issue 12's reader, once merged
+        versions = dict(installed_versions(plan))
+    except ImportError:
+        versions = {s.engine: _installed(s.engine) for s in plan.specs}
+    for spec in plan.specs:
+        if "muse_launch.sim" in spec.launcher:
+            from muse_launch.sim.config import SGLANG_VERSION, VLLM_VERSION
+            versions[spec.engine] = SGLANG_VERSION if spec.engine == sglang.NAME else VLLM_VERSION
+    return versions
+
+
+def _installed(engine: str) -> str | None:
+    try:
+        return metadata.version(DISTRIBUTIONS[engine]) if engine in DISTRIBUTIONS else None
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
+    """Whether `spec` starts sooner, all told, by not waiting for `peer` (given new enough versions)."""
+    return spec.engine == sglang.NAME and bool(spec.ports.get("encoder_bootstrap")) \
+        and peer.kind == "encoder" and peer.engine == sglang.NAME
+
+
+def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -> StartPolicy:
+    specs = {s.name: s for s in plan.specs}
+    everything = {s.name: s.depends_on for s in plan.specs}
+    relaxable = {(s.name, d) for s in plan.specs for d in s.depends_on if d in specs and _tolerates_late(s, specs[d])}
+    if requested == WAVES or not relaxable:
+        return StartPolicy(WAVES, everything, plan, "start: waves (as the file asks)" if requested == WAVES else None)
+    engines = sorted({specs[a].engine for a, _ in relaxable})
+    why_not = [f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))]
+    if why_not and requested != OVERLAP:
+        return StartPolicy(WAVES, everything, plan,
+                           f"start: waves, since overlap needs SGLang >= {'.'.join(map(str, MIN_SGLANG))}; here: "
+                           f"{', '.join(why_not)}")
+    older = [e for e in engines if versions.get(e) and not _new_enough(e, versions.get(e))]
+    kept = {(a, d) for a, d in relaxable if specs[a].engine in older}
+    relaxed = relaxable - kept
+    start_after = {s.name: tuple(d for d in s.depends_on if (s.name, d) not in relaxed) for s in plan.specs}
+    note = "start: overlap (roles whose engines tolerate a late peer start together; ready once wired)"
+    if why_not:
+        note += f"; as the file asks, though: {', '.join(why_not)}" + (" (those keep waves)" if kept else "")
+    return StartPolicy(OVERLAP, start_after, _with_eviction_ttl(plan, relaxed), note)
+
+
+def _new_enough(engine: str, version: str | None) -> bool:
+    if version is None:
+        return False
+    return version_tuple(version) >= MIN_SGLANG if engine == sglang.NAME else True
+
+
+def _with_eviction_ttl(plan: Plan, relaxed: set[tuple[str, str]]) -> Plan:
+    """A language worker started before its encoders keeps each evicted one long enough for it to come up."""
+    ttl_var, ttl_default = sglang.ENCODER_EVICTED_TTL_ENV
+    specs = {s.name: s for s in plan.specs}
+    changed = []
+    for spec in plan.specs:
+        encoders = [specs[d] for a, d in relaxed if a == spec.name and specs[d].kind == "encoder"]
+        if encoders and ttl_var not in spec.env:
+            ttl = max(ttl_default, math.ceil(max(e.probe.timeout for e in encoders) + TTL_MARGIN))
+            spec = replace(spec, env={**spec.env, ttl_var: f"{ttl:g}"})
+        changed.append(spec)
+    return replace(plan, specs=tuple(changed))
