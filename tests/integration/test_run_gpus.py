@@ -68,7 +68,7 @@ def test_a_b300_file_on_an_h200_host_is_refused_naming_both(deployment, gpu_view
     assert deployment.alive() == []
     skipped = deployment.cli("up", deployment.write({"worker": gpu_role(port)}, hardware="b300"), "--detach",
                              "--skip-gpu-check")
-    assert skipped.returncode == 0 and skipped.stdout.startswith("GPU check skipped: --skip-gpu-check\n"), skipped
+    assert skipped.returncode == 0 and "GPU check skipped: --skip-gpu-check" in skipped.stdout.splitlines(), skipped
     assert deployment.cli("down", deployment.name).returncode == 0
 
 
@@ -79,7 +79,8 @@ def test_status_shows_a_roles_gpu_memory_and_down_returns_once_it_is_free(deploy
     up = deployment.cli("up", deployment.write({"engine": gpu_role(port, "--setsid-grandchild", "--retitled-child",
                                                                    stop={"grace": 2})}, hardware="h200"), "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
-    assert up.stdout.startswith("GPU 0: NVIDIA H200, with the memory their roles need ("), up.stdout
+    assert any(line.startswith("GPU 0: NVIDIA H200, with the memory their roles need (")
+               for line in up.stdout.splitlines()), up.stdout
     log = deployment.run_dir / "logs" / "engine.log"
     escaped = int(wait_for(lambda: re.search(r"escaped (\d+)", log.read_text()))[1])
     retitled = int(wait_for(lambda: re.search(r"retitled (\d+)", log.read_text()))[1])
