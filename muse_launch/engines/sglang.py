@@ -113,15 +113,15 @@ PORT_FLAGS: dict[str, str] = {}
 # A language worker's encoder list (disaggregation/encoder/receiver.py): GET this path on its encoder
 # bootstrap port answers {"encoder_urls": [...]}. It starts as --encoder-urls; every interval each listed
 # and each evicted encoder's /health is probed: ENCODER_FAIL_THRESHOLD failures in a row evict one, a
-# From this release a language worker takes an evicted encoder back when it turns healthy (0.5.16
-# dropped it for good), so it may start before its encoders (ENGINE-FACTS.md, "Start order").
-LATE_ENCODERS_SINCE = "0.5.17"
 # healthy probe re-adds it, and one evicted for the TTL is dropped for good. Env var -> default seconds.
 ENCODER_LIST_PATH = "/list_encoder_urls"
 ENCODER_HEALTH_CHECK_INTERVAL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL", 10.0)  # 0: no checks
 ENCODER_HEALTH_CHECK_TIMEOUT_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT", 2.0)
 ENCODER_EVICTED_TTL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)  # 0: never dropped
 ENCODER_FAIL_THRESHOLD = 3
+# From this release a language worker takes an evicted encoder back when it turns healthy (0.5.16
+# dropped it for good), so it may start before its encoders (ENGINE-FACTS.md, "Start order").
+LATE_ENCODERS_SINCE = "0.5.17"
 
 
 def _flag(key: str) -> str:
