@@ -119,6 +119,9 @@ ENCODER_HEALTH_CHECK_INTERVAL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTE
 ENCODER_HEALTH_CHECK_TIMEOUT_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEOUT", 2.0)
 ENCODER_EVICTED_TTL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)  # 0: never dropped
 ENCODER_FAIL_THRESHOLD = 3
+# From this release a language worker takes an evicted encoder back when it turns healthy (0.5.16
+# dropped it for good), so it may start before its encoders (ENGINE-FACTS.md, "Start order").
+LATE_ENCODERS_SINCE = "0.5.17"
 
 
 def _flag(key: str) -> str:

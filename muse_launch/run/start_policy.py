@@ -17,18 +17,15 @@ shows (run/wiring.py). Other edges (vLLM, `after:`) keep their order.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
-from importlib import metadata
 
 from muse_launch.engines import sglang
+from muse_launch.host.versions import installed_versions, version_key
 from muse_launch.plan.spec import LaunchSpec, Plan
 
 OVERLAP, WAVES = "overlap", "waves"
-MIN_SGLANG = (0, 5, 17)  # re-adds an evicted encoder (0.5.16 drops it for good)
+MIN_SGLANG = sglang.LATE_ENCODERS_SINCE
 TTL_MARGIN = 60.0  # seconds beyond the slowest encoder's ready timeout
-DISTRIBUTIONS = {"sglang": "sglang", "vllm": "vllm", "sglang-router": "sglang-router", "smg": "smg",
-                 "vllm-router": "vllm-router"}
 
 
 @dataclass(frozen=True)
@@ -39,29 +36,14 @@ class StartPolicy:
     note: str | None  # one line for the user: the policy and, for waves, why
 
 
-def version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", version)[:3])
-
-
 def engine_versions(plan: Plan) -> dict[str, str | None]:
     """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed one."""
-    try:
-        from muse_launch.host.versions import installed_versions  # issue 12's reader, once merged
-        versions = dict(installed_versions(plan))
-    except ImportError:
-        versions = {s.engine: _installed(s.engine) for s in plan.specs}
+    versions = dict(installed_versions(plan))
     for spec in plan.specs:
         if "muse_launch.sim" in spec.launcher:
             from muse_launch.sim.config import SGLANG_VERSION, VLLM_VERSION
             versions[spec.engine] = SGLANG_VERSION if spec.engine == sglang.NAME else VLLM_VERSION
     return versions
-
-
-def _installed(engine: str) -> str | None:
-    try:
-        return metadata.version(DISTRIBUTIONS[engine]) if engine in DISTRIBUTIONS else None
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
@@ -80,7 +62,7 @@ def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -
     why_not = [f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))]
     if why_not and requested != OVERLAP:
         return StartPolicy(WAVES, everything, plan,
-                           f"start: waves, since overlap needs SGLang >= {'.'.join(map(str, MIN_SGLANG))}; here: "
+                           f"start: waves, since overlap needs SGLang >= {MIN_SGLANG}; here: "
                            f"{', '.join(why_not)}")
     older = [e for e in engines if versions.get(e) and not _new_enough(e, versions.get(e))]
     kept = {(a, d) for a, d in relaxable if specs[a].engine in older}
@@ -95,7 +77,7 @@ def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -
 def _new_enough(engine: str, version: str | None) -> bool:
     if version is None:
         return False
-    return version_tuple(version) >= MIN_SGLANG if engine == sglang.NAME else True
+    return version_key(version) >= version_key(MIN_SGLANG) if engine == sglang.NAME else True
 
 
 def _with_eviction_ttl(plan: Plan, relaxed: set[tuple[str, str]]) -> Plan:
