@@ -128,7 +128,7 @@ class EngineCheck:
                 batch.jobs.append(job)
         for batch in self.batches.values():  # a parser process only where a command is not remembered
             if batch.jobs:
-                batch.process = _spawn([batch.python, str(RUNNER), batch.engine])
+                batch.process, batch.failure = _spawn([batch.python, str(RUNNER), batch.engine])
                 batch.thread = threading.Thread(target=_exchange, args=(batch,), daemon=True)
                 batch.thread.start()
         for spec in specs:
@@ -269,13 +269,14 @@ def check(plan: Plan, loaded: LoadedTopology) -> EngineCheckResult:
 
 # ---- parser processes --------------------------------------------------------------------------
 
-def _spawn(argv: list[str]) -> subprocess.Popen | None:
+def _spawn(argv: list[str]) -> tuple[subprocess.Popen | None, str | None]:
+    """The parser process, or why it could not be started."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     try:
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, cwd="/", start_new_session=True)
+                                text=True, env=env, cwd="/", start_new_session=True), None
     except OSError as exc:
-        return None
+        return None, f"it could not be started ({exc.strerror}: {argv[0]})"
 
 
 # ---- passes remembered: the same command, the same interpreter, the same install ----------------
@@ -310,8 +311,7 @@ def _remember(key: str) -> None:
 
 def _exchange(batch: _Batch) -> None:
     if batch.process is None:
-        batch.failure = "it could not be started"
-        return
+        return  # batch.failure says why
     try:
         jobs = [{k: v for k, v in job.items() if k != "key"} for job in batch.jobs]
         out, err = batch.process.communicate(json.dumps({"jobs": jobs}), timeout=RUNNER_TIMEOUT)

@@ -63,6 +63,18 @@ def values_after(args: Sequence[str], flag: str) -> list[str]:
     return out
 
 
+def sizes(args: Sequence[str], key_flags: dict[str, tuple[str, ...]], keys: Iterable[str]) -> dict[str, int] | None:
+    """Each key's size as the argv sets it (1 where absent); None when one is not a positive whole number."""
+    out: dict[str, int] = {}
+    for key in keys:
+        raw = value(args, *key_flags[key])
+        size = 1 if raw is None else as_int(raw)
+        if size is None or size < 1:
+            return None
+        out[key] = size
+    return out
+
+
 def as_int(text: object) -> int | None:
     try:
         return int(str(text))

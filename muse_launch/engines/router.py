@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from ..plan.spec import Probe, ProbeKind
 from . import vllm
-from .argv import has_flag, opt
+from .argv import has_flag, opt, values_after
 from .base import Context, Instance, Rendered
 
 PREFILL, DECODE, WORKER_URLS = "--prefill", "--decode", "--worker-urls"
@@ -123,11 +123,4 @@ def decodes(args: tuple[str, ...]) -> list[str]:
 
 
 def workers(args: tuple[str, ...]) -> list[str]:
-    out: list[str] = []
-    for i, arg in enumerate(args):
-        if arg == WORKER_URLS:
-            for nxt in args[i + 1:]:
-                if nxt.startswith("-"):
-                    break
-                out.append(nxt)
-    return out
+    return values_after(args, WORKER_URLS)

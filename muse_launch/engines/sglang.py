@@ -5,7 +5,7 @@ knows about SGLang's command line is written here once."""
 from __future__ import annotations
 
 from ..plan.spec import Probe, ProbeKind
-from .argv import as_float, as_int, has_flag, last_value, opt, value
+from .argv import as_float, has_flag, last_value, opt, sizes, value
 from .base import Context, Instance, Parallel, Rendered
 
 NAME = "sglang"
@@ -203,14 +203,8 @@ def mem_fraction(args: tuple[str, ...]) -> float | None:
 
 def parallel(args: tuple[str, ...], nnodes: int) -> Parallel | None:
     """Parallel sizes; None when one is not a positive whole number (the checks say which)."""
-    sizes: dict[str, int] = {}
-    for key in ("tp", "ep", "dp", "pp"):
-        raw = value(args, *KEY_FLAGS[key])
-        size = 1 if raw is None else as_int(raw)
-        if size is None or size < 1:
-            return None
-        sizes[key] = size
-    return Parallel(**sizes, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
+    found = sizes(args, KEY_FLAGS, ("tp", "ep", "dp", "pp"))
+    return None if found is None else Parallel(**found, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
 
 
 def nnodes(args: tuple[str, ...]) -> str | None:

@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING, Callable
 
 from ..plan.spec import Probe, ProbeKind
-from .argv import as_float, as_int, has_flag, last_value, opt, value
+from .argv import as_float, has_flag, last_value, opt, sizes, value
 from .base import Context, Instance, Parallel, Rendered
 
 if TYPE_CHECKING:
@@ -236,14 +236,8 @@ def mem_fraction(args: tuple[str, ...]) -> float | None:
 
 def parallel(args: tuple[str, ...], nnodes: int) -> Parallel | None:
     """Parallel sizes; None when one is not a positive whole number. EP is a switch in vLLM."""
-    sizes: dict[str, int] = {}
-    for key in ("tp", "dp", "pp"):
-        raw = value(args, *KEY_FLAGS[key])
-        size = 1 if raw is None else as_int(raw)
-        if size is None or size < 1:
-            return None
-        sizes[key] = size
-    return Parallel(**sizes, nnodes=nnodes)
+    found = sizes(args, KEY_FLAGS, ("tp", "dp", "pp"))
+    return None if found is None else Parallel(**found, nnodes=nnodes)
 
 
 def nnodes(args: tuple[str, ...]) -> str | None:

@@ -226,7 +226,7 @@ def _kustomization(export: ExportPlan, files: list[str]) -> Manifest:
              f"name it; export again with --namespace to move it)."]
     if export.secrets:
         literal = " ".join(f"--from-literal={n}=..." for n in export.secrets)
-        lines.append(f"# First create the Secret it reads (never written here):")
+        lines.append("# First create the Secret it reads (never written here):")
         lines.append(f"#   kubectl -n {names.namespace} create secret generic {names.secret} {literal}")
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": files}
     return Manifest("kustomization.yaml", (kustomization,), "\n".join(lines) + "\n")

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import httpx
 
-from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Probe, ProbeKind
 
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
