@@ -13,29 +13,18 @@ a role's ports another process holds once the role has exited.
 
 from __future__ import annotations
 
-import os
-import select
-import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable, Protocol
+from typing import Callable
 
 import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.run.lifecycle import RoleState, transition
 from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
-from muse_launch.run.process import (
-    GroupStop,
-    Marker,
-    RoleProcess,
-    SpawnError,
-    StopReport,
-    StopTarget,
-    describe_exit,
-    spawn_role,
-)
+from muse_launch.run.process import RoleProcess, SpawnError, StopReport, StopTarget, describe_exit
+from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
 from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
 
@@ -44,89 +33,6 @@ STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
 STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
-
-
-class Wakeup:
-    """A self-pipe: `set` is one non-blocking write, safe in a signal handler (no lock, unlike
-    threading.Event); `wait` sleeps until it is set or the time is up."""
-
-    def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
-        os.set_blocking(self._write, False)
-
-    def set(self) -> None:
-        try:
-            os.write(self._write, b"!")
-        except (BlockingIOError, OSError):  # full: the loop wakes anyway; closed: nobody waits
-            pass
-
-    def wait(self, seconds: float) -> None:
-        readable, _, _ = select.select([self._read], [], [], max(0.0, seconds))
-        if readable:
-            try:
-                while os.read(self._read, 4096):
-                    pass
-            except BlockingIOError:
-                pass
-
-    def close(self) -> None:
-        for fd in (self._read, self._write):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    def time(self) -> float: ...
-
-    def wait(self, wakeup: Wakeup, seconds: float) -> None:
-        """Sleep for `seconds`, or less if `wakeup` is set (a signal, a probe's answer)."""
-
-
-class SystemClock:
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-    def time(self) -> float:
-        return time.time()
-
-    def wait(self, wakeup: Wakeup, seconds: float) -> None:
-        wakeup.wait(seconds)
-
-
-class Stopping(Protocol):
-    def poll(self, now: float, kill_now: bool) -> StopReport | None:
-        """None while some of the processes are alive; the report once none is."""
-
-
-class Processes(Protocol):
-    def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess: ...
-
-    def stop(self, targets: list[StopTarget], now: float) -> Stopping:
-        """Send the stop signals now; the returned stop is polled until it is done."""
-
-
-@dataclass(frozen=True)
-class LocalProcesses:
-    """Real processes: one session each, logs in the run directory, found again by their marker."""
-
-    marker: Marker
-    run_dir: RunDir
-
-    def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
-        log = self.run_dir.log(spec.name)
-        if restart_note:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "a") as f:
-                f.write(f"--- muse-launch: {restart_note} ---\n")
-        return spawn_role(spec, self.marker, log, append=restart_note is not None)
-
-    def stop(self, targets: list[StopTarget], now: float) -> Stopping:
-        return GroupStop(targets, self.marker, now)
 
 
 class Outcome(Enum):

@@ -31,7 +31,8 @@ from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
                                    running_deployments, write_state)
 from muse_launch.run.start_policy import choose, engine_versions
-from muse_launch.run.supervisor import LocalProcesses, Outcome, Supervisor
+from muse_launch.run.seams import LocalProcesses
+from muse_launch.run.supervisor import Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20
 StartAfter = dict[str, tuple[str, ...]]
