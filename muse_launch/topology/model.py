@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import signal as signal_module
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from .hardware import PROFILES
 
@@ -15,6 +15,14 @@ WORKER_ENGINES = ("sglang", "vllm")
 ROUTER_ENGINES = ("sglang-router", "smg", "vllm-router")
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
+MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a billion never returns
+MAX_NAME = 63  # a DNS label; the run directory, log files and exported object names are built from names
+MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
+MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
+# Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
+# the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGABRT",
+                "SIGALRM", "SIGPIPE", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF")
 
 
 def _scalar_to_str(value: Any) -> Any:
@@ -28,8 +36,30 @@ def _scalar_to_str(value: Any) -> Any:
 
 # YAML writes `8` and `true` unquoted; the validators below turn them into text, and the schema says so.
 _SCALAR = {"type": ["string", "number", "boolean"]}
-Env = Annotated[dict[str, str], WithJsonSchema({"type": "object", "additionalProperties": _SCALAR})]
-Argv = Annotated[list[str], WithJsonSchema({"type": "array", "items": _SCALAR})]
+
+
+def _env_fits(env: dict[str, str]) -> dict[str, str]:
+    # execve takes NAME=VALUE strings ending at NUL: a name with `=` or NUL, or a value with NUL, cannot pass.
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"environment name {key!r} cannot hold '=' or NUL, nor be empty")
+        if "\0" in value:
+            raise ValueError(f"environment value of {key} holds a NUL character, which no process can receive")
+    return env
+
+
+def _argv_fits(argv: list[str]) -> list[str]:
+    for item in argv:
+        if "\0" in item:
+            raise ValueError(f"argument {item!r} holds a NUL character, which no process can receive")
+    return argv
+
+
+Env = Annotated[dict[str, str], AfterValidator(_env_fits),
+                WithJsonSchema({"type": "object", "additionalProperties": _SCALAR})]
+Argv = Annotated[list[str], AfterValidator(_argv_fits), WithJsonSchema({"type": "array", "items": _SCALAR})]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Seconds = Annotated[float, Field(allow_inf_nan=False, le=MAX_WAIT)]
 
 
 class Strict(BaseModel):
@@ -53,8 +83,8 @@ class ReadyProbe(Strict):
     status: int = 200
     tcp: bool = False
     log: str | None = Field(None, description="regex searched in the role's log")
-    timeout: float | None = Field(None, gt=0, description="seconds before the role counts as failed")
-    interval: float = Field(0.5, gt=0)
+    timeout: Seconds | None = Field(None, gt=0, description="seconds before the role counts as failed")
+    interval: Seconds = Field(0.5, gt=0)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ReadyProbe:
@@ -63,19 +93,28 @@ class ReadyProbe(Strict):
             raise ValueError("give exactly one of http: /path, tcp: true or log: REGEX")
         if self.http is not None and not self.http.startswith("/"):
             raise ValueError(f"http path must start with '/', e.g. /{self.http}")
+        if self.http is not None and any(ord(c) <= 0x20 or ord(c) == 0x7F for c in self.http):
+            # CR/LF would write a second header line into the request; a space ends the path
+            raise ValueError(f"http path {self.http!r} holds a space or a control character (CR, LF...); "
+                             f"percent-encode it")
+        if self.log is not None:
+            try:
+                re.compile(self.log)
+            except re.error as exc:
+                raise ValueError(f"log pattern {self.log!r} is not a regular expression: {exc}") from None
         return self
 
 
 class StopConfig(Strict):
     signal: str = "SIGTERM"
-    grace: float = Field(30.0, ge=0)
+    grace: float = Field(30.0, ge=0, le=MAX_GRACE, allow_inf_nan=False)
 
     @field_validator("signal")
     @classmethod
     def _known_signal(cls, value: str) -> str:
         name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
-        if not hasattr(signal_module, name):
-            raise ValueError(f"unknown signal {value!r}; use e.g. SIGTERM or SIGINT")
+        if name not in STOP_SIGNALS:
+            raise ValueError(f"{value!r} is not a signal that stops a process; use one of {', '.join(STOP_SIGNALS)}")
         return name
 
 
@@ -85,14 +124,14 @@ class RestartConfig(Strict):
 
 
 class RehearseConfig(Strict):
-    ready_after: float | None = Field(None, ge=0, description="simulated start-up time in seconds")
+    ready_after: Seconds | None = Field(None, ge=0, description="simulated start-up time in seconds")
 
 
 class NodeConfig(Strict):
     address: str
 
 
-PortSpec = int | list[int]
+PortSpec = Port | list[Port]
 
 
 class Role(Strict):
@@ -122,9 +161,9 @@ class Role(Strict):
     workers: list[str] = []
     metrics_port: PortSpec | None = Field(None, description="router Prometheus port (default: port + 21000)")
     after: list[str] = []
-    replicas: int = Field(1, ge=1)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     nodes: list[str] = []
-    dist_init_port: int | None = None
+    dist_init_port: Port | None = None
     launcher: Argv | None = None
     command: Argv | None = None
     ready: ReadyProbe | None = None
@@ -166,6 +205,17 @@ class Role(Strict):
             raise ValueError(f"worker engine must be one of {', '.join(WORKER_ENGINES)}")
         if self.replicas > 1 and self.nodes:
             raise ValueError("replicas and nodes cannot be combined; give each replica its own role")
+        for key in ("port", "bootstrap_port", "encoder_bootstrap_port", "side_channel_port", "metrics_port"):
+            spec = getattr(self, key)
+            if isinstance(spec, int) and spec + self.replicas - 1 > 65535:
+                raise ValueError(f"{key} {spec} steps past 65535 for {self.replicas} replicas "
+                                 f"(the last would be {spec + self.replicas - 1}); choose a lower {key}")
+        if self.kind == "router" and self.metrics_port is None and isinstance(self.port, int):
+            from ..engines.router import METRICS_PORT_OFFSET  # here: the engines import this module
+
+            if self.port + METRICS_PORT_OFFSET + self.replicas - 1 > 65535:
+                raise ValueError(f"the router's metrics port defaults to port + {METRICS_PORT_OFFSET}, past 65535 "
+                                 f"for port {self.port}; set metrics_port")
         return self
 
     @property
@@ -176,7 +226,7 @@ class Role(Strict):
 
 class Topology(Strict):
     version: Literal[1]
-    name: str = Field(pattern=NAME_PATTERN, description="deployment name (run directory, `down NAME`)")
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME, description="deployment name (run directory, `down NAME`)")
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
     model: str | None = None
@@ -203,11 +253,12 @@ class Topology(Strict):
     @field_validator("roles")
     @classmethod
     def _role_names(cls, roles: dict[str, Role]) -> dict[str, Role]:
-        import re
-
         for name in roles:
             if not re.match(r"^[a-z][a-z0-9_-]*$", name):
                 raise ValueError(f"role name {name!r}: use lowercase letters, digits, '-' and '_'")
+            if len(name) > MAX_NAME:
+                raise ValueError(f"role name {name[:20]}... is {len(name)} characters; at most {MAX_NAME} "
+                                 f"(it names log files and run-directory entries)")
         return roles
 
     def role_engine(self, role: Role) -> str:
