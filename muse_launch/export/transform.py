@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..errors import CheckFailed, UserError
+from ..errors import CheckFailed, TopologyError, UserError
 from ..plan.build import PlanError, build_plan
 from ..plan.build import expand as role_instances
 from ..plan.spec import LaunchSpec, Plan
 from ..checks import Severity, run_checks
 from ..topology.hardware import PROFILES
-from ..topology.load import ENV_REF, LoadedTopology, load_topology
+from ..topology.load import ENV_REF, LoadedTopology, load_topology, read_regular_file
 from ..topology.model import NodeConfig, Role, Topology
 from .expand import expand
 from .names import LWS, Flavour, Names, dns_label
@@ -82,9 +82,9 @@ class ExportPlan:
 def load_for_export(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedTopology, tuple[str, ...]]:
     """Load the file with each ${env:NAME} left as a mark: manifests reference secrets, never hold them."""
     sets = list(sets)
-    try:
-        text = Path(path).read_text()
-    except OSError:
+    try:  # the loader's limits: no FIFO, no device, no 50 MB file
+        text = read_regular_file(Path(path)).decode(errors="replace")
+    except TopologyError:
         text = ""  # load_topology says why
     names = sorted(set(ENV_REF.findall(text)) | {n for s in sets for n in ENV_REF.findall(s)})
     loaded = load_topology(path, sets, environ={n: SECRET_MARK.format(n) for n in names})

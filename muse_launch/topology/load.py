@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +22,8 @@ from .model import Topology
 Path_ = tuple[str | int, ...]
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 REDACTED = "***"
+MAX_FILE_BYTES = 1 << 20  # a topology is a few KiB; checked before reading, so /dev/zero or 50 MB cost nothing
+MAX_NODES = 100_000  # values after aliases are expanded: a billion-laughs file stops here, not in MemoryError
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,7 @@ def dotted(path: Iterable[str | int]) -> str:
 def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
                   environ: Mapping[str, str] | None = None) -> LoadedTopology:
     path = Path(source)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
+    raw = read_regular_file(path)
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:
@@ -73,6 +74,41 @@ def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
         raise TopologyError([f"{path}:{line}: not UTF-8 text" + (" (it is UTF-16)" if utf16 else
                              f" (byte {raw[exc.start]:#04x})")], fix="save the file as UTF-8") from None
     return parse_topology(text, path, sets, os.environ if environ is None else environ)
+
+
+def read_regular_file(path: Path) -> bytes:
+    """The file's bytes, if it is a regular file of at most MAX_FILE_BYTES; a FIFO, a device or a
+    directory is refused before a byte is read (O_NONBLOCK: opening a FIFO with no writer must not hang)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            if stat.S_ISDIR(info.st_mode):
+                raise TopologyError([f"{path}: cannot read the topology file: {os.strerror(errno.EISDIR)}"])
+            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode)
+                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "special")
+            raise TopologyError([f"{path}: cannot read the topology file: it is {kind}, not a regular file"])
+        if info.st_size > MAX_FILE_BYTES:
+            raise TopologyError([f"{path}: not a topology file: {info.st_size} bytes, more than the "
+                                 f"{MAX_FILE_BYTES} a topology file may hold"])
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:  # the file may grow after fstat: never read past the limit
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise TopologyError([f"{path}: not a topology file: more than the {MAX_FILE_BYTES} bytes a "
+                                 f"topology file may hold"])
+        return b"".join(chunks)
+    except OSError as exc:
+        raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
+    finally:
+        os.close(fd)
 
 
 def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
@@ -105,7 +141,7 @@ def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
         node = loader.get_single_node()
         # Before constructing: construction flattens `<<` merges into the nodes in place.
         if node is not None:
-            _record_lines(node, (), lines, duplicates, path)
+            _record_lines(node, (), lines, duplicates, path, budget=[MAX_NODES])
         data = loader.construct_document(node) if node is not None else None
     except yaml.reader.ReaderError as exc:  # a control character (NUL...): the reader knows only its offset
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
@@ -121,6 +157,9 @@ def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
         raise TopologyError([f"{where}: not valid YAML: {problem}"]) from None
     except RecursionError:
         raise TopologyError([f"{path}: nested too deeply to be a topology file"]) from None
+    except _TooManyValues as exc:
+        raise TopologyError([f"{path}:{exc.line}: {dotted(exc.at) or 'top level'}: {exc}"],
+                            fix="write the values out instead of nesting aliases") from None
     except ValueError as exc:  # an integer of more digits than Python converts
         raise TopologyError([f"{path}: not a topology file: {exc}"]) from None
     finally:
@@ -133,8 +172,20 @@ def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
     return data, lines
 
 
+class _TooManyValues(ValueError):
+    def __init__(self, node: yaml.Node, at: Path_):
+        super().__init__(f"aliases expand the file to more than {MAX_NODES} values")
+        self.line, self.at = node.start_mark.line + 1, at
+
+
 def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path,
-                  inside: frozenset[int] = frozenset()) -> None:
+                  inside: frozenset[int] = frozenset(), budget: list[int] | None = None) -> None:
+    """Walk the document as the constructed data will be, aliases expanded: record each key's line,
+    collect duplicate keys and self-containing aliases, and stop past `budget` values (billion laughs)."""
+    if budget is not None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _TooManyValues(node, at)
     if id(node) in inside:
         duplicates.append(f"{path}:{node.start_mark.line + 1}: {dotted(at)}: an alias inside its own anchor "
                           f"repeats forever; copy the values instead")
@@ -158,18 +209,18 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
                                   f"{seen[key]}); keep one")
             seen.setdefault(key, line)
             lines[at + (key,)] = line
-            _record_lines(value_node, at + (key,), lines, duplicates, path, inside)
+            _record_lines(value_node, at + (key,), lines, duplicates, path, inside, budget)
         # `<<: *defaults` keys not overridden here: point at the anchor that gives them.
         for source in merged:
             if isinstance(source, yaml.MappingNode):
                 for key_node, value_node in source.value:
                     if key_node.value != "<<" and at + (key_node.value,) not in lines:
                         lines[at + (key_node.value,)] = key_node.start_mark.line + 1
-                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside)
+                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside, budget)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines[at + (index,)] = item.start_mark.line + 1
-            _record_lines(item, at + (index,), lines, duplicates, path, inside)
+            _record_lines(item, at + (index,), lines, duplicates, path, inside, budget)
 
 
 def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
@@ -189,10 +240,35 @@ def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
     if not isinstance(target, dict):
         return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"
     try:
-        target[parts[-1]] = yaml.safe_load(raw)
+        target[parts[-1]] = _set_value(raw, tuple(parts))
     except yaml.YAMLError:
         target[parts[-1]] = raw
+    except (RecursionError, _TooManyValues, _SelfAlias):
+        return (f"--set {key}=...: the value nests too deeply or its aliases repeat forever or expand past "
+                f"{MAX_NODES} values; write the value out")
+    except ValueError as exc:  # an integer of more digits than Python converts
+        return f"--set {key}=...: {exc}"
     return None
+
+
+class _SelfAlias(ValueError):
+    pass
+
+
+def _set_value(raw: str, at: Path_) -> Any:
+    """A --set value read as YAML, under the file's limits: no alias inside its own anchor, no explosion."""
+    loader = yaml.SafeLoader(raw)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        problems: list[str] = []
+        _record_lines(node, at, {}, problems, Path("--set"), budget=[MAX_NODES])
+        if problems:
+            raise _SelfAlias(problems[0])
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],

@@ -75,10 +75,14 @@ def test_an_unreadable_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "t.yaml"
     path.write_text("version: 1\n")
 
-    def refuse(self: Path, *args: object, **kwargs: object) -> bytes:
-        raise PermissionError(13, "Permission denied", str(self))
+    real_open = os.open
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)  # root reads any file: a chmod cannot show this
+    def refuse(name: object, *args: object, **kwargs: object) -> int:
+        if str(name) == str(path):
+            raise PermissionError(13, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refuse)  # root reads any file: a chmod cannot show this
     run = muse("validate", path)
     assert run.returncode == 2 and run.stderr == f"{path}: cannot read the topology file: Permission denied\n"
 
