@@ -303,3 +303,142 @@ def test_a_hostile_file_is_a_bad_file(tmp_path: Path, content: bytes, line: int 
     assert result.returncode == 2, result.stdout + result.stderr
     assert f"{path}:{line}: " in result.stderr if line else result.stderr.startswith(f"{path}: "), result.stderr
     assert says in result.stderr, result.stderr
+
+
+# ---- values the runtime cannot use: refused by validate, exit 2 naming file:line and the key ------------
+
+def _router_with(extra: str) -> bytes:
+    text = EPD.read_text()
+    if extra.startswith("    port:"):
+        text = text.replace("    kind: router\n    port: 8000\n", "    kind: router\n")
+    return text.replace("    kind: router\n", "    kind: router\n" + extra, 1).encode()
+
+
+ROUTER_LINE = line_containing(EPD.read_text(), "kind: router") + 1  # the line _router_with adds
+
+
+@pytest.mark.parametrize("signal", ["SIG_DFL", "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK", "SIGSTOP", "SIGCONT",
+                                    "SIGCHLD", "SIGWINCH", "NSIG", "SIGRTMIN"])
+def test_stop_signal_must_stop_a_process(tmp_path: Path, signal: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_bytes(_router_with(f"    stop: {{signal: {signal}}}\n"))
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}:{ROUTER_LINE}: roles.router.stop.signal: " in result.stderr, result.stderr
+    assert "is not a signal that stops a process" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("signal", ["SIGTERM", "sigint", "QUIT", "SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2"])
+def test_stop_signal_accepts_termination_signals(signal: str) -> None:
+    text = _router_with(f"    stop: {{signal: {signal}}}\n").decode()
+    loaded = parse_topology(text, Path("t.yaml"))
+    name = signal.upper() if signal.upper().startswith("SIG") else "SIG" + signal.upper()
+    assert loaded.topology.roles["router"].stop.signal == name
+
+
+@pytest.mark.parametrize("extra, key, says", [
+    ("    port: 0\n", "roles.router.port", "greater than or equal to 1"),
+    ("    port: 65536\n", "roles.router.port", "less than or equal to 65535"),
+    ("    port: -1\n", "roles.router.port", "greater than or equal to 1"),
+    ("    metrics_port: [9000, 70000]\n", "roles.router.metrics_port", "less than or equal to 65535"),
+    ("    stop: {grace: .inf}\n", "roles.router.stop.grace", "finite number"),
+    ("    stop: {grace: 1e9}\n", "roles.router.stop.grace", "less than or equal to 3600"),
+    ("    ready: {http: /health, timeout: .inf}\n", "roles.router.ready.timeout", "finite number"),
+    ("    env: {'A=B': x}\n", "roles.router.env", "environment name 'A=B' cannot hold '='"),
+    ("    env: {\"A\\0B\": x}\n", "roles.router.env", "cannot hold '=' or NUL"),
+    ("    env: {A: \"x\\0y\"}\n", "roles.router.env", "environment value of A holds a NUL"),
+    ("    args: [\"--x\\0y\"]\n", "roles.router.args", "holds a NUL character"),
+    ("    ready: {http: \"/health\\r\\nX-Injected: 1\"}\n", "roles.router.ready", "control character (CR, LF"),
+    ("    ready: {log: \"ready ([\"}\n", "roles.router.ready", "is not a regular expression"),
+    ("    replicas: 1000000000\n", "roles.router.replicas", "less than or equal to 256"),
+], ids=["port-0", "port-65536", "port-negative", "port-list-70000", "grace-inf", "grace-huge", "timeout-inf",
+        "env-key-equals", "env-key-nul", "env-value-nul", "argv-nul", "probe-crlf", "bad-regex", "replicas-1e9"])
+def test_a_value_the_runtime_cannot_use_is_refused(tmp_path: Path, extra: str, key: str, says: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_bytes(_router_with(extra))
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}:{ROUTER_LINE}: {key}: " in result.stderr, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_replica_ports_must_not_step_past_65535(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(EPD.read_text().replace("    kind: router\n    port: 8000\n",
+                                            "    kind: router\n    port: 65535\n    replicas: 2\n    "
+                                            "metrics_port: 9000\n"))
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "roles.router: port 65535 steps past 65535 for 2 replicas (the last would be 65536)" in result.stderr
+    path.write_text(EPD.read_text().replace("    port: 8000\n", "    port: 50000\n"))
+    result = cli("validate", str(path))  # the router's default metrics port, 50000 + 21000, does not exist
+    assert result.returncode == 2 and "set metrics_port" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("old, new, key", [
+    ("name: epd-b300", "name: " + "a" * 300, "name"),
+    ("  router:\n", "  " + "r" * 300 + ":\n", "roles"),
+])
+def test_names_fit_a_run_directory(tmp_path: Path, old: str, new: str, key: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(EPD.read_text().replace(old, new, 1))
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f": {key}: " in result.stderr and ("63" in result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["&a [*a]", "&a {x: *a}", "[" * 5000 + "]" * 5000,
+                                   "[a0: &a0 [x,x,x,x,x,x,x,x,x,x]" + "".join(
+                                       f", a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)) + "]"],
+                         ids=["recursive-list", "recursive-map", "deep", "billion-laughs"])
+def test_a_hostile_set_value_is_a_usage_error(value: str) -> None:
+    result = cli("validate", str(EPD), "--set", f"roles.router.args={value}")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("--set roles.router.args=...: "), result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+
+
+# ---- files the loader must not read whole, or at all ------------------------------------------------------
+
+def _billion_laughs() -> bytes:
+    lol = "a0: &a0 [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
+        f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+    return EPD.read_text().replace("description:", lol + "description:", 1).encode()
+
+
+def test_billion_laughs_stops_at_the_alias_limit(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "t.yaml"
+    path.write_bytes(_billion_laughs())
+    began = time.monotonic()
+    result = cli("validate", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{path}:" in result.stderr and "aliases expand the file to more than 100000 values" in result.stderr
+    assert time.monotonic() - began < 10  # today: MemoryError after 40 s
+
+
+def test_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
+    import time
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as out:
+        out.write(EPD.read_bytes())
+        out.truncate(50 * 1024 * 1024)  # 50 MB, sparse: costs no disk
+    for path, says in ((fifo, "it is a FIFO, not a regular file"), (Path("/dev/zero"), "it is a device"),
+                       (big, f"{50 * 1024 * 1024} bytes, more than the 1048576")):
+        began = time.monotonic()
+        result = cli("validate", str(path))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert result.stderr.startswith(f"{path}: ") and says in result.stderr, result.stderr
+        assert time.monotonic() - began < 10  # today: a FIFO hangs, /dev/zero reads 3.8 GB, 50 MB takes 46 s
+
+
+def test_export_reads_the_file_under_the_same_limits(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    result = cli("export", str(fifo), "-o", str(tmp_path / "out"))
+    assert result.returncode == 2 and "it is a FIFO" in result.stderr, result.stdout + result.stderr
