@@ -382,6 +382,9 @@ def _router_help(found: Installed, box: dict) -> None:
     if program.executable is None:
         box["why"] = program.why
         return
+    if found.dist is None:  # a wrapper or a stand-in: its own --help says nothing of the router's options
+        box["why"] = found.why or f"{' '.join(program.launcher)} is not a router muse-launch knows"
+        return
     try:
         stat = os.stat(program.executable)
     except OSError as exc:
