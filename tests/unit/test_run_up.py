@@ -43,3 +43,24 @@ def test_preflight_names_the_process_holding_a_port():
         [busy] = busy_ports(plan)
     assert str(busy).startswith(f"roles.prefill http port {port} is in use by pid {os.getpid()} (")
     assert busy_ports(plan) == []
+
+
+def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
+    """A router not installed (vllm-router without `.[routers]`) used to fail `up` only once its
+    workers had loaded, minutes in."""
+    from dataclasses import replace
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.up import missing_programs, refuse_missing_programs
+
+    here = replace(spec("prefill", "prefill", 30001), launcher=("sh",), args=("-c", "true"))
+    not_there = replace(ROUTER, launcher=("muse-launch-no-such-router",))
+    no_file = replace(spec("decode", "decode", 30002), launcher=(str(tmp_path / "bin" / "serve"),))
+    plan = Plan("pd", (here, no_file, not_there), (("prefill", "decode"), ("router",)))
+    assert missing_programs(Plan("pd", (here,), (("prefill",),))) == []
+    assert missing_programs(plan) == [
+        f"decode: {tmp_path / 'bin' / 'serve'} is not an executable file",
+        f"router: cannot run 'muse-launch-no-such-router' (not on PATH, nor beside {__import__('sys').executable})"]
+    with pytest.raises(RuntimeFailure) as refused:
+        refuse_missing_programs(plan)
+    assert "nothing was started" in str(refused.value) and "[routers]" in refused.value.fix
