@@ -77,6 +77,14 @@ def refuse_multi_node(plan: Plan) -> None:
             f"Kubernetes export, is separate work)")
 
 
+def busy_fix(busy) -> str:
+    """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`)."""
+    first = busy[0]
+    role = first.role.split("@", 1)[0]
+    key = "port" if first.name == "http" else f"{first.name}_port"
+    return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`"
+
+
 def missing_programs(plan: Plan) -> list[str]:
     """Each role whose program cannot be executed here, as `up` would run it (PATH, then this venv)."""
     missing = []
@@ -121,7 +129,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"deployment {plan.name!r} still has processes from an earlier run "
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
-            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)))
+            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(busy))
         refuse_missing_programs(plan)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))

@@ -64,3 +64,13 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(RuntimeFailure) as refused:
         refuse_missing_programs(plan)
     assert "nothing was started" in str(refused.value) and "[routers]" in refused.value.fix
+
+
+def test_a_busy_port_says_how_to_move_the_role():
+    from muse_launch.run.ports import BusyPort
+    from muse_launch.run.up import busy_fix
+
+    assert busy_fix([BusyPort("router", "http", 8000, "pid 1 (x)")]) == \
+        "stop what holds it, or move the role: `--set roles.router.port=PORT`"
+    assert busy_fix([BusyPort("prefill@tray0", "bootstrap", 8998, "pid 1 (x)")]) == \
+        "stop what holds it, or move the role: `--set roles.prefill.bootstrap_port=PORT`"
