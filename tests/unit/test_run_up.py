@@ -74,3 +74,11 @@ def test_a_busy_port_says_how_to_move_the_role():
         "stop what holds it, or move the role: `--set roles.router.port=PORT`"
     assert busy_fix([BusyPort("prefill@tray0", "bootstrap", 8998, "pid 1 (x)")]) == \
         "stop what holds it, or move the role: `--set roles.prefill.bootstrap_port=PORT`"
+
+
+def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
+    from muse_launch.run.down import DownReport, format_report
+
+    assert format_report(DownReport("pd", 0.05, (), (), (), (), ())) == ["pd: nothing was running; checked in 0.05s"]
+    assert format_report(DownReport("pd", 1.5, ("router", "prefill"), (), (), (), ())) == \
+        ["pd: stopped router, prefill in 1.50s"]
