@@ -104,7 +104,7 @@ def refuse_missing_programs(plan: Plan) -> None:
     if missing := missing_programs(plan):
         raise RuntimeFailure(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing),
                              fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
-                                 "or set the role's `launcher:`")
+                                 "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`")
 
 
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
