@@ -99,10 +99,11 @@ def missing_programs(plan: Plan) -> list[str]:
     return missing
 
 
-def refuse_missing_programs(plan: Plan) -> None:
-    """Before anything starts: a router missing here would otherwise fail `up` after its workers' load."""
+def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda text: text) -> None:
+    """Before anything starts: a router missing here would otherwise fail `up` after its workers' load.
+    `redact` hides ${env:...} values (a launcher may be one)."""
     if missing := missing_programs(plan):
-        raise RuntimeFailure(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing),
+        raise RuntimeFailure(redact(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing)),
                              fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
                                  "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`")
 
@@ -130,7 +131,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(busy))
-        refuse_missing_programs(plan)
+        refuse_missing_programs(plan, redact)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))
         run_dir.logs.mkdir(parents=True, exist_ok=True)

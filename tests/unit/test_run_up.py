@@ -82,3 +82,16 @@ def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
     assert format_report(DownReport("pd", 0.05, (), (), (), (), ())) == ["pd: nothing was running; checked in 0.05s"]
     assert format_report(DownReport("pd", 1.5, ("router", "prefill"), (), (), (), ())) == \
         ["pd: stopped router, prefill in 1.50s"]
+
+
+def test_a_missing_program_named_by_a_secret_is_not_printed():
+    from dataclasses import replace
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.up import refuse_missing_programs
+
+    secret = replace(ROUTER, launcher=("/opt/secret-place/router",))
+    with pytest.raises(RuntimeFailure) as refused:
+        refuse_missing_programs(Plan("pd", (secret,), (("router",),)),
+                                lambda text: text.replace("/opt/secret-place/router", "***"))
+    assert "secret-place" not in str(refused.value) and "router: *** is not an executable file" in str(refused.value)
