@@ -26,7 +26,7 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
+from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
                                    running_deployments, write_state)
@@ -77,6 +77,37 @@ def refuse_multi_node(plan: Plan) -> None:
             f"Kubernetes export, is separate work)")
 
 
+def busy_fix(busy) -> str:
+    """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`)."""
+    first = busy[0]
+    role = first.role.split("@", 1)[0]
+    key = "port" if first.name == "http" else f"{first.name}_port"
+    return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`"
+
+
+def missing_programs(plan: Plan) -> list[str]:
+    """Each role whose program cannot be executed here, as `up` would run it (PATH, then this venv)."""
+    missing = []
+    for spec in plan.specs:
+        env = {**os.environ, **spec.env}
+        program = program_path(spec.argv[0], env)
+        found = shutil.which(program, path=env.get("PATH")) if os.sep not in program else (
+            program if os.access(program, os.X_OK) and not os.path.isdir(program) else None)
+        if found is None:
+            missing.append(f"{spec.name}: cannot run {spec.argv[0]!r} (not on PATH, nor beside {sys.executable})"
+                           if os.sep not in spec.argv[0] else f"{spec.name}: {spec.argv[0]} is not an executable file")
+    return missing
+
+
+def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda text: text) -> None:
+    """Before anything starts: a router missing here would otherwise fail `up` after its workers' load.
+    `redact` hides ${env:...} values (a launcher may be one)."""
+    if missing := missing_programs(plan):
+        raise RuntimeFailure(redact(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing)),
+                             fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
+                                 "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`")
+
+
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
              gpus: GpuPreflight | None = None) -> int:
     """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
@@ -99,7 +130,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"deployment {plan.name!r} still has processes from an earlier run "
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
-            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)))
+            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(busy))
+        refuse_missing_programs(plan, redact)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))
         run_dir.logs.mkdir(parents=True, exist_ok=True)
