@@ -72,16 +72,17 @@ def refuse_multi_node(plan: Plan) -> None:
     if len(nodes) > 1:
         where = "; ".join(f"{node}: {', '.join(names)}" for node, names in nodes.items())
         raise UsageError(
-            f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only: run it "
-            f"with --rehearse, each node on its own loopback address (running it across hosts, through SLURM or "
-            f"Kubernetes export, is separate work)")
+            f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only",
+            fix="run it across hosts with `up --on slurm`, export it with `export --to lws|rbg`, or rehearse it "
+                "here with --rehearse (each node on its own loopback address)")
 
 
-def busy_fix(busy) -> str:
-    """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`)."""
+def busy_fix(plan: Plan, busy) -> str:
+    """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`;
+    vLLM's extra side channels side_channel_1, _2... are `side_channel_port`), on the file's role."""
     first = busy[0]
-    role = first.role.split("@", 1)[0]
-    key = "port" if first.name == "http" else f"{first.name}_port"
+    role = plan.spec(first.role).role  # a replica (decode-0) or node rank (server@node1) is its role's
+    key = "port" if first.name == "http" else f"{first.name.rstrip('_0123456789')}_port"
     return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`"
 
 
@@ -130,7 +131,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"deployment {plan.name!r} still has processes from an earlier run "
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
-            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(busy))
+            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))

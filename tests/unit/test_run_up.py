@@ -67,13 +67,21 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
 
 
 def test_a_busy_port_says_how_to_move_the_role():
+    """The `--set` names the file's role and key, also for a replica, a node rank or a second side channel."""
     from muse_launch.run.ports import BusyPort
     from muse_launch.run.up import busy_fix
 
-    assert busy_fix([BusyPort("router", "http", 8000, "pid 1 (x)")]) == \
-        "stop what holds it, or move the role: `--set roles.router.port=PORT`"
-    assert busy_fix([BusyPort("prefill@tray0", "bootstrap", 8998, "pid 1 (x)")]) == \
-        "stop what holds it, or move the role: `--set roles.prefill.bootstrap_port=PORT`"
+    def spec(name: str, role: str) -> LaunchSpec:
+        return LaunchSpec(name, role, "decode", "vllm", ("serve",), ())
+
+    plan = Plan("p", (spec("router", "router"), spec("prefill@tray0", "prefill"), spec("decode-1", "decode")),
+                (("router", "prefill@tray0", "decode-1"),))
+    move = "stop what holds it, or move the role: `--set roles.{}=PORT`"
+    assert busy_fix(plan, [BusyPort("router", "http", 8000, "pid 1 (x)")]) == move.format("router.port")
+    assert busy_fix(plan, [BusyPort("prefill@tray0", "bootstrap", 8998, "pid 1 (x)")]) == \
+        move.format("prefill.bootstrap_port")
+    assert busy_fix(plan, [BusyPort("decode-1", "side_channel_1", 5601, "pid 1 (x)")]) == \
+        move.format("decode.side_channel_port")
 
 
 def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
