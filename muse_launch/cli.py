@@ -103,7 +103,7 @@ def plan(
         typer.echo(loaded_plan.redact(f.format(loaded_plan.loaded)), err=True)
     installed = ""
     if not rehearse and fmt in (PlanFormat.text, PlanFormat.shell):
-        from .checks.engine import installed_here
+        from .checks.versions import installed_here
 
         installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
     renderers = {

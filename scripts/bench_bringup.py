@@ -96,7 +96,7 @@ def main() -> None:
         sequential = topology(Path(tmp) / "bench-seq.yaml", "bench-seq", sequential=True)
         start_cost = cli_start_seconds()
 
-        up_wall, _ = cli(home, "up", str(parallel), "--detach")
+        up_wall, _ = cli(home, "up", str(parallel), "--detach", "--no-engine-check")
         up_supervised = bring_up_seconds(home, "bench")
 
         supervisor = psutil.Process(json.loads((home / "bench" / "state.json").read_text())["supervisor_pid"])
@@ -109,7 +109,7 @@ def main() -> None:
         down_wall, result = cli(home, "down", "bench")
         down_itself = float(re.search(r" in ([\d.]+)s", result.stdout)[1])
 
-        seq_wall, _ = cli(home, "up", str(sequential), "--detach")
+        seq_wall, _ = cli(home, "up", str(sequential), "--detach", "--no-engine-check")
         seq_supervised = bring_up_seconds(home, "bench-seq")
         cli(home, "down", "bench-seq")
 

@@ -167,7 +167,7 @@ def bring_up(env: dict[str, str], rounds: int, rehearse: bool, tmp: Path) -> Non
 
         source, sets = topology(tmp / "bench.yaml", "bench", sequential=False), []
         what = "EPD-shaped stand-ins, ready after " + ", ".join(f"{k} {v}s" for k, v in READY_AFTER.items())
-        up_args = ["up", str(source), "-d"]
+        up_args = ["up", str(source), "-d", "--no-engine-check"]  # the stand-in router lists no router options
     os.environ["MUSE_LAUNCH_HOME"] = env["MUSE_LAUNCH_HOME"]  # the plan's run directory is the one `up` uses
     plan = load_plan(source, sets, rehearse=rehearse).plan
     hand_json, hand_py, logs = tmp / "hand.json", tmp / "hand.py", tmp / "hand-logs"

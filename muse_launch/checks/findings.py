@@ -3,7 +3,7 @@ plan), and the registry of plan-level rules."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Iterable
 
@@ -42,6 +42,16 @@ def error(path: Path_, message: str, fix: str, *roles: str) -> Finding:
 
 def warning(path: Path_, message: str, fix: str, *roles: str) -> Finding:
     return Finding(Severity.WARNING, path, message, fix, roles)
+
+
+def one_per_cause(findings: Iterable[Finding]) -> list[Finding]:
+    """One finding per cause: replicas, node ranks and roles sharing a top-level key are named together."""
+    merged: dict[tuple, Finding] = {}
+    for f in findings:
+        key = (f.severity, f.path, f.message, f.fix)
+        seen = merged.get(key)
+        merged[key] = f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
+    return [replace(f, message=f"{', '.join(f.roles)}: {f.message}") if f.roles else f for f in merged.values()]
 
 
 def has_errors(findings: Iterable[Finding], strict: bool = False) -> bool:

@@ -205,12 +205,21 @@ def argv_versions(roles: Iterable[tuple[str, tuple[str, ...], str | None]]) -> d
 def deployment_versions(roles) -> dict[str, str | None]:
     """For `status`: engine -> installed release (the oldest where roles differ), from the argv each role
     recorded (RoleRecord.argv) rather than a plan."""
+    from ..plan.rehearse import simulated_version
+
     found: dict[str, list[str]] = {}
-    for have in argv_versions((r.name, tuple(r.argv), getattr(r, "engine", None)) for r in roles if r.argv).values():
+    simulated: dict[str, str] = {}
+    real = []
+    for r in roles:
+        if r.argv and (version := simulated_version(getattr(r, "engine", ""), tuple(r.argv))):
+            simulated[r.engine] = f"{version} (simulated)"  # a rehearsal: what the simulated engine plays
+        elif r.argv:
+            real.append(r)
+    for have in argv_versions((r.name, tuple(r.argv), getattr(r, "engine", None)) for r in real).values():
         found.setdefault(have.engine, [])
         if have.version:
             found[have.engine].append(have.version)
-    return {engine: min(v, key=version_key) if v else None for engine, v in found.items()}
+    return {**{engine: min(v, key=version_key) if v else None for engine, v in found.items()}, **simulated}
 
 
 def version_key(text: str) -> tuple:

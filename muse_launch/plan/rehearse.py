@@ -19,6 +19,7 @@ from ..topology.model import Topology
 from .spec import LaunchSpec, Plan
 
 DEFAULT_READY_AFTER = {"encoder": 1.0, "prefill": 2.0, "decode": 2.0, "worker": 2.0}
+SIMULATED = "muse_launch.sim"  # the module a rehearsed engine role runs
 # An address as a whole argument: `10.0.0.1`, `10.0.0.1:20000`, `http://10.0.0.1:30001/path`.
 _ADDRESS = re.compile(r"^(?P<scheme>[a-z]+://)?(?P<host>\[[^\]]+\]|[^:/\s]+)(?P<rest>(:\d+)?(/\S*)?)$")
 
@@ -57,10 +58,19 @@ def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
         spec = _relocated(spec, addresses)
         if spec.engine in WORKER_ENGINES:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
-            launcher = (python, "-m", "muse_launch.sim", "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")
+            launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")
             spec = replace(spec, launcher=launcher)
         elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.
             spec = replace(spec, env={**spec.env, "HF_HUB_OFFLINE": "1"})
         specs.append(spec)
     return replace(plan, specs=tuple(specs))
+
+
+def simulated_version(engine: str, argv: tuple[str, ...]) -> str | None:
+    """The release the simulated engine plays, when `argv` runs it (a rehearsal); else None."""
+    if SIMULATED not in argv[:4]:
+        return None
+    from ..sim.config import SGLANG_VERSION, VLLM_VERSION
+
+    return {"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION}.get(engine)

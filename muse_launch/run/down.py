@@ -105,8 +105,8 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
 
 def format_report(report: DownReport) -> list[str]:
     lines = [*report.notes]
-    what = ", ".join(report.stopped) if report.stopped else "nothing was running"
-    lines.append(f"{report.name}: stopped {what} in {report.seconds:.2f}s")
+    lines.append(f"{report.name}: stopped {', '.join(report.stopped)} in {report.seconds:.2f}s" if report.stopped
+                 else f"{report.name}: nothing was running; checked in {report.seconds:.2f}s")
     if report.killed:
         lines.append("had to SIGKILL:")
         lines += [f"  {k}" for k in report.killed]

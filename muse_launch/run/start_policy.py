@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from muse_launch.engines import sglang
 from muse_launch.host.versions import installed_versions, version_key
+from muse_launch.plan.rehearse import simulated_version
 from muse_launch.plan.spec import LaunchSpec, Plan
 
 OVERLAP, WAVES = "overlap", "waves"
@@ -40,9 +41,8 @@ def engine_versions(plan: Plan) -> dict[str, str | None]:
     """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed one."""
     versions = dict(installed_versions(plan))
     for spec in plan.specs:
-        if "muse_launch.sim" in spec.launcher:
-            from muse_launch.sim.config import SGLANG_VERSION, VLLM_VERSION
-            versions[spec.engine] = SGLANG_VERSION if spec.engine == sglang.NAME else VLLM_VERSION
+        if simulated := simulated_version(spec.engine, spec.launcher):
+            versions[spec.engine] = simulated
     return versions
 
 

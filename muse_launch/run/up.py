@@ -26,7 +26,7 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes
+from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
                                    running_deployments, write_state)
@@ -72,9 +72,41 @@ def refuse_multi_node(plan: Plan) -> None:
     if len(nodes) > 1:
         where = "; ".join(f"{node}: {', '.join(names)}" for node, names in nodes.items())
         raise UsageError(
-            f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only: run it "
-            f"with --rehearse, each node on its own loopback address (running it across hosts, through SLURM or "
-            f"Kubernetes export, is separate work)")
+            f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only",
+            fix="run it across hosts with `up --on slurm`, export it with `export --to lws|rbg`, or rehearse it "
+                "here with --rehearse (each node on its own loopback address)")
+
+
+def busy_fix(plan: Plan, busy) -> str:
+    """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`;
+    vLLM's extra side channels side_channel_1, _2... are `side_channel_port`), on the file's role."""
+    first = busy[0]
+    role = plan.spec(first.role).role  # a replica (decode-0) or node rank (server@node1) is its role's
+    key = "port" if first.name == "http" else f"{first.name.rstrip('_0123456789')}_port"
+    return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`"
+
+
+def missing_programs(plan: Plan) -> list[str]:
+    """Each role whose program cannot be executed here, as `up` would run it (PATH, then this venv)."""
+    missing = []
+    for spec in plan.specs:
+        env = {**os.environ, **spec.env}
+        program = program_path(spec.argv[0], env)
+        found = shutil.which(program, path=env.get("PATH")) if os.sep not in program else (
+            program if os.access(program, os.X_OK) and not os.path.isdir(program) else None)
+        if found is None:
+            missing.append(f"{spec.name}: cannot run {spec.argv[0]!r} (not on PATH, nor beside {sys.executable})"
+                           if os.sep not in spec.argv[0] else f"{spec.name}: {spec.argv[0]} is not an executable file")
+    return missing
+
+
+def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda text: text) -> None:
+    """Before anything starts: a router missing here would otherwise fail `up` after its workers' load.
+    `redact` hides ${env:...} values (a launcher may be one)."""
+    if missing := missing_programs(plan):
+        raise RuntimeFailure(redact(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing)),
+                             fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
+                                 "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`")
 
 
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
@@ -99,7 +131,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
                 f"deployment {plan.name!r} still has processes from an earlier run "
                 f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
-            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)))
+            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
+        refuse_missing_programs(plan, redact)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))
         run_dir.logs.mkdir(parents=True, exist_ok=True)

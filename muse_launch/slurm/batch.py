@@ -62,7 +62,7 @@ def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked:
             files.heartbeat.write_text(f"{time.time():.3f}\n")
             last_beat = time.monotonic()
         request = files.read_json(files.down_request)
-        if request is not None and not sup.stop_requested.is_set():
+        if request is not None and not sup.stop_requested:
             grace = request.get("grace")
             asked["grace"] = grace
             print(f"muse-launch: `down` asked to stop (grace {grace if grace is not None else 'per role'})",

@@ -26,6 +26,7 @@ from .processes import stop_steps
 SUPERVISOR_ACK_SECONDS = 5.0
 JOB_GONE_SECONDS = 60.0
 BATCH_EXIT_SECONDS = 5.0
+DONE_AFTER_HEARTBEAT_SECONDS = 2.0
 
 
 def _listening(host: str, port: int) -> bool:
@@ -56,9 +57,14 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
         deadline = time.monotonic() + waves_grace
         while not files.done.exists() and files.supervisor_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
+        # Its heartbeat ends a moment before it writes slurm/done: give it that moment.
+        settle = time.monotonic() + DONE_AFTER_HEARTBEAT_SECONDS
+        while not files.done.exists() and not files.supervisor_alive() and time.monotonic() < settle:
+            time.sleep(0.1)
         if not files.done.exists():
-            notes.append(f"the batch supervisor did not finish stopping within {waves_grace:g}s; "
-                         "stopping the steps from here")
+            why = (f"did not finish stopping within {waves_grace:g}s" if files.supervisor_alive()
+                   else "stopped beating before it finished stopping")
+            notes.append(f"the batch supervisor {why}; stopping the steps from here")
         else:
             done = files.read_json(files.done) or {}
             killed += [f"{k} (by the batch supervisor)" for k in done.get("killed", [])]

