@@ -32,6 +32,8 @@ class LoadedTopology:
     source: Path
     lines: Mapping[Path_, int] = field(default_factory=dict)
     secrets: frozenset[str] = frozenset()
+    # each whole value that held ${env:...}, as substituted -> as written with *** for each reference
+    secret_values: Mapping[str, str] = field(default_factory=dict)
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -46,12 +48,22 @@ class LoadedTopology:
         return f"{self.source}:{line}" if line else str(self.source)
 
     def redact(self, text: str) -> str:
+        for value in sorted(self.secret_values, key=len, reverse=True):
+            if len(value) >= SHORT_SECRET:
+                text = text.replace(value, self.secret_values[value])
         return redact(text, self.secrets)
+
+
+SHORT_SECRET = 8  # shorter secrets are masked only as a whole token: a secret `1` must not mangle 127.0.0.1
+_TOKEN_EDGE = r"\s'\"=,;:/@()\[\]{}<>"  # not '.': a secret 1 is no part of 127.0.0.1
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
     for secret in sorted(secrets, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+        if len(secret) >= SHORT_SECRET:
+            text = text.replace(secret, REDACTED)
+        else:
+            text = re.sub(f"(?<![^{_TOKEN_EDGE}]){re.escape(secret)}(?![^{_TOKEN_EDGE}])", REDACTED, text)
     return text
 
 
@@ -120,7 +132,8 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
         if problem:
             problems.append(problem)
     secrets: set[str] = set()
-    data = _substitute_env(data, (), environ, secrets, problems, path, lines)
+    values: dict[str, str] = {}
+    data = _substitute_env(data, (), environ, secrets, problems, path, lines, values)
     if problems:
         raise TopologyError(problems)
     loaded_secrets = frozenset(s for s in secrets if s)
@@ -129,7 +142,7 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
     except ValidationError as exc:
         # Schema messages may quote a value that came from ${env:...}.
         raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines)]) from None
-    return LoadedTopology(topology, path, lines, loaded_secrets)
+    return LoadedTopology(topology, path, lines, loaded_secrets, values)
 
 
 def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
@@ -272,11 +285,14 @@ def _set_value(raw: str, at: Path_) -> Any:
 
 
 def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
-                    problems: list[str], path: Path, lines: Mapping[Path_, int]) -> Any:
+                    problems: list[str], path: Path, lines: Mapping[Path_, int],
+                    values: dict[str, str] | None = None) -> Any:
     if isinstance(value, dict):
-        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines) for k, v in value.items()}
+        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines, values)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines) for i, v in enumerate(value)]
+        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines, values)
+                for i, v in enumerate(value)]
     if not isinstance(value, str) or "${env:" not in value:
         return value
 
@@ -290,7 +306,10 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
         secrets.add(environ[name])
         return environ[name]
 
-    return ENV_REF.sub(replace, value)
+    out = ENV_REF.sub(replace, value)
+    if values is not None and out:
+        values[out] = ENV_REF.sub(REDACTED, value)
+    return out
 
 
 def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int]) -> list[str]:

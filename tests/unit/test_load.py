@@ -442,3 +442,14 @@ def test_export_reads_the_file_under_the_same_limits(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     result = cli("export", str(fifo), "-o", str(tmp_path / "out"))
     assert result.returncode == 2 and "it is a FIFO" in result.stderr, result.stdout + result.stderr
+
+
+def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
+    text = EPD.read_text().replace("    kind: router\n", "    kind: router\n    env: {TOKEN: '${env:T}', "
+                                   "URL: 'http://u:${env:T}@h'}\n", 1)
+    loaded = parse_topology(text, Path("t.yaml"), environ={"T": "1"})
+    assert loaded.redact("http://127.0.0.1:8000") == "http://127.0.0.1:8000"  # today: http://***27.0.0.***:8000
+    assert loaded.redact("TOKEN=1 --api-key 1") == "TOKEN=*** --api-key ***"
+    assert loaded.redact("URL=http://u:1@h") == "URL=http://u:***@h"
+    long = parse_topology(text, Path("t.yaml"), environ={"T": SECRET_TOKEN})
+    assert long.redact(f"x{SECRET_TOKEN}y") == "x***y"
