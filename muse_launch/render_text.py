@@ -74,11 +74,11 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
     waves = _wave_of(plan)
     out = [f"# {plan.name}: docker run lines, host network, in start order"]
     for spec in plan.specs:
-        where = f", on {spec.node} ({spec.host})" if spec.node else ""
+        where = f", on {spec.node} ({redact(spec.host)})" if spec.node else ""
         out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}")
         image = image_for(spec, profile)
         if image is None:
-            out.append(f"# no image ships {spec.argv[0] if spec.argv else spec.engine}: run it on the host")
+            out.append(f"# no image ships {redact(spec.argv[0]) if spec.argv else spec.engine}: run it on the host")
             env = " ".join(shlex.quote(f"{k}={redact(v)}") for k, v in spec.env.items())
             out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
             continue

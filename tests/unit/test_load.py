@@ -453,3 +453,12 @@ def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
     assert loaded.redact("URL=http://u:1@h") == "URL=http://u:***@h"
     long = parse_topology(text, Path("t.yaml"), environ={"T": SECRET_TOKEN})
     assert long.redact(f"x{SECRET_TOKEN}y") == "x***y"
+
+
+def test_a_secret_program_is_not_in_the_docker_comment(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(EPD.read_text().replace("roles:\n", "roles:\n  tool:\n    kind: command\n    command: "
+                                            "['/opt/${env:TOOL_DIR}/run', --serve]\n", 1))
+    result = cli("plan", str(path), "--format", "docker", env={"TOOL_DIR": SECRET_TOKEN})
+    assert result.returncode == 0, result.stderr
+    assert "# no image ships /opt/***/run" in result.stdout and SECRET_TOKEN not in result.stdout
