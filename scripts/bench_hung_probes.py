@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,19 +24,11 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-STAND_IN = str(REPO / "tests" / "stand_ins" / "server.py")
+from bench_bringup import REPO, STAND_IN, free_ports  # noqa: E402  scripts/ is this script's path
+
 HUNG = 5
 QUICK_READY = 0.5
 CRASH_AFTER = 1.5
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
 
 
 def role(port: int, *flags: object) -> dict:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from . import router
-from .base import Context, Instance, Rendered
+from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
 FACTS = router.RouterFacts(name="sglang-router", default_launcher=("sglang-router", "launch"),
                            pd_flag="--pd-disaggregation")
-NAME = FACTS.name
+NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("sglang-router",)  # what provides it (host/versions.py reads the installed release)
 MODULE = "sglang_router"  # its wheel also installs an `smg` program, which runs this
-DEFAULT_LAUNCHER = FACTS.default_launcher
-PORT_FLAGS = router.PORT_FLAGS
-SHADOWED = router.SHADOWED
-WIRING = router.WIRING
-
-
-def render(inst: Instance, ctx: Context) -> Rendered:
-    return router.render(inst, ctx, FACTS)
+render = partial(router.render, facts=FACTS)

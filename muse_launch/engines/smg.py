@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from . import router, sglang_router
-from .base import Context, Instance, Rendered
+from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
 FACTS = router.RouterFacts(name="smg", default_launcher=("smg", "launch"), pd_flag=sglang_router.FACTS.pd_flag,
                            backend_flag=("--backend", "vllm"))
-NAME = FACTS.name
+NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("smg",)  # what provides it (host/versions.py reads the installed release)
 MODULE = "smg"
-DEFAULT_LAUNCHER = FACTS.default_launcher
-PORT_FLAGS = router.PORT_FLAGS
-SHADOWED = router.SHADOWED
-WIRING = router.WIRING
-
-
-def render(inst: Instance, ctx: Context) -> Rendered:
-    return router.render(inst, ctx, FACTS)
+render = partial(router.render, facts=FACTS)

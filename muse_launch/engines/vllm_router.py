@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from . import router
-from .base import Context, Instance, Rendered
+from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
 FACTS = router.RouterFacts(
     name="vllm-router", default_launcher=("vllm-router",), pd_flag="--vllm-pd-disaggregation",
     # It checks its workers every 30 s while starting; its readiness would lag theirs by as much.
     startup_defaults=(("--worker-startup-check-interval", "1"),),
     bootstrap_none=False, kv_connector_flag="--kv-connector", workers_path="/list_workers")
-NAME = FACTS.name
+NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("vllm-router",)  # what provides it (host/versions.py reads the installed release)
 MODULE = "vllm_router"
-DEFAULT_LAUNCHER = FACTS.default_launcher
-PORT_FLAGS = router.PORT_FLAGS
-SHADOWED = router.SHADOWED
-WIRING = router.WIRING
-
-
-def render(inst: Instance, ctx: Context) -> Rendered:
-    return router.render(inst, ctx, FACTS)
+render = partial(router.render, facts=FACTS)

@@ -169,12 +169,20 @@ def test_a_role_crashing_at_start_fails_up_and_leaves_nothing(cluster: Path, tmp
         d.kill_leftovers()
 
 
-def test_supervisor_killed_then_down_stops_the_steps(cluster: Path, tmp_path: Path):
+def pd_two_nodes_up(tmp_path: Path) -> Deployment:
+    """helion-gb300 (prefill and decode on two nodes, the router beside the prefill) up on the cluster."""
     d = Deployment(tmp_path / "home", "helion-gb300")
     d.home.mkdir()
     result = up(d, PD_TWO_NODES)
+    if result.returncode != 0:
+        d.kill_leftovers()
+        raise AssertionError(f"up: {result.stdout}{result.stderr}\n{tails(d)}")
+    return d
+
+
+def test_supervisor_killed_then_down_stops_the_steps(cluster: Path, tmp_path: Path):
+    d = pd_two_nodes_up(tmp_path)
     try:
-        assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
         job = job_id(d)
         supervisor = d.state_file()["supervisor_pid"]
         os.kill(supervisor, signal.SIGKILL)  # the local cluster's batch host is this machine
@@ -192,11 +200,8 @@ def test_supervisor_killed_then_down_stops_the_steps(cluster: Path, tmp_path: Pa
 
 
 def test_scancel_by_hand_then_status_and_down(cluster: Path, tmp_path: Path):
-    d = Deployment(tmp_path / "home", "helion-gb300")
-    d.home.mkdir()
-    result = up(d, PD_TWO_NODES)
+    d = pd_two_nodes_up(tmp_path)
     try:
-        assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
         job = job_id(d)
         subprocess.run(["scancel", job], check=True, timeout=30)
         status = wait_for(lambda: (s := d.status())["slurm"]["state"] != "RUNNING" and s, timeout=60)
@@ -211,11 +216,8 @@ def test_scancel_by_hand_then_status_and_down(cluster: Path, tmp_path: Path):
 
 
 def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_path: Path):
-    d = Deployment(tmp_path / "home", "helion-gb300")
-    d.home.mkdir()
-    result = up(d, PD_TWO_NODES)
+    d = pd_two_nodes_up(tmp_path)
     try:
-        assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
         job = job_id(d)
 
         def decode_step() -> str | None:
