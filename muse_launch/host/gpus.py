@@ -110,7 +110,11 @@ class GpuView:
                    d.get("driver"), d.get("unavailable"))
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        """Atomically: a reader in another process (`down` polling the view) sees the old view or the new one,
+        never a half-written file."""
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        os.replace(part, path)
 
     @classmethod
     def load(cls, path: Path) -> GpuView:
