@@ -1,7 +1,51 @@
-"""Shared by every test: the stand-in harness (tests/stand_ins, on pytest's pythonpath)."""
+"""Shared by every test: the stand-in harness (tests/stand_ins, on pytest's pythonpath), and the
+table of fault scenarios that `scripts/faults.sh` (pytest -m faults) prints at the end."""
+
+from __future__ import annotations
 
 import pytest
 
 pytest.register_assert_rewrite("harness")
 
 from harness import deployment  # noqa: E402,F401  the `deployment` fixture
+
+_FAULTS: list[tuple[str, bool, tuple[int, int] | None]] = []  # scenario, failed, (processes, ports) left
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """For each `@pytest.mark.faults("scenario")` test: its outcome over all phases, and what the `deployment`
+    fixture found left alive at teardown."""
+    report = (yield).get_result()
+    marker = item.get_closest_marker("faults")
+    if marker is None:
+        return
+    item.stash.setdefault(_FAILED, []).append(report.failed)
+    if report.when == "teardown":
+        left = dict(item.user_properties).get("left")
+        _FAULTS.append((marker.args[0] if marker.args else item.name, any(item.stash[_FAILED]), left))
+
+
+_FAILED = pytest.StashKey[list]()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """One row per scenario (its parametrized cases together), in issue 9's order."""
+    if not _FAULTS:
+        return
+    rows: dict[str, list] = {}
+    for scenario, failed, left in _FAULTS:
+        row = rows.setdefault(scenario, [0, 0, None])
+        row[0] += 1
+        row[1] += failed
+        if left is not None:
+            row[2] = tuple(a + b for a, b in zip(row[2] or (0, 0), left))
+    number = lambda s: (int(s.split(".")[0]) if s.split(".")[0].isdigit() else 99, s)  # noqa: E731
+    width = max(map(len, rows))
+    terminalreporter.section("fault scenarios")
+    terminalreporter.write_line(f"{'scenario'.ljust(width)}  {'cases':>5}  {'outcome':<9}  left alive")
+    for scenario in sorted(rows, key=number):
+        cases, failed, left = rows[scenario]
+        outcome = f"{failed} FAILED" if failed else "ok"
+        left_text = f"{left[0]} processes, {left[1]} ports" if left else "- (no deployment fixture)"
+        terminalreporter.write_line(f"{scenario.ljust(width)}  {cases:>5}  {outcome:<9}  {left_text}")

@@ -50,6 +50,7 @@ class Deployment:
     home: Path
     name: str
     sessions: set[int] = field(default_factory=set)  # role pids seen in `status`: each leads a session
+    ports: set[int] = field(default_factory=set)  # every role port of the files it wrote
 
     @property
     def run_dir(self) -> Path:
@@ -61,6 +62,7 @@ class Deployment:
 
     def write(self, roles: dict[str, dict[str, Any]], **top: Any) -> Path:
         path = self.home.parent / f"{self.name}.yaml"
+        self.ports.update(r["port"] for r in roles.values() if isinstance(r.get("port"), int))
         path.write_text(yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles}))
         return path
 
@@ -100,6 +102,14 @@ class Deployment:
             except psutil.Error:
                 continue
         return found
+
+    def ports_held(self) -> list[int]:
+        """The file's role ports some process other than this test still listens on."""
+        held = set()
+        for conn in psutil.net_connections("inet"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr.port in self.ports and conn.pid != os.getpid():
+                held.add(conn.laddr.port)
+        return sorted(held)
 
     def kill_leftovers(self) -> None:
         for proc in self.alive():
@@ -141,5 +151,8 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Deployment:
     d = Deployment(home, request.node.name.replace("_", "-").lower()[:40].strip("-"))
     yield d
     leftovers = d.alive()
+    ports = d.ports_held()
+    request.node.user_properties.append(("left", (len(leftovers), len(ports))))
     d.kill_leftovers()
     assert not leftovers, f"processes left alive: {leftovers}"
+    assert not ports, f"ports left held: {ports}"

@@ -286,6 +286,7 @@ def _epd_with(tail: bytes) -> bytes:
 EPD_LINES = EPD.read_bytes().count(b"\n")
 
 
+@pytest.mark.faults("11. hostile files (encodings, NUL, depth, huge ints, GPU ranges, /dev/zero, FIFO, 50 MB)")
 @pytest.mark.parametrize("content, line, says", [
     (_epd_with("# caf\xe9\n".encode("latin-1")), EPD_LINES + 1, "not UTF-8 text (byte 0xe9)"),
     (EPD.read_text().encode("utf-16"), 1, "not UTF-8 text (it is UTF-16)"),
@@ -317,6 +318,7 @@ def _router_with(extra: str) -> bytes:
 ROUTER_LINE = line_containing(EPD.read_text(), "kind: router") + 1  # the line _router_with adds
 
 
+@pytest.mark.faults("4. stop.signal that is not a termination signal")
 @pytest.mark.parametrize("signal", ["SIG_DFL", "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK", "SIGSTOP", "SIGCONT",
                                     "SIGCHLD", "SIGWINCH", "NSIG", "SIGRTMIN"])
 def test_stop_signal_must_stop_a_process(tmp_path: Path, signal: str) -> None:
@@ -336,6 +338,7 @@ def test_stop_signal_accepts_termination_signals(signal: str) -> None:
     assert loaded.topology.roles["router"].stop.signal == name
 
 
+@pytest.mark.faults("12. values the runtime cannot use (ports, grace, env, argv, probe path, regex)")
 @pytest.mark.parametrize("extra, key, says", [
     ("    port: 0\n", "roles.router.port", "greater than or equal to 1"),
     ("    port: 65536\n", "roles.router.port", "less than or equal to 65535"),
@@ -362,6 +365,7 @@ def test_a_value_the_runtime_cannot_use_is_refused(tmp_path: Path, extra: str, k
     assert says in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.faults("12. replica ports past 65535")
 def test_replica_ports_must_not_step_past_65535(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(EPD.read_text().replace("    kind: router\n    port: 8000\n",
@@ -375,6 +379,7 @@ def test_replica_ports_must_not_step_past_65535(tmp_path: Path) -> None:
     assert result.returncode == 2 and "set metrics_port" in result.stderr, result.stderr
 
 
+@pytest.mark.faults("12. names too long for a run directory")
 @pytest.mark.parametrize("old, new, key", [
     ("name: epd-b300", "name: " + "a" * 300, "name"),
     ("  router:\n", "  " + "r" * 300 + ":\n", "roles"),
@@ -388,6 +393,7 @@ def test_names_fit_a_run_directory(tmp_path: Path, old: str, new: str, key: str)
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.faults("12. hostile --set values (recursive aliases, depth)")
 @pytest.mark.parametrize("value", ["&a [*a]", "&a {x: *a}", "[" * 5000 + "]" * 5000,
                                    "[a0: &a0 [x,x,x,x,x,x,x,x,x,x]" + "".join(
                                        f", a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)) + "]"],
@@ -407,6 +413,7 @@ def _billion_laughs() -> bytes:
     return EPD.read_text().replace("description:", lol + "description:", 1).encode()
 
 
+@pytest.mark.faults("11. billion laughs")
 def test_billion_laughs_stops_at_the_alias_limit(tmp_path: Path) -> None:
     import time
 
@@ -419,6 +426,7 @@ def test_billion_laughs_stops_at_the_alias_limit(tmp_path: Path) -> None:
     assert time.monotonic() - began < 10  # today: MemoryError after 40 s
 
 
+@pytest.mark.faults("11. only a regular file of at most 1 MiB")
 def test_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
     import time
 
@@ -444,6 +452,7 @@ def test_export_reads_the_file_under_the_same_limits(tmp_path: Path) -> None:
     assert result.returncode == 2 and "it is a FIFO" in result.stderr, result.stdout + result.stderr
 
 
+@pytest.mark.faults("14. a short secret masked as a value, not inside URLs")
 def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
     text = EPD.read_text().replace("    kind: router\n", "    kind: router\n    env: {TOKEN: '${env:T}', "
                                    "URL: 'http://u:${env:T}@h'}\n", 1)
@@ -455,6 +464,7 @@ def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
     assert long.redact(f"x{SECRET_TOKEN}y") == "x***y"
 
 
+@pytest.mark.faults("14. a secret program in plan --format docker")
 def test_a_secret_program_is_not_in_the_docker_comment(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(EPD.read_text().replace("roles:\n", "roles:\n  tool:\n    kind: command\n    command: "
