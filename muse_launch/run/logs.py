@@ -7,14 +7,22 @@ import os
 from pathlib import Path
 from typing import TextIO
 
+from muse_launch.run.files import PlantedLink, open_nofollow
+
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 TAIL_BLOCK = 64 * 1024
+
+
+def open_log(path: Path):
+    """A role's log (HOME/NAME/logs/ROLE.log) for reading, following no link below the home: a planted
+    one raises files.PlantedLink (an OSError) rather than showing another file."""
+    return os.fdopen(open_nofollow(path, os.O_RDONLY, root=path.parents[2]), "rb")
 
 
 def last_lines(path: Path, n: int) -> list[str]:
     """The last n lines, reading only the end of a file that may be gigabytes long."""
     try:
-        with open(path, "rb") as f:
+        with open_log(path) as f:
             end = f.seek(0, os.SEEK_END)
             data = b""
             while end > 0 and data.count(b"\n") <= n:
@@ -52,22 +60,23 @@ class LogFollower:
 
     def __init__(self, logs: dict[str, Path], from_end: bool):
         self.logs = logs
-        self.offsets = {r: (p.stat().st_size if from_end and p.exists() else 0) for r, p in logs.items()}
+        self.offsets = {r: (os.stat(p, follow_symlinks=False).st_size if from_end and os.path.lexists(p) else 0)
+                        for r, p in logs.items()}
         self.partial = {r: b"" for r in logs}
 
     def read_new(self) -> list[tuple[str, str]]:
         out = []
         for role, path in self.logs.items():
             try:
-                size = path.stat().st_size
+                size = os.stat(path, follow_symlinks=False).st_size
                 if size < self.offsets[role]:
                     self.offsets[role], self.partial[role] = 0, b""
                 if size == self.offsets[role]:
                     continue
-                with open(path, "rb") as f:
+                with open_log(path) as f:
                     f.seek(self.offsets[role])
                     chunk = f.read(size - self.offsets[role])
-            except FileNotFoundError:
+            except (FileNotFoundError, PlantedLink):  # not there (yet), or not a log of ours to show
                 continue
             self.offsets[role] += len(chunk)
             *lines, self.partial[role] = (self.partial[role] + chunk).split(b"\n")

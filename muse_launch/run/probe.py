@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.run.logs import open_log
 
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 
@@ -75,7 +76,7 @@ class ReadinessCheck:
     def _check_log(self) -> bool:
         """Matches the pattern against complete lines written since the last check."""
         try:
-            with open(self.log_path, "rb") as log:
+            with open_log(self.log_path) as log:  # no planted link followed
                 log.seek(self._log_offset)
                 chunk = log.read()
         except OSError:

@@ -21,6 +21,7 @@ from typing import Iterable, Mapping, Protocol
 import psutil
 
 from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run.files import PlantedLink, open_nofollow
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -143,18 +144,30 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
     return str(sibling) if os.access(sibling, os.X_OK) else program
 
 
+def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
+    """The role's log for its stdout and stderr, no link followed below the state home (run/files.py)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    return open_nofollow(log_path, flags, root=Path(marker.run_dir).parent)
+
+
 def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -> SpawnedProcess:
     env = {**os.environ, **spec.env, **marker.env(spec.name)}
     argv = [program_path(spec.argv[0], env), *spec.argv[1:]]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(log_path, "ab" if append else "wb") as log:
-            popen = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
-            )
+        log = open_role_log(log_path, marker, append)
+    except PlantedLink as e:  # never written through
+        raise SpawnError(f"cannot open its log: {e}") from e
+    except OSError:  # a read-only or full run directory: the role runs (a restart too), its output is lost
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        popen = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
+        )
     except OSError as e:
         raise SpawnError(f"cannot run {spec.argv[0]!r}: {e.strerror}") from e
+    finally:
+        os.close(log)
     # Not yet reaped even if it exited already, so its start time is still readable.
     return SpawnedProcess(popen, ProcessRef(popen.pid, psutil.Process(popen.pid).create_time()))
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run.process import GroupStop, Marker, RoleProcess, StopReport, StopTarget, spawn_role
+from muse_launch.run.process import (GroupStop, Marker, RoleProcess, StopReport, StopTarget, open_role_log,
+                                     spawn_role)
 from muse_launch.run.state import RunDir
 
 
@@ -88,9 +89,11 @@ class LocalProcesses:
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)
         if restart_note:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "a") as f:
-                f.write(f"--- muse-launch: {restart_note} ---\n")
+            try:
+                with os.fdopen(open_role_log(log, self.marker, append=True), "a") as f:
+                    f.write(f"--- muse-launch: {restart_note} ---\n")
+            except OSError:
+                pass  # a full or read-only disk: the restart still happens, and state.json says why
         return spawn_role(spec, self.marker, log, append=restart_note is not None)
 
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
