@@ -398,7 +398,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
         say(f"{final.name}: stopped")
         return 128 + interrupted[0]
     if b"released\n" in messages:
-        say(f"{final.name}: `muse-launch down` stopped it while it was starting; nothing of it is left running")
+        say(f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started")
         return 1
     if not any(r.state is RoleState.FAILED for r in final.roles):
         say(f"{final.name}: the supervisor went away before all roles were ready; see {run_dir.supervisor_log}")
