@@ -15,7 +15,8 @@ from muse_launch.host.gpus import GpuReader
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import Marker, StopTarget, is_alive, marked_processes, marked_roles, stop_roles
+from muse_launch.run.process import (Marker, StopTarget, describe, is_alive, marked_processes, marked_roles,
+                                     stop_roles)
 from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, StateDamaged, read_state, write_state
 
 SUPERVISOR_EXIT_SECONDS = 5.0
@@ -39,6 +40,27 @@ class DownReport:
     @property
     def clean(self) -> bool:
         return not self.survivors and not self.open_ports and not self.gpus_held
+
+
+def refuse_leftovers(run_dir: RunDir) -> None:
+    """Roles of an earlier run still alive (its supervisor was killed): name them, start no duplicates."""
+    marker = Marker(run_dir.name, str(run_dir.path))
+    try:
+        record = read_state(run_dir)
+    except StateDamaged:
+        record = None
+    roles = {r.name: r.process.find() for r in record.roles if r.process} if record else {}
+    roles = {name: proc for name, proc in roles.items() if proc is not None}
+    for proc in marked_processes(marker):
+        try:
+            roles.setdefault(proc.environ().get("MUSE_LAUNCH_ROLE", "?"), proc)
+        except psutil.Error:
+            continue
+    if roles:
+        running = ", ".join(f"{name} ({describe(proc)})" for name, proc in sorted(roles.items()))
+        raise RuntimeFailure(f"deployment {run_dir.name!r} still has processes from an earlier run: roles "
+                             f"{running} are running with no supervisor; nothing new was started",
+                             fix=f"`muse-launch down {run_dir.name}` stops them; then `up` again")
 
 
 def release_supervisor(record: DeploymentRecord) -> str | None:

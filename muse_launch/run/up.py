@@ -20,6 +20,7 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
@@ -27,9 +28,9 @@ from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.files import open_fresh
 from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
+from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateDamaged, StateSaver,
+from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
                                    planned_record, read_state, running_deployments, write_state)
 from muse_launch.run.start_policy import choose, engine_versions
 from muse_launch.run.seams import LocalProcesses
@@ -143,32 +144,11 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         lock.release()
 
 
-def refuse_leftovers(run_dir: RunDir) -> None:
-    """Roles of an earlier run still alive (its supervisor was killed): name them, start no duplicates."""
-    marker = Marker(run_dir.name, str(run_dir.path))
-    try:
-        record = read_state(run_dir)
-    except StateDamaged:
-        record = None
-    roles = {r.name: r.process.find() for r in record.roles if r.process} if record else {}
-    roles = {name: proc for name, proc in roles.items() if proc is not None}
-    for proc in marked_processes(marker):
-        try:
-            roles.setdefault(proc.environ().get("MUSE_LAUNCH_ROLE", "?"), proc)
-        except psutil.Error:
-            continue
-    if roles:
-        running = ", ".join(f"{name} ({describe(proc)})" for name, proc in sorted(roles.items()))
-        raise RuntimeFailure(f"deployment {run_dir.name!r} still has roles running from an earlier run, "
-                             f"with no supervisor: {running}", fix=f"`muse-launch down {run_dir.name}` stops them; "
-                                                                   "then `up` again")
-
-
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
                 report: Callable[[DeploymentRecord], None], start_after: StartAfter,
                 say: Callable[[str], None]) -> tuple[Supervisor, StateSaver]:
     """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
-    `down` that reads its pid in state.json finds it ready for SIGUSR1 (`announce`)."""
+    `down` that reads its pid in state.json finds it ready for SIGUSR1."""
     me = ProcessRef(os.getpid(), psutil.Process().create_time())
     saver = StateSaver(run_dir, say)  # a full or read-only disk: supervising goes on, one warning
 
@@ -180,10 +160,6 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
                      LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
                      client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after)
     return sup, saver
-
-
-def _announce(sup: Supervisor) -> None:
-    sup.on_change(sup.record)
 
 
 def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
@@ -220,7 +196,7 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                                      saying(quiet))
             try:
                 received = _handle_signals(sup)
-                _announce(sup)
+                sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
                 started = time.monotonic()
                 with progress:
                     outcome = sup.start()
@@ -341,7 +317,7 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
             sup, saver = _supervisor(plan, record, run_dir, client, PlainProgress(out).update, start_after,
                                      saying(console))
             received = _handle_signals(sup)
-            _announce(sup)
+            sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
             os.write(pipe, f"pid {os.getpid()}\n".encode())
             outcome = sup.start()
             if outcome is Outcome.READY:
