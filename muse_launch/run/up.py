@@ -32,7 +32,7 @@ from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
                                    planned_record, read_state, running_deployments, write_state)
-from muse_launch.run.start_policy import choose, engine_versions
+from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.seams import LocalProcesses
 from muse_launch.run.supervisor import Outcome, Supervisor
 
@@ -117,7 +117,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     if options.only:
         plan, assumed = select_only(plan, options.only)
         saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
-    policy = choose(plan, options.start, engine_versions(plan))
+    versions = engine_versions(plan)
+    policy = choose(plan, options.start, versions)
     plan = policy.plan
     if policy.note:
         saying(console)(policy.note)
@@ -135,7 +136,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
             gpus.require(plan, running_deployments, saying(console))
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
             os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
-        record = planned_record(plan, str(source), redact)
+        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
             return _detach(plan, record, run_dir, options, console, lock, policy.start_after)
