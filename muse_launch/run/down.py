@@ -102,7 +102,8 @@ def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, lis
     notes: list[str] = []
     deadline: float | None = None
     first = _readable_state(run_dir)
-    released = False
+    # Dead already when this `down` began (not released meanwhile by another `down`): say so.
+    released = first is None or first.supervisor is None or first.supervisor.find() is not None
     while True:
         record = _readable_state(run_dir)
         if record is not None and record.supervisor is not None and record.supervisor.find() is not None:
@@ -110,7 +111,7 @@ def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, lis
             if note := release_supervisor(record):
                 notes.append(note)
         if (lock := DeploymentLock.attempt(run_dir)) is not None:
-            if not released and first is not None and first.supervisor is not None:
+            if not released:
                 notes.insert(0, "no supervisor was running")
             return lock, notes + ([lock.note] if lock.note else [])
         if deadline is None:
