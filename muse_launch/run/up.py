@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 import httpx
-import psutil
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
@@ -149,7 +148,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
                 report: Callable[[DeploymentRecord], None], start_after: StartAfter) -> Supervisor:
-    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    me = ProcessRef.of(os.getpid())
     record = replace(record, supervisor=me)
 
     def on_change(new: DeploymentRecord) -> None:

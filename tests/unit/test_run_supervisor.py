@@ -59,6 +59,11 @@ class FakeProcess:
     started: float
     script: Script
     stopped: bool = False  # its stop is complete
+    suspended_from: float | None = None  # SIGSTOP from then on
+    cgroup = None
+
+    def suspended(self) -> bool:
+        return self.suspended_from is not None and self.clock.now >= self.suspended_from
 
     def poll(self) -> int | None:
         if self.stopped:
