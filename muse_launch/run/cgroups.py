@@ -78,6 +78,16 @@ def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:
     return path if os.access(path / "cgroup.procs", os.W_OK) else None
 
 
+def role_cgroups(deployment: str, run_dir: str) -> list[Path]:
+    """The role cgroups of a deployment that exist now (where this process would put them): what `up` checks
+    for leftovers, and what a `down` without state.json can still empty."""
+    parent = deployment_dir(deployment, run_dir)
+    try:
+        return sorted(p for p in parent.iterdir() if p.is_dir()) if parent else []
+    except OSError:
+        return []
+
+
 def is_role_cgroup(path: str | Path | None) -> bool:
     """A path from state.json names a cgroup of ours: under the cgroup2 mount, in the muse-launch layout."""
     mount = cgroup2_mount()

@@ -22,7 +22,8 @@ import psutil
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
-from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef, boot_id, is_suspended, process_state, session_of, start_ticks  # noqa: F401
+from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
+from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"

@@ -244,7 +244,8 @@ class Supervisor:
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
-                     process=run.process.ref, cgroup=run.process.cgroup, started_at=now_iso(self.clock.time()), ready_at=None)
+                     process=run.process.ref, cgroup=run.process.cgroup, started_at=now_iso(self.clock.time()),
+                     ready_at=None)
         return None
 
     def _fail(self, run: RoleRun, reason: str) -> Outcome:

@@ -25,6 +25,7 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
+from muse_launch.run import cgroups
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
@@ -125,10 +126,13 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         marker = Marker(plan.name, str(run_dir.path))
-        if leftovers := marked_processes(marker):
+        leftovers = [describe(p) for p in marked_processes(marker)]
+        leftovers += [f"pid {pid} in cgroup {path.name}" for path in cgroups.role_cgroups(plan.name, marker.run_dir)
+                      for pid in cgroups.members(path)]  # one that cleared its environment carries no marker
+        if leftovers:
             raise RuntimeFailure(
                 f"deployment {plan.name!r} still has processes from an earlier run "
-                f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
+                f"({', '.join(leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
