@@ -6,7 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -138,6 +138,9 @@ class DeploymentRecord:
     stop_waves: tuple[tuple[str, ...], ...]  # reverse dependency order, for `down` without the plan
     roles: tuple[RoleRecord, ...]
     supervisor: ProcessRef | None = None
+    # engine -> the release `up` found for what it started (read through the real launcher, which the state
+    # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
+    versions: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def state(self) -> DeploymentState:
@@ -162,16 +165,18 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
+            "versions": dict(self.versions),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
         supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
-                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor)
+                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}))
 
 
-def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> DeploymentRecord:
+def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
+                   versions: Mapping[str, str | None] | None = None) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
@@ -183,7 +188,7 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> Dep
                    argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()))
         for s in plan.specs
     )
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles)
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}))
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
