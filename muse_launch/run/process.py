@@ -2,7 +2,10 @@
 
 Every process of a deployment carries marker variables in its environment, inherited by all
 its descendants. That finds a child which called setsid, or one re-parented to PID 1 after
-its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone.
+its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone. Where the host
+offers cgroups, each role also runs in its own (run/cgroups.py), which finds even a child that
+cleared its environment; processes are known by their start ticks (run/identity.py), never by a
+pid alone, and signalled through a pidfd.
 """
 
 from __future__ import annotations
