@@ -58,6 +58,23 @@ def is_suspended(pid: int) -> bool:
     return process_state(pid) in ("T", "t")
 
 
+@dataclass(frozen=True)
+class Stat:
+    state: str
+    pgid: int
+    sid: int
+    start_ticks: int
+
+
+def stat_of(pid: int) -> Stat | None:
+    """What a scan of every process needs of one, from a single read of /proc/PID/stat."""
+    fields = _stat_fields(pid)
+    try:
+        return Stat(fields[0], int(fields[2]), int(fields[3]), int(fields[19])) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def session_of(pid: int) -> tuple[int, int] | None:
     """(pgid, sid) of a live process, from one read of its stat (fields 5 and 6)."""
     fields = _stat_fields(pid)

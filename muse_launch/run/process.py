@@ -26,7 +26,7 @@ import psutil
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
 from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
-from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks
+from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -223,11 +223,12 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef]
     in_session: list[ProcessRef] = []
     for proc in psutil.process_iter():
         pid = proc.pid
-        ids, ticks = session_of(pid), start_ticks(pid)
-        if ids is None or ticks is None or pid in found or process_state(pid) in ("Z", "X", None):
+        stat = stat_of(pid)
+        if stat is None or pid in found or stat.state in ("Z", "X"):
             continue
+        ticks = stat.start_ticks
         ref = ProcessRef(pid, ticks, me)
-        same_session = leader is not None and leader.pid in ids and (
+        same_session = leader is not None and leader.pid in (stat.pgid, stat.sid) and (
             leader.start_ticks is None or ticks >= leader.start_ticks)
         try:
             ours = pid in in_cgroup or marker.matches(proc.environ(), target.role)
