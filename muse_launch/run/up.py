@@ -233,6 +233,8 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
         say(f"{signal.Signals(received['signal']).name}: stopping everything (again to kill at once)")
     report = sup.stop()
     sup.sign_off()
+    for role in sup.record.roles:
+        cgroups.remove(role.cgroup)  # emptied by the stop; the supervisor's loop only tried once, never waiting
     for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
         say(line)
     say(f"{sup.record.name}: stopped")
