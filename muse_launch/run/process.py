@@ -193,6 +193,7 @@ class _Stopping:
     deadline: float
     killed_at: float | None = None
     killed: list[str] = field(default_factory=list)
+    resuming: tuple[float, int | None] | None = None  # (since, pgid): SIGCONT sent, the stop signal not yet
 
 
 def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef], int | None]:
@@ -265,17 +266,13 @@ def _signal(processes: Iterable[ProcessRef], pgid: int | None, sig: signal.Signa
 
 
 def _stop_signal(processes: list[ProcessRef], pgid: int | None, sig: signal.Signals) -> None:
-    """The stop signal with SIGCONT on both sides: a process stopped by SIGSTOP acts on it now, not at SIGKILL.
+    """The stop signal, then SIGCONT: a process stopped by SIGSTOP since acts on it now, not at SIGKILL."""
+    _signal(processes, pgid, sig)
+    if sig not in (signal.SIGKILL, signal.SIGCONT):
+        _signal(processes, pgid, signal.SIGCONT)
 
-    The first SIGCONT matters for a process with threads: a signal sent while every thread is stopped goes to
-    whichever thread wakes first, and Python runs its handler only once the main thread wakes (never, for
-    one asleep for an hour); once continued, the kernel hands it to the main thread. The second catches a
-    SIGSTOP that raced the first."""
-    if sig in (signal.SIGKILL, signal.SIGCONT):
-        _signal(processes, pgid, sig)
-        return
-    for each in (signal.SIGCONT, sig, signal.SIGCONT):
-        _signal(processes, pgid, each)
+
+RESUME_SECONDS = 1.0  # how long a stopped process may take to run again before its stop signal goes anyway
 
 
 class GroupStop:
@@ -290,11 +287,25 @@ class GroupStop:
         self.survivors: list[str] = []
         for target in targets:
             processes, pgid = role_processes(target, marker)
-            _stop_signal(processes, pgid, signal.Signals[target.signal])
-            self.stopping.append(_Stopping(target, processes, now + target.grace))
+            entry = _Stopping(target, processes, now + target.grace)
+            if any(is_suspended(p.pid) for p in processes):
+                # Stopped by SIGSTOP: continue it first, and send the stop signal once it runs. A signal sent
+                # while all its threads are stopped goes to whichever wakes first, and Python runs a handler
+                # only in its main thread (asleep for an hour, it never would); a running process gets it there.
+                _signal(processes, pgid, signal.SIGCONT)
+                entry.resuming = (now, pgid)
+            else:
+                _stop_signal(processes, pgid, signal.Signals[target.signal])
+            self.stopping.append(entry)
 
     def poll(self, now: float, kill_now: bool = False) -> StopReport | None:
         for entry in list(self.stopping):
+            if entry.resuming is not None:
+                since, pgid = entry.resuming
+                if any(is_suspended(p.pid) for p in entry.processes) and now - since < RESUME_SECONDS and not kill_now:
+                    continue
+                _stop_signal(entry.processes, pgid, signal.Signals[entry.target.signal])
+                entry.resuming = None
             entry.processes = [p for p in entry.processes if p.is_running()]
             if not entry.processes:
                 # Look again: a process may have forked while shutting down; its cgroup lists every one left.
