@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 import httpx
-import psutil
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
@@ -150,7 +149,7 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
                 say: Callable[[str], None]) -> tuple[Supervisor, StateSaver]:
     """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
     `down` that reads its pid in state.json finds it ready for SIGUSR1."""
-    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    me = ProcessRef.of(os.getpid())
     saver = StateSaver(run_dir, say)  # a full or read-only disk: supervising goes on, one warning
 
     def on_change(new: DeploymentRecord) -> None:
@@ -233,6 +232,8 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
         say(f"{signal.Signals(received['signal']).name}: stopping everything (again to kill at once)")
     report = sup.stop()
     sup.sign_off()
+    for role in sup.record.roles:
+        cgroups.remove(role.cgroup)  # emptied by the stop; the supervisor's loop only tried once, never waiting
     for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
         say(line)
     say(f"{sup.record.name}: stopped")
