@@ -7,6 +7,7 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
+import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
