@@ -21,6 +21,7 @@ from typing import Iterable, Mapping, Protocol
 import psutil
 
 from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run.logfiles import open_role_log
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -146,9 +147,8 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
 def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -> SpawnedProcess:
     env = {**os.environ, **spec.env, **marker.env(spec.name)}
     argv = [program_path(spec.argv[0], env), *spec.argv[1:]]
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with open(log_path, "ab" if append else "wb") as log:
+        with os.fdopen(open_role_log(log_path, fresh=not append), "ab") as log:  # O_APPEND: see run/logfiles.py
             popen = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run.listeners import ListenerOwner
+from muse_launch.run.logfiles import open_role_log
 from muse_launch.run.process import GroupStop, Marker, RoleProcess, StopReport, StopTarget, spawn_role
 from muse_launch.run.state import RunDir
 
@@ -88,10 +90,16 @@ class LocalProcesses:
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)
         if restart_note:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "a") as f:
-                f.write(f"--- muse-launch: {restart_note} ---\n")
+            fd = open_role_log(log, fresh=False)
+            try:
+                os.write(fd, f"--- muse-launch: {restart_note} ---\n".encode())
+            finally:
+                os.close(fd)
         return spawn_role(spec, self.marker, log, append=restart_note is not None)
+
+    def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner:
+        """On this host the supervisor sees the role's processes: its probe checks whose listener answers."""
+        return ListenerOwner(process.ref.pid, spec.name, self.marker.env(spec.name))
 
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
         return GroupStop(targets, self.marker, now)
