@@ -82,11 +82,12 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         for wave in record.stop_waves:
             targets = [record.role(name).stop_target(grace) for name in wave]
             stopped += [t.role for t in targets if t.leader or marked_processes(marker, t.role)]
-            report = stop_roles(targets, marker)
+            report = stop_roles(targets, marker, mask=record.masks.token)
             killed += report.killed
             survivors += report.survivors
         # Anything still marked (spawned by a supervisor killed between spawn and its state write).
-        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in marked_roles(marker)], marker)
+        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in marked_roles(marker)], marker,
+                            mask=record.masks.token)
         killed += report.killed
         survivors += report.survivors
         still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),

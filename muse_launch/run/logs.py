@@ -106,13 +106,14 @@ class LogFollower:
         tail.offset += len(chunk)
         return tail.lines.feed(chunk)
 
-    def print_new(self, printer: RolePrinter, rounds: int = FOLLOW_ROUNDS) -> None:
+    def print_new(self, printer: RolePrinter, rounds: int = FOLLOW_ROUNDS) -> bool:
         """Up to `rounds` chunks of each log (a log written faster than the reader reads must not keep
-        the caller here for ever), printed as they are read."""
+        the caller here for ever), printed as they are read; False when there may be more to read now."""
         for _ in range(rounds):
             new = self.read_new()
             for role, text in new:
                 printer.line(role, text)
             printer.flush()
             if not new:
-                return
+                return True
+        return False

@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import psutil
 
@@ -75,9 +75,11 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def describe(proc: psutil.Process) -> str:
+def describe(proc: psutil.Process, mask: Callable[[str], str] = lambda arg: arg) -> str:
+    """"pid N (command line)"; `mask` hides each argument that holds a secret (run/masks.py), before the line
+    is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
-        command = " ".join(proc.cmdline()).strip() or proc.name()
+        command = " ".join(map(mask, proc.cmdline())).strip() or proc.name()
     except psutil.Error:
         command = "?"
     return f"pid {proc.pid} ({command[:100]})"
@@ -248,8 +250,10 @@ class GroupStop:
     the end of each one's grace (or at once on `kill_now`). `poll` never waits: the supervisor's loop
     calls it between other work; it returns the report once none of their processes is alive."""
 
-    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float):
+    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float,
+                 mask: Callable[[str], str] = lambda arg: arg):
         self.marker = marker
+        self.mask = mask  # for the command lines of what it reports killed
         self.stopping: list[_Stopping] = []
         self.killed: list[str] = []
         self.survivors: list[str] = []
@@ -270,22 +274,23 @@ class GroupStop:
                 continue
             if entry.killed_at is None and (now >= entry.deadline or kill_now):
                 entry.processes, pgid = role_processes(entry.target, self.marker)
-                entry.killed = [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                entry.killed = [f"{entry.target.role}: {describe(p, self.mask)}" for p in entry.processes]
                 _signal(entry.processes, pgid, signal.SIGKILL)
                 entry.killed_at = now
             elif entry.killed_at is not None and now - entry.killed_at > AFTER_KILL_SECONDS:
-                self.survivors += [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                self.survivors += [f"{entry.target.role}: {describe(p, self.mask)}" for p in entry.processes]
                 self.killed += entry.killed
                 self.stopping.remove(entry)
         return None if self.stopping else StopReport(tuple(self.killed), tuple(self.survivors))
 
 
-def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None) -> StopReport:
+def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None,
+               mask: Callable[[str], str] = lambda arg: arg) -> StopReport:
     """Stop roles together and wait until none of their processes is alive (`down`: nothing else to do).
 
     `kill_now` (a second Ctrl-C) cuts the grace short.
     """
-    stop = GroupStop(targets, marker, time.monotonic())
+    stop = GroupStop(targets, marker, time.monotonic(), mask)
     while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
         time.sleep(POLL_SECONDS)
     return report

@@ -7,7 +7,7 @@ import os
 import select
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.listeners import ListenerOwner
@@ -86,6 +86,7 @@ class LocalProcesses:
 
     marker: Marker
     run_dir: RunDir
+    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (run/masks.py)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)
@@ -102,4 +103,4 @@ class LocalProcesses:
         return ListenerOwner(process.ref.pid, spec.name, self.marker.env(spec.name))
 
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
-        return GroupStop(targets, self.marker, now)
+        return GroupStop(targets, self.marker, now, self.mask)

@@ -100,7 +100,7 @@ def status_table(record: DeploymentRecord, health: dict[str, str | None],
             role.name, role.kind, Text(role.state.value, style=STATE_STYLES[role.state]),
             str(role.process.pid) if role.process else "-", ",".join(map(str, role.gpus)) or "-", *memory,
             role.url or "-",
-            since(role.ready_at), str(role.restarts),
+            since(role.ready_at), role.restarts_text,
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )
     return table

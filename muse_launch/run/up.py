@@ -132,7 +132,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         if leftovers := marked_processes(marker):
             raise RuntimeFailure(
                 f"deployment {plan.name!r} still has processes from an earlier run "
-                f"({', '.join(describe(p) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
+                f"({', '.join(redact(describe(p)) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
@@ -160,7 +160,8 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
         report(new)
 
     on_change(record)
-    return Supervisor(plan, record, run_dir, LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
+    processes = LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token)
+    return Supervisor(plan, record, run_dir, processes,
                       client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after,
                       redact=options.redact, tend=LogCaps.of(plan.specs, run_dir.log).tend)
 

@@ -1,0 +1,117 @@
+"""Role logs that must not eat the machine (issue 9, item 10): each capped by copy-truncate rotation while
+the role keeps writing, and read in bounded chunks by `logs` and `logs -f`, whatever the backlog."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from harness import REPO, free_ports, stand_in, wait_for
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+def on_disk(log) -> int:
+    return sum(p.stat().st_size for p in log.parent.glob(log.name + "*") if p.is_file())
+
+
+def tail(path, n: int = 4096) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+@pytest.mark.faults("10. a role flooding its log: the log stays under its cap, the newest lines kept")
+def test_a_flooding_role_log_stays_under_its_cap(deployment):
+    (port,) = free_ports(1)
+    cap, keep, flood_mb = 2 * MiB, 1, 120
+    topology = deployment.write({"noisy": stand_in(port, "--flood", flood_mb)},
+                                logs={"max_size": "2MiB", "keep": keep})
+    up = deployment.cli("up", topology, "--detach")
+    assert up.returncode == 0, up.stdout + up.stderr
+    log = deployment.run_dir / "logs" / "noisy.log"
+    # The stand-in writes its 120 MB at up to 50 MB/s; the supervisor checks each log every 0.25 s, so a
+    # log may pass its cap by what the role writes between two looks (a generous bound on a busy machine).
+    bound = (keep + 1) * cap + 40 * MiB
+    largest = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        largest = max(largest, on_disk(log))
+        if any(b"flood done" in tail(p) for p in (log, log.parent / "noisy.log.1")):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the flood never ended")
+    wait_for(lambda: log.stat().st_size <= cap, timeout=10)  # the next look rotates what is left over
+    assert largest <= bound, f"{largest / MiB:.0f} MiB of log on disk, cap {(keep + 1) * cap / MiB:.0f} MiB"
+    rotated = sorted(p.name for p in log.parent.glob("noisy.log*"))
+    assert rotated == ["noisy.log", "noisy.log.1"], rotated  # keep: 1
+    role = deployment.role("noisy")
+    assert role["state"] == "ready" and role["health"] == "ok"  # neither slowed to death nor signalled
+    # The newest lines are kept, in order: the last of the flood is in the log (or the file just rotated).
+    assert any(b"flood done" in tail(p) for p in (log, log.parent / "noisy.log.1"))
+    assert deployment.cli("down", deployment.name).returncode == 0
+
+
+def _max_rss_mib(proc: subprocess.Popen) -> float:
+    """The process's peak resident memory, from the kernel (wait4's rusage), once it has exited."""
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return usage.ru_maxrss / 1024
+
+
+@pytest.mark.faults("10. logs and logs -f of a 300 MB backlog (one 40 MB line) in bounded memory")
+def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
+    (port,) = free_ports(1)
+    topology = deployment.write({"server": stand_in(port)}, logs={"max_size": "1GiB"})  # nothing rotated here
+    assert deployment.cli("up", topology, "--detach").returncode == 0
+    log = deployment.run_dir / "logs" / "server.log"
+    follow = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f"], cwd=REPO,
+                              env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert b"server |" in follow.stdout.readline()  # following now: what comes next is its backlog
+        line = b"y" * 9999 + b"\n"
+        with open(log, "ab") as f:  # 260 MB of lines, then a 40 MB line that never ends: a slow reader's backlog
+            for _ in range(26):
+                f.write(line * 1000)
+            for _ in range(40):
+                f.write(b"z" * MiB)
+        time.sleep(1.0)  # `logs -f` sees the backlog while nobody reads its output
+        got, peak = 0, 0.0
+        fd = follow.stdout.fileno()
+        written = 26 * 1000 * len(line) + 40 * MiB  # each line comes back with its prefix: at least as much
+        reads = 0
+        while got < written and select.select([fd], [], [], 10)[0]:
+            chunk = os.read(fd, MiB)
+            if not chunk:
+                break
+            got += len(chunk)
+            reads += 1
+            if reads % 64 == 0:
+                peak = max(peak, psutil.Process(follow.pid).memory_info().rss / MiB)
+        assert got >= written, f"logs -f printed {got / MiB:.0f} MiB of the {written / MiB:.0f} MiB backlog"
+        follow.send_signal(signal.SIGINT)
+        follow.stdout.close()
+        assert _max_rss_mib(follow) < 100, f"logs -f peaked at {peak:.0f} MiB"
+    finally:
+        if follow.returncode is None:
+            follow.kill()
+            follow.wait()
+    tail = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-n", "3"], cwd=REPO,
+                            env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    out = b"".join(iter(lambda: tail.stdout.read(MiB), b""))
+    assert _max_rss_mib(tail) < 100
+    assert len(out) < 4 * MiB and out.count(b"\n") == 3  # the last line in pieces of at most a chunk
+    assert deployment.cli("down", deployment.name).returncode == 0
