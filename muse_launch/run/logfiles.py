@@ -79,7 +79,8 @@ class LineSplitter:
         self.partial = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        *complete, self.partial = (self.partial + chunk).split(b"\n")
+        lines = [line[i:i + self.limit] for line in complete for i in range(0, max(len(line), 1), self.limit)]
         while len(self.partial) >= self.limit:
             lines.append(self.partial[:self.limit])
             self.partial = self.partial[self.limit:]

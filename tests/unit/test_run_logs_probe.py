@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
 
 import httpx
@@ -91,3 +92,45 @@ def test_log_and_tcp_probes(tmp_path):
     closed = ReadinessCheck(Probe(ProbeKind.TCP), "127.0.0.1", port, log, httpx.Client())
     assert not closed.check(0) and "refused" in closed.last_seen.lower()
     assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"
+
+
+def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tmp_path):
+    from muse_launch.plan.spec import LogPolicy
+    from muse_launch.run.logfiles import LogCaps, open_role_log, rotated
+
+    log = tmp_path / "logs" / "r.log"
+    fd = open_role_log(log, fresh=True)  # as the role holds it: O_APPEND
+    caps = LogCaps({"r": (log, LogPolicy(max_size=100, keep=2))})
+    for n in range(4):
+        os.write(fd, f"batch {n}\n".encode() * 20)  # 160 bytes: past the cap
+        caps.tend(now=float(n))
+    os.write(fd, b"after\n")
+    os.close(fd)
+    assert log.read_bytes() == b"after\n"  # written at offset 0 of the truncated file: no hole
+    assert rotated(log, 1).read_text() == "batch 3\n" * 20
+    assert rotated(log, 2).read_text() == "batch 2\n" * 20
+    assert not rotated(log, 3).exists()  # keep: 2
+
+
+def test_follower_reads_on_across_a_rotation_and_splits_a_line_longer_than_a_chunk(tmp_path):
+    from muse_launch.run.logfiles import READ_CHUNK, open_role_log, rotate
+
+    log = tmp_path / "r.log"
+    fd = open_role_log(log, fresh=True)
+    follower = LogFollower({"r": log}, from_end=True)
+    os.write(fd, b"one\ntwo\n")
+    rotate(log, keep=1)  # before the follower read them: they are in r.log.1 now
+    os.write(fd, b"three\n" + b"x" * (READ_CHUNK + 10) + b"\n")
+    os.close(fd)
+    seen = []
+    while new := follower.read_new():
+        seen += [text for _, text in new]
+    assert [s[:5] + str(len(s)) for s in seen] == ["one3", "two3", "three5", f"xxxxx{READ_CHUNK}", "xxxxx10"]
+
+
+def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
+    from muse_launch.run.logfiles import READ_CHUNK
+
+    log = tmp_path / "one-line.log"
+    log.write_bytes(b"z" * (READ_CHUNK * 50))
+    assert last_lines(log, 2) == ["z" * READ_CHUNK] * 2
