@@ -8,6 +8,7 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -194,6 +195,16 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
     return SmokeResult("tool call", ok, detail, total=total)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """A model's answer or a server's error body as one printable line: whitespace runs become one space, other
+    control characters (a terminal escape sequence, a NUL) are shown escaped, never sent to the terminal."""
+    text = " ".join(text.replace("\x0b", " ").replace("\x0c", " ").split())
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
     from muse_launch.engines import ENGINES
@@ -224,7 +235,8 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"
-        detail = result.detail[:160] if result.ok else result.detail[:SMOKE_FAILURE_CHARS]
+        detail = one_line(result.detail)
+        detail = detail[:160] if result.ok else detail[:SMOKE_FAILURE_CHARS]
         echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
     failures = "\n".join(r.detail for r in results if not r.ok)
     for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors

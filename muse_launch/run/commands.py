@@ -153,7 +153,8 @@ def status(
 
     run_dir, first = _deployment(name)
     console = _console()
-    versions = deployment_versions(first.roles)  # engine -> installed release, read once
+    # engine -> release: as `up` recorded it, else (an older state) read now from the roles' recorded argv
+    versions = dict(first.versions) or deployment_versions(first.roles)
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
             if slurm := slurm_status(run_dir, client, as_json, watch):

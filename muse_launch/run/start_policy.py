@@ -46,6 +46,12 @@ def engine_versions(plan: Plan) -> dict[str, str | None]:
     return versions
 
 
+def recorded_versions(plan: Plan, versions: dict[str, str | None]) -> dict[str, str | None]:
+    """What state.json keeps for `status`: the versions, a rehearsal's marked as the simulated engine's."""
+    return {**versions, **{s.engine: f"{v} (simulated)" for s in plan.specs
+                           if (v := simulated_version(s.engine, s.launcher))}}
+
+
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
     """Whether `spec` starts sooner, all told, by not waiting for `peer` (given new enough versions)."""
     return spec.engine == sglang.NAME and bool(spec.ports.get("encoder_bootstrap")) \

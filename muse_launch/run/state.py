@@ -6,7 +6,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -148,6 +148,9 @@ class DeploymentRecord:
     stop_waves: tuple[tuple[str, ...], ...]  # reverse dependency order, for `down` without the plan
     roles: tuple[RoleRecord, ...]
     supervisor: ProcessRef | None = None
+    # engine -> the release `up` found for what it started (read through the real launcher, which the state
+    # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
+    versions: Mapping[str, str | None] = field(default_factory=dict)
     masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
 
     @property
@@ -173,17 +176,19 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             "supervisor_create_time": self.supervisor.create_time if self.supervisor else None,
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
-            "masks": self.masks.to_json(),
+            "versions": dict(self.versions), "masks": self.masks.to_json(),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
         supervisor = ProcessRef(d["supervisor_pid"], d["supervisor_create_time"]) if d.get("supervisor_pid") else None
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
-                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, Masks.from_json(d.get("masks")))
+                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
+                   Masks.from_json(d.get("masks")))
 
 
-def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> DeploymentRecord:
+def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
+                   versions: Mapping[str, str | None] | None = None) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
@@ -197,7 +202,7 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str]) -> Dep
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, masks=masks)
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:

@@ -31,7 +31,7 @@ from muse_launch.run.process import Marker, ProcessRef, describe, marked_process
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
                                    running_deployments, write_state)
-from muse_launch.run.start_policy import choose, engine_versions
+from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.seams import LocalProcesses
 from muse_launch.run.supervisor import Outcome, Supervisor
 
@@ -118,7 +118,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     if options.only:
         plan, assumed = select_only(plan, options.only)
         saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
-    policy = choose(plan, options.start, engine_versions(plan))
+    versions = engine_versions(plan)
+    policy = choose(plan, options.start, versions)
     plan = policy.plan
     if policy.note:
         saying(console)(policy.note)
@@ -141,7 +142,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         run_dir.logs.mkdir(parents=True, exist_ok=True)
         for spec in plan.specs:
             run_dir.log(spec.name).write_bytes(b"")  # no stale last line from an earlier run in the progress view
-        record = planned_record(plan, str(source), redact)
+        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
             return _detach(plan, record, run_dir, options, console, lock, policy.start_after)

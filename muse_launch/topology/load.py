@@ -333,6 +333,12 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
             hint = {"kind": "; add kind: encoder | prefill | decode | worker | router | command",
                     "version": "; add version: 1"}.get(str(loc[-1]), "")
             out.append(f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}{hint}")
+        elif kind in ("literal_error", "enum") and isinstance(error.get("input"), str):
+            choices = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+            near = difflib.get_close_matches(error["input"].lower(), choices, n=1, cutoff=0.5)
+            hint = f"did you mean {near[0]!r}?" if near else f"use one of {', '.join(choices)}"
+            out.append(f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not one of "
+                       f"{', '.join(choices)}; {hint}")
         elif kind != "value_error" and not isinstance(error.get("input"), (dict, list)):
             out.append(f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not valid here: "
                        f"{error['msg'][0].lower()}{error['msg'][1:]}")

@@ -341,6 +341,9 @@ def up_detached(run: Run, report: Report) -> dict[str, Any]:
     assert status["state"] == "ready", status
     assert [r["state"] for r in status["roles"]] == ["ready"] * len(status["roles"]), status
     assert status["supervisor_pid"], status
+    # The launcher is `${env:MUSE_LAUNCH_VLLM_PYTHON}`: the state keeps it redacted, so the version `up` read
+    # through the real one is what status shows.
+    assert re.fullmatch(r"0\.\d+\.\d+.*", status["versions"].get("vllm") or ""), status["versions"]
     state = json.loads((run.run_dir / "state.json").read_text())
     started_at = {r["name"]: r.get("started_at") for r in state["roles"]}
     for role in status["roles"]:

@@ -47,7 +47,8 @@ PLAN = Plan("demo", (
 
 def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     run_dir = RunDir(tmp_path / "demo")
-    record = planned_record(PLAN, "demo.yaml", lambda s: s.replace("10.0.0.5", "***"))
+    record = planned_record(PLAN, "demo.yaml", lambda s: s.replace("10.0.0.5", "***"),
+                            {"sglang": "0.5.23", "sglang-router": None})
     write_state(run_dir, record)
     assert stat.S_IMODE(os.stat(run_dir.state_file).st_mode) == 0o600
     assert [p.name for p in run_dir.path.iterdir()] == ["state.json"]  # no temporary file left
@@ -56,6 +57,7 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     assert again.role("prefill").url == "http://***:30001"  # a secret host stays masked
     assert again.role("prefill").probe_host == "127.0.0.1"  # bound to 0.0.0.0: reached on loopback
     assert again.stop_waves == (("router",), ("prefill",))
+    assert again.versions == {"sglang": "0.5.23", "sglang-router": None}  # as `up` read them, for status
     assert again.status_dict() == {"name": "demo", "supervisor_pid": None, "state": "stopped", "roles": [
         {"name": "prefill", "kind": "prefill", "state": "pending", "pid": None, "pgid": None, "gpus": [0, 1],
          "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "restarts_reset_after": 300.0, "ready_at": None,

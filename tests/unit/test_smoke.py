@@ -181,3 +181,10 @@ def test_smoke_with_nothing_running_says_how_to_start(home: Path) -> None:
     run = muse("smoke")
     assert run.returncode == 1
     assert run.stderr.startswith("error: no deployment is running\n  fix: `muse-launch up FILE -d`")
+
+
+def test_an_answer_is_printed_as_one_line_without_terminal_escapes() -> None:
+    from muse_launch.smoke import one_line
+
+    assert one_line("Sure!\n\n  It is \x1b[2J\x1b[31mred\x1b[0m\x00.\r\n") == r"Sure! It is \x1b[2J\x1b[31mred\x1b[0m\x00."
+    assert one_line("café ☕") == "café ☕"
