@@ -116,6 +116,7 @@ class ListenerOwner:
     role: str
     marker: Mapping[str, str]  # the role's marker variables: a descendant that left the tree still has them
     confirmed: bool = False
+    _other: tuple[frozenset[int], Holder] | None = None  # the last holder named: not looked for again
 
     def check(self, port: int, host: str | None) -> str | None:
         if self.confirmed:
@@ -127,9 +128,11 @@ class ListenerOwner:
         if any(_holds(pid, sockets) for pid in _tree(self.pid)):
             self.confirmed = True
             return None
-        from muse_launch.run.process import describe
+        if self._other is None or self._other[0] != frozenset(inodes):
+            from muse_launch.run.process import describe
 
-        found = holder(inodes, describe)
+            self._other = frozenset(inodes), holder(inodes, describe)  # every process's fds: once per listener
+        found = self._other[1]
         if found.forwarder or (found.pid is not None and _marked(found.pid, self.marker)):
             self.confirmed = True
             return None

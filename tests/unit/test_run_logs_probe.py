@@ -5,8 +5,10 @@ from __future__ import annotations
 import io
 import os
 import socket
+import subprocess
 
 import httpx
+import psutil
 
 from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
@@ -134,3 +136,38 @@ def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
     log = tmp_path / "one-line.log"
     log.write_bytes(b"z" * (READ_CHUNK * 50))
     assert last_lines(log, 2) == ["z" * READ_CHUNK] * 2
+
+
+def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
+    from muse_launch.run.listeners import ListenerOwner, listening_inodes
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        assert listening_inodes(port, "127.0.0.1") and not listening_inodes(port, "127.0.0.2")
+        assert ListenerOwner(os.getpid(), "me", {}).check(port, "127.0.0.1") is None
+        with subprocess.Popen(["sleep", "30"]) as other:  # a role that holds no listener: not us
+            someone = ListenerOwner(other.pid, "prefill", {"MUSE_LAUNCH_ROLE": "no-such-role"})
+            seen = someone.check(port, "127.0.0.1")
+            other.kill()
+        assert seen == (f"port {port} answers, but the listener is pid {os.getpid()} "
+                        f"({' '.join(psutil.Process().cmdline())[:100]}), not role prefill")
+        assert ListenerOwner(os.getpid(), "me", {}).check(free := _free_port(), "127.0.0.1") is None, free  # none: can't tell
+    finally:
+        server.close()
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def test_masks_hide_secret_arguments_by_value():
+    from muse_launch.run.masks import Masks
+
+    masks = Masks.of(["--key", "s3cret-value", "1", "--token=s3cret-value"],
+                     lambda v: v.replace("s3cret-value", "***").replace("1", "***") if v in ("s3cret-value", "1") else v)
+    masks = Masks.from_json(masks.to_json())
+    assert [masks.token(a) for a in ["--key", "s3cret-value", "127.0.0.1", "1", "--api=s3cret-value"]] == \
+        ["--key", "***", "127.0.0.1", "***", "--api=***"]
+    assert "s3cret" not in str(masks.to_json())
