@@ -251,6 +251,7 @@ class Supervisor:
         run.next_probe_at = run.started_at + spec.probe.interval
         run.probe = None
         run.ready_since = None
+        # Whose listener answers: only processes on this host can be looked at (SLURM's steps offer no owner).
         owner = self.processes.listener_owner(spec, run.process) if hasattr(self.processes, "listener_owner") else None
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client, owner)
