@@ -7,11 +7,12 @@ import signal
 import time
 from dataclasses import dataclass, replace
 
-import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import GpuReader
+from muse_launch.run import cgroups
+from muse_launch.run.cgroups import BEST_EFFORT_NOTE
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.ports import is_listening, port_holder
@@ -40,18 +41,35 @@ class DownReport:
 
 
 def release_supervisor(record: DeploymentRecord) -> str | None:
-    """Ask a live supervisor to hand the roles over (SIGUSR1) so it restarts nothing while they stop."""
-    proc = record.supervisor.find() if record.supervisor else None
+    """Ask a live supervisor to hand the roles over (SIGUSR1) so it restarts nothing while they stop.
+
+    It is signalled by its start ticks (a pidfd checked before the signal), so neither a reused pid nor
+    a wall-clock step since it started fools `down`; a legacy state file's supervisor by its create time."""
+    ref = record.supervisor
+    proc = ref.find() if ref else None
     if proc is None:
-        return "no supervisor was running" if record.supervisor else None
-    proc.send_signal(signal.SIGUSR1)
+        return "no supervisor was running" if ref else None
+    if ref.verified:
+        send, alive = ref.send_signal, ref.is_running
+    else:
+        send, alive = proc.send_signal, lambda: is_alive(proc)
+    send(signal.SIGUSR1)
     deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
-    while is_alive(proc) and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.02)
-    if is_alive(proc):
-        proc.kill()
-        psutil.wait_procs([proc], timeout=SUPERVISOR_EXIT_SECONDS)  # its death frees the lock
+    if alive():
+        send(signal.SIGKILL)
+        deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
+        while alive() and time.monotonic() < deadline:  # its death frees the lock
+            time.sleep(0.02)
         return f"the supervisor (pid {proc.pid}) did not hand over within {SUPERVISOR_EXIT_SECONDS:g}s; killed it"
+    return None
+
+
+def containment_note(record: DeploymentRecord) -> str | None:
+    """Said once by `down` when a role that ran had no cgroup of its own."""
+    if any(r.started_at and not r.cgroup for r in record.roles):
+        return BEST_EFFORT_NOTE
     return None
 
 
@@ -81,7 +99,8 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         survivors: list[str] = []
         for wave in record.stop_waves:
             targets = [record.role(name).stop_target(grace) for name in wave]
-            stopped += [t.role for t in targets if t.leader or marked_processes(marker, t.role)]
+            stopped += [t.role for t in targets
+                        if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup)]
             report = stop_roles(targets, marker, mask=record.masks.token)
             killed += report.killed
             survivors += report.survivors
@@ -93,6 +112,10 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),
                               retry=retry_if_result(bool), retry_error_callback=lambda s: s.outcome.result())(
             open_ports, record)
+        for role in record.roles:
+            cgroups.remove(role.cgroup)  # emptied by now; waits a moment for members still exiting
+        if note := containment_note(record):
+            notes.append(note)
         release = await_gpu_release(record, gpus, seen) if on_gpus else None
         final = replace(record, supervisor=None, roles=tuple(
             replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))

@@ -18,7 +18,9 @@ import psutil
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuReader, GpuView, command_of, gib, index_ranges
 from muse_launch.plan.spec import Plan
-from muse_launch.run.process import CREATE_TIME_SLACK, MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
+from muse_launch.run import cgroups
+from muse_launch.run.identity import CREATE_TIME_SLACK, start_ticks
+from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
 from muse_launch.run.state import DeploymentRecord
 from muse_launch.topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, HardwareProfile
 
@@ -88,13 +90,28 @@ class Leader:
     ref: ProcessRef
 
 
+def _started_at(pid: int, ref: ProcessRef, or_later: bool) -> bool:
+    """The process started when `ref`'s did (or later): by start ticks; by create time for a legacy ref."""
+    if ref.verified:
+        ticks = start_ticks(pid)
+        return ticks is not None and (ticks >= ref.start_ticks if or_later else ticks == ref.start_ticks)
+    if ref.start_ticks is None and ref.create_time is not None:
+        created = psutil.Process(pid).create_time()
+        return created >= ref.create_time - CREATE_TIME_SLACK if or_later else \
+            abs(created - ref.create_time) < CREATE_TIME_SLACK
+    return False
+
+
 class Owners:
-    """Which deployment and role a process is of: its marker, else the session or the ancestor that a
-    role's leader is (an engine that sets its title, like vLLM's EngineCore, blanks its marker)."""
+    """Which deployment and role a process is of: its marker, its role's cgroup, else the session or the
+    ancestor that a role's leader is (an engine that sets its title, like vLLM's EngineCore, blanks its marker)."""
 
     def __init__(self, records: Iterable[DeploymentRecord]):
+        records = list(records)
         self.leaders = {r.process.pid: Leader(rec.name, r.name, r.process)
                         for rec in records for r in rec.roles if r.process}
+        self.cgroups = {r.cgroup: (rec.name, r.name) for rec in records for r in rec.roles
+                        if cgroups.is_role_cgroup(r.cgroup)}
 
     def of(self, pid: int) -> tuple[str, str] | None:
         try:
@@ -105,12 +122,15 @@ class Owners:
                     return environ.get(MARKER_DEPLOYMENT, "?"), environ[MARKER_ROLE]
             except psutil.Error:
                 pass
+            if self.cgroups and (owner := self.cgroups.get(cgroups.cgroup_of(pid))):
+                return owner
             leader = self.leaders.get(os.getsid(pid))
-            if leader and proc.create_time() >= leader.ref.create_time - CREATE_TIME_SLACK:
+            # Its session is the leader's only while the leader lives: a dead leader's pid may be anyone's now.
+            if leader and leader.ref.find() and _started_at(pid, leader.ref, or_later=True):
                 return leader.deployment, leader.role
             for ancestor in [proc, *proc.parents()]:
                 leader = self.leaders.get(ancestor.pid)
-                if leader and abs(ancestor.create_time() - leader.ref.create_time) < CREATE_TIME_SLACK:
+                if leader and _started_at(ancestor.pid, leader.ref, or_later=False):
                     return leader.deployment, leader.role
         except (psutil.Error, OSError):
             pass

@@ -3,7 +3,8 @@ the port, not that the role does (issue 9, item 13: two deployments given one po
 ready, the loser's process having survived its failed bind).
 
 The kernel's socket tables (/proc/net/tcp, tcp6) give the listening socket's inode; the role's leader
-and its descendants' /proc/PID/fd show whether one of them holds it. Only for roles on this host (on
+and its descendants' /proc/PID/fd (and its cgroup's members, and a process carrying its marker) show
+whether one of them holds it. Only for roles on this host (on
 SLURM the supervisor cannot see the pids of other nodes), and only once per role process: the probe
 caches a positive answer. Naming a holder that is not the role scans every process's fds, which is
 done only when the role's own processes do not hold the socket.
@@ -115,6 +116,7 @@ class ListenerOwner:
     pid: int
     role: str
     marker: Mapping[str, str]  # the role's marker variables: a descendant that left the tree still has them
+    cgroup: str | None = None  # the role's own cgroup: holds even a descendant that cleared its environment
     confirmed: bool = False
     _other: tuple[frozenset[int], Holder] | None = None  # the last holder named: not looked for again
 
@@ -125,7 +127,9 @@ class ListenerOwner:
         if not inodes:
             return None
         sockets = {f"socket:[{i}]" for i in inodes}
-        if any(_holds(pid, sockets) for pid in _tree(self.pid)):
+        from muse_launch.run import cgroups
+
+        if any(_holds(pid, sockets) for pid in {*_tree(self.pid), *cgroups.members(self.cgroup)}):
             self.confirmed = True
             return None
         if self._other is None or self._other[0] != frozenset(inodes):

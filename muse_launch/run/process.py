@@ -2,7 +2,10 @@
 
 Every process of a deployment carries marker variables in its environment, inherited by all
 its descendants. That finds a child which called setsid, or one re-parented to PID 1 after
-its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone.
+its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone. Where the host
+offers cgroups, each role also runs in its own (run/cgroups.py), which finds even a child that
+cleared its environment; processes are known by their start ticks (run/identity.py), never by a
+pid alone, and signalled through a pidfd.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from typing import Callable, Iterable, Mapping, Protocol
 import psutil
 
 from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run import cgroups
+from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
+from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
 from muse_launch.run.logfiles import open_role_log
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
@@ -29,7 +35,6 @@ MARKER_RUN_DIR = "MUSE_LAUNCH_RUN_DIR"
 
 POLL_SECONDS = 0.02
 AFTER_KILL_SECONDS = 10.0  # a process in uninterruptible sleep (a GPU driver call) may take a while
-CREATE_TIME_SLACK = 0.01  # state.json keeps create times to the hundredth of a second
 
 
 @dataclass(frozen=True)
@@ -50,23 +55,6 @@ class Marker:
         )
 
 
-@dataclass(frozen=True)
-class ProcessRef:
-    """A process identified across PID reuse: the same pid with a different start time is someone else."""
-
-    pid: int
-    create_time: float
-
-    def find(self) -> psutil.Process | None:
-        try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) < CREATE_TIME_SLACK and is_alive(proc):
-                return proc
-        except psutil.Error:
-            pass
-        return None
-
-
 def is_alive(proc: psutil.Process) -> bool:
     """A zombie is dead: it holds no memory, GPU or port, only waits to be reaped."""
     try:
@@ -75,10 +63,12 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def describe(proc: psutil.Process, mask: Callable[[str], str] = lambda arg: arg) -> str:
+def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
     """"pid N (command line)"; `mask` hides each argument that holds a secret (run/masks.py), before the line
     is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
+        if isinstance(proc, ProcessRef):
+            proc = psutil.Process(proc.pid)
         command = " ".join(map(mask, proc.cmdline())).strip() or proc.name()
     except psutil.Error:
         command = "?"
@@ -121,16 +111,26 @@ class RoleProcess(Protocol):
     @property
     def ref(self) -> ProcessRef: ...
 
+    @property
+    def cgroup(self) -> str | None: ...
+
     def poll(self) -> int | None: ...
+
+    def suspended(self) -> bool:
+        """Stopped by SIGSTOP (or a tracer): alive, and serving nothing."""
 
 
 @dataclass(frozen=True)
 class SpawnedProcess:
     popen: subprocess.Popen
     ref: ProcessRef
+    cgroup: str | None = None  # the role's own cgroup, where the host offers one
 
     def poll(self) -> int | None:
         return self.popen.poll()
+
+    def suspended(self) -> bool:
+        return is_suspended(self.popen.pid)
 
 
 class SpawnError(Exception):
@@ -149,16 +149,26 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
 def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -> SpawnedProcess:
     env = {**os.environ, **spec.env, **marker.env(spec.name)}
     argv = [program_path(spec.argv[0], env), *spec.argv[1:]]
+    cgroup = cgroups.create_role_cgroup(marker.deployment, marker.run_dir, spec.name)
+    procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cgroup else None
     try:
         with os.fdopen(open_role_log(log_path, fresh=not append), "ab") as log:  # O_APPEND: see run/logfiles.py
             popen = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
+                # Into its cgroup before exec, so nothing it runs is ever outside ("0": the writer itself).
+                preexec_fn=None if procs is None else lambda: os.write(procs, b"0"),
             )
     except OSError as e:
         raise SpawnError(f"cannot run {spec.argv[0]!r}: {e.strerror}") from e
+    except subprocess.SubprocessError as e:  # the preexec_fn failed: the move into the cgroup was refused
+        raise SpawnError(f"cannot move {spec.name} into its cgroup {cgroup} ({e}); "
+                         f"{cgroups.CGROUPS_SWITCH}=0 runs roles without cgroups") from e
+    finally:
+        if procs is not None:
+            os.close(procs)
     # Not yet reaped even if it exited already, so its start time is still readable.
-    return SpawnedProcess(popen, ProcessRef(popen.pid, psutil.Process(popen.pid).create_time()))
+    return SpawnedProcess(popen, ProcessRef.of(popen.pid), str(cgroup) if cgroup else None)
 
 
 @dataclass(frozen=True)
@@ -169,6 +179,7 @@ class StopTarget:
     leader: ProcessRef | None
     signal: str = "SIGTERM"
     grace: float = 30.0
+    cgroup: str | None = None  # every process in it is the role's, whatever its environment or session
 
 
 @dataclass(frozen=True)
@@ -180,69 +191,90 @@ class StopReport:
 @dataclass
 class _Stopping:
     target: StopTarget
-    processes: list[psutil.Process]
+    processes: list[ProcessRef]
     deadline: float
     killed_at: float | None = None
     killed: list[str] = field(default_factory=list)
+    resuming: tuple[float, int | None] | None = None  # (since, pgid): SIGCONT sent, the stop signal not yet
 
 
-def role_processes(target: StopTarget, marker: Marker) -> tuple[list[psutil.Process], int | None]:
-    """The role's leader, its process group, its marked processes and all their descendants.
+def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef], int | None]:
+    """The role's processes, each as verified then (pid and start ticks): its leader, its cgroup's members,
+    its marked processes, its session's members when the session is provably the role's, and all their
+    descendants.
 
-    The group id is returned only when the group is provably the role's (its leader is the one we
-    started, or a member is in the session that leader created), so a recycled id is never signalled.
+    The session (and group) the leader created is the role's while the leader holds its pid (checked by
+    start ticks, so a reused pid is someone else; a zombie not yet reaped still holds it), or, once the
+    leader is gone, while one of its members is verifiably ours (marker or cgroup): a session id stays
+    taken while any process is in it, so a session with a member of ours has been ours since the leader
+    created it. Else a process whose session id equals the dead leader's pid may be anyone's (a daemon's
+    double fork leaves such sessions): neither it nor its group is touched.
     """
-    found: dict[int, psutil.Process] = {}
-    leader = target.leader.find() if target.leader else None
-    pgid = target.leader.pid if target.leader else None
-    group_is_ours = leader is not None
-    in_group: list[psutil.Process] = []
+    leader = target.leader
+    me = boot_id()
+    found: dict[int, ProcessRef] = {}
+    if leader is not None and leader.verified:
+        # Its pid is still the leader's (alive, or a zombie not yet reaped): no one else can have made that session.
+        session_ours = start_ticks(leader.pid) == leader.start_ticks
+        if leader.is_running():
+            found[leader.pid] = leader
+    else:  # a state file from before start ticks: the leader by its create time, its session never trusted
+        session_ours = False
+        if leader is not None and (proc := leader.find()) is not None:
+            found[proc.pid] = ProcessRef(proc.pid, start_ticks(proc.pid), me)
+    in_cgroup = set(cgroups.members(target.cgroup))
+    in_session: list[ProcessRef] = []
     for proc in psutil.process_iter():
-        try:
-            proc_pgid = os.getpgid(proc.pid)
-            if not is_alive(proc):
-                continue
-            if marker.matches(proc.environ(), target.role) or _in_role_session(proc, target.leader):
-                found[proc.pid] = proc
-                group_is_ours = group_is_ours or proc_pgid == pgid
-            elif proc_pgid == pgid:
-                in_group.append(proc)
-        except (psutil.Error, OSError):
+        pid = proc.pid
+        stat = stat_of(pid)
+        if stat is None or pid in found or stat.state in ("Z", "X"):
             continue
-    if leader:
-        found[leader.pid] = leader
-    if group_is_ours:
-        found.update((p.pid, p) for p in in_group)
-    for proc in list(found.values()):
+        ticks = stat.start_ticks
+        ref = ProcessRef(pid, ticks, me)
+        same_session = leader is not None and leader.pid in (stat.pgid, stat.sid) and (
+            leader.start_ticks is None or ticks >= leader.start_ticks)
         try:
-            found.update((c.pid, c) for c in proc.children(recursive=True) if is_alive(c))
+            ours = pid in in_cgroup or marker.matches(proc.environ(), target.role)
+        except psutil.Error:
+            ours = False
+        if ours:
+            found[pid] = ref
+            session_ours = session_ours or (same_session and leader.verified)
+        elif same_session:
+            in_session.append(ref)
+    if session_ours:
+        found.update((r.pid, r) for r in in_session)
+    for ref in list(found.values()):
+        try:
+            children = psutil.Process(ref.pid).children(recursive=True)
         except psutil.Error:
             continue
-    return list(found.values()), pgid if group_is_ours else None
+        for child in children:
+            if (ticks := start_ticks(child.pid)) is not None and process_state(child.pid) not in ("Z", "X", None):
+                found.setdefault(child.pid, ProcessRef(child.pid, ticks, me))
+    return list(found.values()), leader.pid if session_ours else None
 
 
-def _in_role_session(proc: psutil.Process, leader: ProcessRef | None) -> bool:
-    """In the session the role's leader created (it was started with start_new_session), and not
-    older than it: ours even after the leader died, and even when it rewrote its title, which
-    blanks the environ that holds the marker (vLLM's EngineCore, the routers)."""
-    if leader is None:
-        return False
-    return os.getsid(proc.pid) == leader.pid and proc.create_time() >= leader.create_time - CREATE_TIME_SLACK
-
-
-def _signal(processes: Iterable[psutil.Process], pgid: int | None, sig: signal.Signals) -> None:
+def _signal(processes: Iterable[ProcessRef], pgid: int | None, sig: signal.Signals) -> None:
     if pgid is not None:
         try:
             os.killpg(pgid, sig)
         except ProcessLookupError:  # ESRCH: the group is gone already
             pass
-    for proc in processes:
-        try:
-            if pgid is not None and os.getpgid(proc.pid) == pgid:
-                continue  # the group signal reached it; a second SIGTERM means "exit now" to some servers
-            proc.send_signal(sig)  # psutil checks the process is still the same one
-        except (psutil.Error, OSError):
-            continue
+    for ref in processes:
+        if pgid is not None and (session_of(ref.pid) or (None,))[0] == pgid:
+            continue  # the group signal reached it; a second SIGTERM means "exit now" to some servers
+        ref.send_signal(sig)  # through a pidfd, if it is still the process found
+
+
+def _stop_signal(processes: list[ProcessRef], pgid: int | None, sig: signal.Signals) -> None:
+    """The stop signal, then SIGCONT: a process stopped by SIGSTOP since acts on it now, not at SIGKILL."""
+    _signal(processes, pgid, sig)
+    if sig not in (signal.SIGKILL, signal.SIGCONT):
+        _signal(processes, pgid, signal.SIGCONT)
+
+
+RESUME_SECONDS = 1.0  # how long a stopped process may take to run again before its stop signal goes anyway
 
 
 class GroupStop:
@@ -259,22 +291,39 @@ class GroupStop:
         self.survivors: list[str] = []
         for target in targets:
             processes, pgid = role_processes(target, marker)
-            _signal(processes, pgid, signal.Signals[target.signal])
-            self.stopping.append(_Stopping(target, processes, now + target.grace))
+            entry = _Stopping(target, processes, now + target.grace)
+            if any(is_suspended(p.pid) for p in processes):
+                # Stopped by SIGSTOP: continue it first, and send the stop signal once it runs. A signal sent
+                # while all its threads are stopped goes to whichever wakes first, and Python runs a handler
+                # only in its main thread (asleep for an hour, it never would); a running process gets it there.
+                _signal(processes, pgid, signal.SIGCONT)
+                entry.resuming = (now, pgid)
+            else:
+                _stop_signal(processes, pgid, signal.Signals[target.signal])
+            self.stopping.append(entry)
 
     def poll(self, now: float, kill_now: bool = False) -> StopReport | None:
         for entry in list(self.stopping):
-            entry.processes = [p for p in entry.processes if is_alive(p)]
+            if entry.resuming is not None:
+                since, pgid = entry.resuming
+                if any(is_suspended(p.pid) for p in entry.processes) and now - since < RESUME_SECONDS and not kill_now:
+                    continue
+                _stop_signal(entry.processes, pgid, signal.Signals[entry.target.signal])
+                entry.resuming = None
+            entry.processes = [p for p in entry.processes if p.is_running()]
             if not entry.processes:
-                # Look again: a process may have forked while shutting down.
-                entry.processes, _ = role_processes(StopTarget(entry.target.role, None), self.marker)
+                # Look again: a process may have forked while shutting down; its cgroup lists every one left.
+                target = entry.target
+                entry.processes, _ = role_processes(StopTarget(target.role, None, cgroup=target.cgroup), self.marker)
                 if not entry.processes:
+                    cgroups.remove(target.cgroup, wait=0.0)  # never waits: the supervisor's loop calls this
                     self.stopping.remove(entry)
                     self.killed += entry.killed
                 continue
             if entry.killed_at is None and (now >= entry.deadline or kill_now):
                 entry.processes, pgid = role_processes(entry.target, self.marker)
                 entry.killed = [f"{entry.target.role}: {describe(p, self.mask)}" for p in entry.processes]
+                cgroups.kill(entry.target.cgroup)  # every member at once, forking or not
                 _signal(entry.processes, pgid, signal.SIGKILL)
                 entry.killed_at = now
             elif entry.killed_at is not None and now - entry.killed_at > AFTER_KILL_SECONDS:

@@ -21,8 +21,8 @@ from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
 
 STATE_STYLES = {
     RoleState.PENDING: "dim", RoleState.STARTING: "yellow", RoleState.READY: "green",
-    RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta", RoleState.STOPPING: "yellow",
-    RoleState.STOPPED: "dim",
+    RoleState.UNHEALTHY: "bold yellow", RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta",
+    RoleState.STOPPING: "yellow", RoleState.STOPPED: "dim",
 }
 
 
@@ -78,6 +78,7 @@ class PlainProgress:
                 + (f"  lists {role.wiring_text}" if role.wiring else ""),
                 RoleState.RESTARTING: f"restart {role.restarts}: {role.reason}" if role.restarts else f"{role.reason}",
                 RoleState.FAILED: role.reason or "",
+                RoleState.UNHEALTHY: role.reason or "",
             }.get(role.state, "")
             self.out.write(f"{role.name:<{width}}  {role.state.value:<10}  {detail}".rstrip() + "\n")
         self.out.flush()

@@ -80,6 +80,7 @@ class RoleRecord:
     # Its peers as it lists them, (kind, listed, expected) per kind: a router's prefill, decode and workers,
     # a language worker's encoders; empty for a role that lists none (run/wiring.py).
     wiring: tuple[tuple[str, int, int], ...] = ()
+    cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
     reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
 
     @property
@@ -105,7 +106,8 @@ class RoleRecord:
         return self.state in LIVE_STATES
 
     def stop_target(self, grace: float | None = None) -> StopTarget:
-        return StopTarget(self.name, self.process, self.stop_signal, self.grace if grace is None else grace)
+        return StopTarget(self.name, self.process, self.stop_signal, self.grace if grace is None else grace,
+                          self.cgroup)
 
     def status_dict(self) -> dict[str, Any]:
         """The role entry of `status --json` (SPEC section 5)."""
@@ -121,7 +123,7 @@ class RoleRecord:
     def to_json(self) -> dict[str, Any]:
         out = self.status_dict()
         out.update(
-            create_time=self.process.create_time if self.process else None,
+            **(self.process.to_json() if self.process else {"create_time": None}), cgroup=self.cgroup,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
             stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
             wiring_counts=[list(w) for w in self.wiring],
@@ -133,11 +135,11 @@ class RoleRecord:
         p = d["probe"]
         probe = Probe(ProbeKind(p["kind"]), tuple(p.get("paths", ())), p.get("status", 200), p.get("pattern"),
                       p["timeout"], p["interval"])
-        process = ProcessRef(d["pid"], d["create_time"]) if d.get("pid") else None
+        process = ProcessRef.from_json(d.get("pid"), d)
         return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
                    d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
-                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())),
+                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"),
                    d.get("restarts_reset_after"))
 
 
@@ -174,14 +176,14 @@ class DeploymentRecord:
         return {
             "name": self.name, "source": self.source, "state": self.state.value,
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
-            "supervisor_create_time": self.supervisor.create_time if self.supervisor else None,
+            **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
             "versions": dict(self.versions), "masks": self.masks.to_json(),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
-        supervisor = ProcessRef(d["supervisor_pid"], d["supervisor_create_time"]) if d.get("supervisor_pid") else None
+        supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
                    tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
                    Masks.from_json(d.get("masks")))

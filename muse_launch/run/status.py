@@ -12,14 +12,20 @@ from rich.text import Text
 
 from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.run.gpus import role_gpu_memory
-from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.identity import is_suspended
+from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState
 from muse_launch.run.probe import ReadinessCheck
 from muse_launch.run.progress import STATE_STYLES
 from muse_launch.run.state import DeploymentRecord, RunDir
 
 
 def observed(record: DeploymentRecord) -> DeploymentRecord:
-    """With its supervisor gone, a role whose process died was seen by no one: show it failed."""
+    """With its supervisor gone, a role whose process died was seen by no one: show it failed. A ready role
+    stopped by SIGSTOP is shown unhealthy at once (the supervisor notices it within a tick)."""
+    record = replace(record, roles=tuple(
+        replace(r, state=RoleState.UNHEALTHY, reason=SUSPENDED_REASON)
+        if r.state is RoleState.READY and r.process and r.process.find() and is_suspended(r.process.pid) else r
+        for r in record.roles))
     if record.supervisor and record.supervisor.find():
         return record
     roles = tuple(
@@ -36,6 +42,9 @@ def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) 
     for role in record.roles:
         if role.process is None or not role.live:
             out[role.name] = None
+            continue
+        if role.process.find() and is_suspended(role.process.pid):  # its probe would only time out
+            out[role.name] = "stopped (SIGSTOP)"
             continue
         check = ReadinessCheck(role.probe, role.probe_host, role.ports.get("http"), run_dir.log(role.name), client)
         out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen

@@ -25,7 +25,7 @@ from typing import Callable
 import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
-from muse_launch.run.lifecycle import RoleState, transition
+from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.run.process import RoleProcess, SpawnError, StopReport, StopTarget, describe_exit
 from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
@@ -37,6 +37,7 @@ STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
 STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
+SERVING = (RoleState.READY, RoleState.UNHEALTHY)  # became ready; UNHEALTHY: stopped by SIGSTOP since
 
 
 class Outcome(Enum):
@@ -175,10 +176,15 @@ class Supervisor:
                 state = self.state_of(name)
                 if run.stopping:
                     self._clear_leftovers(run)
-                if state is RoleState.READY and (code := run.process.poll()) is not None:
+                if state in SERVING and (code := run.process.poll()) is not None:
                     if fail_fast:
                         return self._fail(run, f"{describe_exit(code)} after it was ready")
                     self._role_down(run, describe_exit(code), failed=code != 0)
+                elif state in SERVING and run.process.suspended() != (state is RoleState.UNHEALTHY):
+                    # SIGSTOP (or SIGCONT since): its probe would only time out; say why it serves nothing.
+                    suspended = state is RoleState.READY
+                    self._update(name, state=RoleState.UNHEALTHY if suspended else RoleState.READY,
+                                 reason=SUSPENDED_REASON if suspended else None)
                 elif state is RoleState.READY and run.ready_since is not None and self.record.role(name).restarts \
                         and self.clock.monotonic() - run.ready_since >= run.spec.restart.reset_after:
                     self._update(name, restarts=0)  # healthy long enough: a later crash is no crash loop
@@ -222,7 +228,7 @@ class Supervisor:
             run.stopping = self.processes.stop([record.stop_target()], self.clock.monotonic())
         if run.stopping is None:
             self._stopped(run)
-        elif record.state in (RoleState.STARTING, RoleState.READY, RoleState.RESTARTING):
+        elif record.state in (RoleState.STARTING, *SERVING, RoleState.RESTARTING):
             self._update(record.name, state=RoleState.STOPPING)
 
     def _stopped(self, run: RoleRun) -> None:
@@ -256,7 +262,8 @@ class Supervisor:
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client, owner)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
-                     process=run.process.ref, started_at=now_iso(self.clock.time()), ready_at=None)
+                     process=run.process.ref, cgroup=run.process.cgroup, started_at=now_iso(self.clock.time()),
+                     ready_at=None)
         return None
 
     def _fail(self, run: RoleRun, reason: str) -> Outcome:

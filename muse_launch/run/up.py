@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 import httpx
-import psutil
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
@@ -27,6 +26,7 @@ from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter
 from muse_launch.run.ports import busy_ports, taken_ports
+from muse_launch.run import cgroups
 from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
@@ -130,10 +130,13 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         marker = Marker(plan.name, str(run_dir.path))
-        if leftovers := marked_processes(marker):
+        leftovers = [redact(describe(p)) for p in marked_processes(marker)]
+        leftovers += [f"pid {pid} in cgroup {path.name}" for path in cgroups.role_cgroups(plan.name, marker.run_dir)
+                      for pid in cgroups.members(path)]  # one that cleared its environment carries no marker
+        if leftovers:
             raise RuntimeFailure(
                 f"deployment {plan.name!r} still has processes from an earlier run "
-                f"({', '.join(redact(describe(p)) for p in leftovers[:3])}); run `muse-launch down {plan.name}` first")
+                f"({', '.join(leftovers[:3])}); run `muse-launch down {plan.name}` first")
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
@@ -153,7 +156,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
                 report: Callable[[DeploymentRecord], None], start_after: StartAfter, options: UpOptions) -> Supervisor:
-    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    me = ProcessRef.of(os.getpid())
     record = replace(record, supervisor=me)
 
     def on_change(new: DeploymentRecord) -> None:
@@ -235,6 +238,8 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
         say(f"{signal.Signals(received['signal']).name}: stopping everything (again to kill at once)")
     report = sup.stop()
     sup.sign_off()
+    for role in sup.record.roles:
+        cgroups.remove(role.cgroup)  # emptied by the stop; the supervisor's loop only tried once, never waiting
     for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
         say(line)
     say(f"{sup.record.name}: stopped")

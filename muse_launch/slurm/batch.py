@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
-import psutil
 
 from muse_launch.addresses import is_wildcard
 from muse_launch.checks import Severity, recheck_placement
@@ -95,7 +94,7 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
     })
     loaded = checked.loaded
-    me = ProcessRef(os.getpid(), psutil.Process().create_time())
+    me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
     record = replace(reached_at(planned_record(plan, source, loaded.redact), plan), supervisor=me)
     processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import psutil
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.process import (
@@ -108,7 +107,7 @@ class SlurmProcesses:
         except OSError as e:
             raise SpawnError(f"cannot run srun: {e.strerror}") from e
         self.step_ids.pop(spec.name, None)
-        process = SpawnedProcess(popen, ProcessRef(popen.pid, psutil.Process(popen.pid).create_time()))
+        process = SpawnedProcess(popen, ProcessRef.of(popen.pid))
         self.clients[spec.name] = process
         return process
 

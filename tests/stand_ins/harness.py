@@ -89,15 +89,20 @@ class Deployment:
         return next(r for r in self.status()["roles"] if r["name"] == name)
 
     def alive(self) -> list[psutil.Process]:
-        """Every live process carrying this deployment's marker, or in the session of a role seen in
-        `status` (a process that rewrote its title has a blank environ). Zombies hold nothing."""
+        """Every live process carrying this deployment's marker, in the session of a role seen in `status`
+        (a process that rewrote its title has a blank environ), or in one of its role cgroups (one that also
+        left the session and cleared its environment). Zombies hold nothing."""
+        from muse_launch.run import cgroups
+
+        contained = {pid for path in cgroups.role_cgroups(self.name, str(self.run_dir)) for pid in cgroups.members(path)}
         found = []
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
                 marked = (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
                           and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir))
-                if (marked or os.getsid(proc.pid) in self.sessions) and proc.status() != psutil.STATUS_ZOMBIE:
+                ours = marked or os.getsid(proc.pid) in self.sessions or proc.pid in contained
+                if ours and proc.status() != psutil.STATUS_ZOMBIE:
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -124,6 +129,11 @@ class Deployment:
                 psutil.Process(pid).send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
+        from muse_launch.run import cgroups
+
+        for path in cgroups.role_cgroups(self.name, str(self.run_dir)):  # what a failed test left: kill, remove
+            cgroups.kill(path)
+            cgroups.remove(path)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:

@@ -51,9 +51,9 @@ def recorded_processes(d: Deployment) -> dict[ProcessRef, str]:
     """Every process the state file names: roles and supervisor. sglang-router sets its process title,
     which wipes /proc/PID/environ, so its marker cannot be seen: the recorded process can."""
     state = json.loads((d.run_dir / "state.json").read_text())
-    found = {ProcessRef(r["pid"], r["create_time"]): r["name"] for r in state["roles"] if r.get("pid")}
+    found = {ProcessRef.from_json(r["pid"], r): r["name"] for r in state["roles"] if r.get("pid")}
     if state.get("supervisor_pid"):
-        found[ProcessRef(state["supervisor_pid"], state["supervisor_create_time"])] = "supervisor"
+        found[ProcessRef.from_json(state["supervisor_pid"], state, "supervisor_")] = "supervisor"
     return found
 
 

@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--exit-after", type=float, default=0.3)
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--setsid-grandchild", action="store_true", help="spawn a child that calls setsid and lingers")
+    p.add_argument("--escape-holding", type=int, metavar="PORT",
+                   help="spawn a child that double-forks, calls setsid, clears its environment and holds PORT")
     p.add_argument("--retitled-child", action="store_true",
                    help="spawn a child that rewrites its title (blanking its environ), as vLLM's EngineCore does")
     p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
@@ -172,6 +174,17 @@ def main(argv: list[str]) -> None:
         escape = "import os, time; os.setsid(); print('escaped', os.getpid(), flush=True); time.sleep(3600)"
         child = subprocess.Popen([sys.executable, "-c", escape])
         print(f"spawned escaping grandchild {child.pid}", flush=True)
+
+    if args.escape_holding:
+        escape = ("import os, socket, time\n"
+                  "if os.fork(): os._exit(0)\n"
+                  "os.setsid()\n"
+                  "if os.fork(): os._exit(0)\n"
+                  f"held = socket.create_server(({args.host!r}, {args.escape_holding}))\n"
+                  "print('escaped', os.getpid(), flush=True)\n"
+                  "time.sleep(3600)\n")
+        subprocess.Popen([sys.executable, "-c", escape], env={})  # no marker: an empty environment
+        print(f"spawned a child escaping with port {args.escape_holding}", flush=True)
 
     if args.retitled_child:
         engine = ("import os, time, setproctitle; setproctitle.setproctitle('stand-in::engine'); "

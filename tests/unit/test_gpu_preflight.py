@@ -120,7 +120,7 @@ def sleeper(**env: str) -> subprocess.Popen:
 
 
 def record_with(proc: subprocess.Popen | None, name: str = "gpu-test", gpus: tuple[int, ...] = (0, 1)) -> DeploymentRecord:
-    ref = ProcessRef(proc.pid, psutil.Process(proc.pid).create_time()) if proc else None
+    ref = ProcessRef.of(proc.pid) if proc else None
     role = RoleRecord("prefill", "prefill", RoleState.READY, gpus, None, {}, Probe(ProbeKind.PROCESS), "127.0.0.1",
                       "SIGTERM", 1.0, ref)
     return DeploymentRecord(name, "gpu-test.yaml", (("prefill",),), (role,))

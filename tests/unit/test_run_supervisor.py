@@ -59,6 +59,11 @@ class FakeProcess:
     started: float
     script: Script
     stopped: bool = False  # its stop is complete
+    suspended_from: float | None = None  # SIGSTOP from then on
+    cgroup = None
+
+    def suspended(self) -> bool:
+        return self.suspended_from is not None and self.clock.now >= self.suspended_from
 
     def poll(self) -> int | None:
         if self.stopped:
@@ -395,3 +400,26 @@ def test_a_worker_the_router_never_lists_fails_up_naming_both_ends(tmp_path):
     assert router.reason == ("not wired after 20s: the router's worker list (GET http://127.0.0.1:4/workers) "
                              "does not hold as healthy prefill prefill-1 at http://127.0.0.1:3")
     assert router.wiring == (("prefill", 1, 2), ("decode", 1, 1))
+
+
+@pytest.mark.faults("5. the supervisor notices a role stopped by SIGSTOP, and its SIGCONT")
+def test_a_role_stopped_by_sigstop_is_unhealthy_until_it_continues(tmp_path):
+    plan = Plan("one", (spec("base", 1), spec("frozen", 2)), (("base", "frozen"),))
+    h = harness(tmp_path, plan, {})
+    assert h.supervisor.start() is Outcome.READY
+    frozen = h.processes.current["frozen"]
+    frozen.suspended_from = h.clock.now + 1.0
+    ticks = []
+
+    def tick():
+        ticks.append(h.clock.now)
+        if h.clock.now > frozen.suspended_from + 1.0 and frozen.suspended_from < 100:
+            frozen.suspended_from = 1000.0  # SIGCONT
+        if len(ticks) > 40:
+            h.supervisor.request_stop()
+
+    h.supervisor.supervise(fail_fast=False, on_tick=tick)
+    assert h.states("frozen")[-3:] == [RoleState.READY, RoleState.UNHEALTHY, RoleState.READY]
+    unhealthy = h.records[h.first("frozen", RoleState.UNHEALTHY)]
+    assert "SIGSTOP" in unhealthy.role("frozen").reason and unhealthy.state is DeploymentState.DEGRADED
+    assert h.processes.spawned.count((0.0, "frozen")) == 1  # not restarted: it is alive

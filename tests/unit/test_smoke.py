@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import pytest
 
 from cli_run import muse
@@ -106,7 +105,7 @@ def deployment(router_port: int, state: RoleState = RoleState.READY, supervised:
     record = planned_record(plan, "demo.yaml", str)
     record = replace(record, roles=tuple(replace(r, state=state) for r in record.roles))
     if supervised:  # this test process stands in for a live supervisor
-        record = replace(record, supervisor=ProcessRef(os.getpid(), psutil.Process().create_time()))
+        record = replace(record, supervisor=ProcessRef.of(os.getpid()))
     run_dir = RunDir.of("demo")
     write_state(run_dir, record)
     return run_dir

@@ -1,0 +1,165 @@
+"""A cgroup (v2) per role, where the host offers one we may create: a process that double-forks,
+calls setsid and clears its environment is still in its role's cgroup, and `cgroup.kill` ends
+every member at once. Layout: <our own cgroup>/muse-launch/<deployment>-<hash of run dir>/<role>.
+
+The child moves itself in before exec (a preexec_fn writes "0" to cgroup.procs): nothing it runs
+is ever outside. Elsewhere (no cgroup2 mount, no permission, MUSE_LAUNCH_CGROUPS=0) roles run as
+before, found by their marker and session: best effort.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from functools import lru_cache
+from pathlib import Path
+
+CGROUPS_SWITCH = "MUSE_LAUNCH_CGROUPS"  # "0": no cgroups, markers and sessions only
+LAYOUT_DIR = "muse-launch"
+BEST_EFFORT_NOTE = ("no cgroup here: a process that left the role's session and cleared its environment "
+                    "can escape `down`")
+
+
+def enabled() -> bool:
+    return os.environ.get(CGROUPS_SWITCH, "1") != "0"
+
+
+@lru_cache(maxsize=1)
+def cgroup2_mount() -> Path | None:
+    """Where cgroup v2 is mounted (/sys/fs/cgroup on a pure-v2 host, /sys/fs/cgroup/unified on a hybrid one)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                before, _, after = line.partition(" - ")
+                if after.split()[:1] == ["cgroup2"]:
+                    return Path(before.split()[4])
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def own_cgroup() -> str | None:
+    """Our cgroup in the v2 hierarchy ("0::/path" in /proc/self/cgroup)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip()
+    except OSError:
+        pass
+    return None
+
+
+def deployment_dir(deployment: str, run_dir: str) -> Path | None:
+    """Where this process would put the deployment's role cgroups; None where cgroups are off or absent."""
+    mount, own = cgroup2_mount(), own_cgroup()
+    if not enabled() or mount is None or own is None:
+        return None
+    digest = hashlib.sha256(run_dir.encode()).hexdigest()[:12]
+    base = mount / own.strip("/") if own.strip("/") else mount
+    # Never nest under a role's own cgroup (muse-launch started from inside a role): go beside it.
+    parts = base.relative_to(mount).parts
+    if LAYOUT_DIR in parts:
+        base = mount.joinpath(*parts[:parts.index(LAYOUT_DIR)])
+    return base / LAYOUT_DIR / f"{deployment[:60]}-{digest}"
+
+
+def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:
+    """The role's cgroup, made if need be; None where we cannot make one or move a process into it."""
+    parent = deployment_dir(deployment, run_dir)
+    if parent is None:
+        return None
+    path = parent / role
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return path if os.access(path / "cgroup.procs", os.W_OK) else None
+
+
+def role_cgroups(deployment: str, run_dir: str) -> list[Path]:
+    """The role cgroups of a deployment that exist now (where this process would put them): what `up` checks
+    for leftovers, and what a `down` without state.json can still empty."""
+    parent = deployment_dir(deployment, run_dir)
+    try:
+        return sorted(p for p in parent.iterdir() if p.is_dir()) if parent else []
+    except OSError:
+        return []
+
+
+def is_role_cgroup(path: str | Path | None) -> bool:
+    """A path from state.json names a cgroup of ours: under the cgroup2 mount, in the muse-launch layout."""
+    mount = cgroup2_mount()
+    if path is None or mount is None:
+        return False
+    path = Path(path)
+    try:
+        relative = path.relative_to(mount)
+    except ValueError:
+        return False
+    return ".." not in relative.parts and len(relative.parts) >= 3 and relative.parts[-3] == LAYOUT_DIR
+
+
+def members(path: str | Path | None) -> list[int]:
+    """The pids in the cgroup (zombies are not listed); none if it is gone or not ours."""
+    if not is_role_cgroup(path):
+        return []
+    try:
+        return [int(p) for p in (Path(path) / "cgroup.procs").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def cgroup_of(pid: int) -> str | None:
+    """The v2 cgroup of a process, as a path under the mount."""
+    mount = cgroup2_mount()
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::") and mount is not None:
+                    return str(mount / line[3:].strip().lstrip("/"))
+    except OSError:
+        pass
+    return None
+
+
+def kill(path: str | Path | None) -> bool:
+    """SIGKILL every member at once (cgroup.kill, kernel 5.14+; else each listed pid). True if it went."""
+    if not is_role_cgroup(path):
+        return False
+    try:
+        (Path(path) / "cgroup.kill").write_text("1")
+        return True
+    except FileNotFoundError:
+        for pid in members(path):
+            try:
+                os.kill(pid, 9)  # a member by the kernel's own list: ours, whatever its pid was before
+            except OSError:
+                pass
+        return True
+    except OSError:
+        return False
+
+
+def remove(path: str | Path | None, wait: float = 1.0) -> None:
+    """Remove an emptied role cgroup, then its deployment's and the layout's if nothing else is in them."""
+    if not is_role_cgroup(path):
+        return
+    path = Path(path)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            path.rmdir()
+            break
+        except FileNotFoundError:
+            break
+        except OSError:  # EBUSY: a member is still exiting
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)
+    for parent in (path.parent, path.parent.parent):
+        try:
+            parent.rmdir()
+        except OSError:
+            return
