@@ -130,7 +130,7 @@ def explain(exc: BaseException, command: str | None = None) -> tuple[int, list[s
     if isinstance(exc, OSError) and exc.filename is not None and exc.errno in HOST_ERRNOS:
         # The host said no (permissions, a full or read-only disk, a path that is not there).
         where = exc.filename if exc.filename2 is None else f"{exc.filename} -> {exc.filename2}"
-        fix = HOST_ERRNOS[exc.errno]
+        fix = getattr(exc, "fix", None) or HOST_ERRNOS[exc.errno]  # files.PlantedLink says which to remove
         return FAILED, [f"error: {where}: {exc.strerror or exc}", *([f"  fix: {fix}"] if fix else [])]
     what = f"{type(exc).__name__}: {_one_line(str(exc))}" if str(exc).strip() else type(exc).__name__
     return INTERNAL, [f"internal error: {what} (run with {DEBUG_ENV}=1 for the traceback)"]

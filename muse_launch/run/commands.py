@@ -117,16 +117,12 @@ def down(
         typer.echo("no deployment is running; nothing to stop")
         return
     from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.run.down import bring_down, bring_down_without_state, format_report
-    from muse_launch.run.state import read_state
+    from muse_launch.run.down import bring_down, format_report
     from muse_launch.slurm.commands import down_any
 
     run_dir = resolve_name(name)
-    try:
-        whole = read_state(run_dir) is not None
-    except StateDamaged:
-        whole = False
-    report = down_any(run_dir, grace, partial(bring_down, gpus=read_gpu_view) if whole else bring_down_without_state)
+    # By its state, or by its marker where the state is damaged (bring_down reads it once it holds the lock).
+    report = down_any(run_dir, grace, partial(bring_down, gpus=read_gpu_view))
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)

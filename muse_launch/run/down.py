@@ -16,11 +16,14 @@ from muse_launch.run.cgroups import BEST_EFFORT_NOTE
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import Marker, StopTarget, is_alive, marked_processes, marked_roles, stop_roles
-from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, read_state, write_state
+from muse_launch.run.process import (Marker, StopTarget, describe, is_alive, marked_processes, marked_roles,
+                                     stop_roles)
+from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, StateDamaged, read_state, write_state
 
 SUPERVISOR_EXIT_SECONDS = 5.0
 PORTS_CLOSE_SECONDS = 10.0
+LOCK_WAIT_SECONDS = 60.0  # for an `up` still in its checks, or another `down`, beyond the roles' graces
+LOCK_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,32 @@ class DownReport:
     @property
     def clean(self) -> bool:
         return not self.survivors and not self.open_ports and not self.gpus_held
+
+
+def refuse_leftovers(run_dir: RunDir) -> None:
+    """Roles of an earlier run still alive (its supervisor was killed): name them, start no duplicates."""
+    marker = Marker(run_dir.name, str(run_dir.path))
+    try:
+        record = read_state(run_dir)
+    except StateDamaged:
+        record = None
+    roles = {r.name: r.process.find() for r in record.roles if r.process} if record else {}
+    roles = {name: proc for name, proc in roles.items() if proc is not None}
+    for proc in marked_processes(marker):
+        try:
+            roles.setdefault(proc.environ().get("MUSE_LAUNCH_ROLE", "?"), proc)
+        except psutil.Error:
+            continue
+    mask = record.masks.token if record else (lambda arg: arg)  # the earlier run's secrets, by value
+    running = [f"{name} ({describe(proc, mask)})" for name, proc in sorted(roles.items())]
+    # One that cleared its environment carries no marker, but stays in its role's cgroup.
+    running += [f"{path.name} (pid {pid}, in its cgroup {path})" for path in cgroups.role_cgroups(
+        run_dir.name, marker.run_dir) for pid in cgroups.members(path) if path.name not in roles]
+    if running:
+        running = ", ".join(running)
+        raise RuntimeFailure(f"deployment {run_dir.name!r} still has processes from an earlier run: roles "
+                             f"{running} are running with no supervisor; nothing new was started",
+                             fix=f"`muse-launch down {run_dir.name}` stops them; then `up` again")
 
 
 def release_supervisor(record: DeploymentRecord) -> str | None:
@@ -82,15 +111,54 @@ def open_ports(record: DeploymentRecord) -> list[str]:
     ]
 
 
-def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | None = None) -> DownReport:
-    started = time.monotonic()
-    record = read_state(run_dir)
-    if record is None:
-        raise RuntimeFailure(f"{run_dir.path}: no state.json; nothing to stop")
-    notes = [n for n in [release_supervisor(record)] if n]
-    lock = DeploymentLock(run_dir)
+def _readable_state(run_dir: RunDir) -> DeploymentRecord | None:
     try:
-        record = read_state(run_dir)  # the supervisor's last word
+        return read_state(run_dir)
+    except StateDamaged:
+        return None
+
+
+def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, list[str]]:
+    """The deployment's lock, for this `down`. Whoever holds it is made to let go: a supervisor is asked to
+    hand the roles over (SIGUSR1; an `up` still in its checks names its supervisor in state.json as soon as
+    it has one); another `down` is waited for, after which this one stops what is left, usually nothing."""
+    notes: list[str] = []
+    deadline: float | None = None
+    first = _readable_state(run_dir)
+    # Dead already when this `down` began (not released meanwhile by another `down`): say so.
+    released = first is None or first.supervisor is None or first.supervisor.find() is not None
+    while True:
+        record = _readable_state(run_dir)
+        if record is not None and record.supervisor is not None and record.supervisor.find() is not None:
+            released = True
+            if note := release_supervisor(record):
+                notes.append(note)
+        if (lock := DeploymentLock.attempt(run_dir)) is not None:
+            if not released:
+                notes.insert(0, "no supervisor was running")
+            return lock, notes + ([lock.note] if lock.note else [])
+        if deadline is None:
+            graces = sum(max((grace if grace is not None else r.grace) for r in record.roles) for _ in
+                         record.stop_waves) if record and record.roles else 0.0
+            deadline = time.monotonic() + LOCK_WAIT_SECONDS + graces + PORTS_CLOSE_SECONDS + GPU_RELEASE_SECONDS
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(f"deployment {run_dir.name!r} is still held by another muse-launch (an `up` or "
+                                 f"a `down`) after {LOCK_WAIT_SECONDS:g}s plus its roles' grace periods",
+                                 fix=f"wait for it, then run `muse-launch down {run_dir.name}` again")
+        time.sleep(LOCK_POLL_SECONDS)
+
+
+def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | None = None) -> DownReport:
+    """Stop the deployment by its state; by its marker alone where the state is gone or damaged. Writes
+    nothing it needs: on a read-only or full disk it still stops everything, and says what it could not
+    record. A second `down` meanwhile waits for this one (`take_over`)."""
+    started = time.monotonic()
+    lock, notes = take_over(run_dir, grace)
+    try:
+        record = _readable_state(run_dir)  # the supervisor's last word
+        if record is None:
+            report = bring_down_without_state(run_dir, grace)
+            return replace(report, seconds=time.monotonic() - started, notes=(*notes, *report.notes))
         marker = Marker(record.name, str(run_dir.path))
         on_gpus = gpus is not None and any(r.gpus for r in record.roles)
         seen = deployment_holders(record, gpus()) if on_gpus else {}
@@ -104,8 +172,11 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
             report = stop_roles(targets, marker, mask=record.masks.token)
             killed += report.killed
             survivors += report.survivors
-        # Anything still marked (spawned by a supervisor killed between spawn and its state write).
-        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in marked_roles(marker)], marker,
+        # Anything still marked (spawned by a supervisor killed between spawn and its state write, or one
+        # that restarted a role while it could not write its state).
+        leftover_roles = marked_roles(marker)
+        stopped += sorted(leftover_roles - set(stopped))
+        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in leftover_roles], marker,
                             mask=record.masks.token)
         killed += report.killed
         survivors += report.survivors
@@ -119,7 +190,11 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         release = await_gpu_release(record, gpus, seen) if on_gpus else None
         final = replace(record, supervisor=None, roles=tuple(
             replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))
-        write_state(run_dir, final)
+        try:
+            write_state(run_dir, final)
+        except OSError as exc:
+            notes.append(f"everything is stopped, but {run_dir.state_file} could not be updated "
+                         f"({exc.strerror or exc}); `status` shows the state last written")
     finally:
         lock.release()
     return DownReport(record.name, time.monotonic() - started, tuple(stopped), tuple(killed), tuple(survivors),

@@ -1,8 +1,8 @@
 """Role log files: how they are opened, read in bounded chunks, and kept under their cap.
 
 Why copy-truncate, and not a pipe: a role's stdout and stderr go straight to its log file, opened
-with O_APPEND. The alternative, a pipe that the supervisor copies into rotating files, puts the
-supervisor in the role's write path: a supervisor that is slow blocks the role once the pipe is
+with O_APPEND (process.open_role_log). The alternative, a pipe that the supervisor copies into
+rotating files, puts the supervisor in the role's write path: a supervisor that is slow blocks the role once the pipe is
 full, and one that dies (SIGKILL, OOM) leaves the role writing into a pipe with no reader, so its
 next write raises SIGPIPE and kills it. Roles must outlive their supervisor (`down` works without
 it), so the file stays theirs.
@@ -30,18 +30,11 @@ from pathlib import Path
 from typing import Iterable
 
 from muse_launch.plan.spec import LogPolicy
+from muse_launch.run.files import open_nofollow
 
 READ_CHUNK = 64 * 1024  # the most any reader holds of a log at once; a longer line is split at it
 LOG_CHECK_SECONDS = 0.25  # how often the supervisor looks at each log's size
 COPY_CHUNK = 8 * 1024 * 1024  # sendfile's step while copying a log to ROLE.log.1
-
-
-def open_role_log(path: Path, fresh: bool) -> int:
-    """The one place a role's log is opened for writing (spawn, the supervisor's restart notes): always
-    O_APPEND, so that writes land at the end after a rotation truncated it; `fresh` empties it first."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if fresh else 0)
-    return os.open(path, flags, 0o600)
 
 
 def rotated(path: Path, n: int = 1) -> Path:
@@ -60,8 +53,8 @@ def file_id(path: Path) -> tuple[int, int] | None:
 def read_chunk(path: Path, offset: int, limit: int = READ_CHUNK) -> tuple[bytes, int]:
     """At most `limit` bytes of the file from `offset`, and its size now; (b"", 0) when it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # HOME/NAME/logs/ROLE.log: no link below HOME
+    except OSError:  # not there (yet), or a planted link (files.PlantedLink): nothing of ours to show
         return b"", 0
     try:
         size = os.fstat(fd).st_size

@@ -8,10 +8,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from muse_launch.run.files import open_nofollow
 from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
+
+
+def open_log(path: Path):
+    """A role's log (HOME/NAME/logs/ROLE.log) for reading, following no link below the home: a planted
+    one raises files.PlantedLink (an OSError) rather than showing another file."""
+    return os.fdopen(open_nofollow(path, os.O_RDONLY, root=path.parents[2]), "rb")
 
 
 def last_lines(path: Path, n: int) -> list[str]:
@@ -20,8 +27,8 @@ def last_lines(path: Path, n: int) -> list[str]:
     if n <= 0:
         return []
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # a planted link raises files.PlantedLink
+    except FileNotFoundError:
         return []
     try:
         end = os.fstat(fd).st_size

@@ -9,6 +9,7 @@ ends the output, not the deployment.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from typing import Callable, TextIO
@@ -69,3 +70,24 @@ class BackgroundWriter:
                 return
             if closing:
                 return
+
+
+class LogWriter:
+    """The detached supervisor's supervisor.log, written straight to its descriptor, a line at a time: on a
+    full or failing disk the line is lost, the supervisor is not (nothing is buffered to fail later)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, text: str) -> int:
+        try:
+            os.write(self.fd, text.encode(errors="replace"))
+        except OSError:
+            pass
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False

@@ -25,9 +25,9 @@ import psutil
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
+from muse_launch.run.files import PlantedLink, open_nofollow
 from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
 from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
-from muse_launch.run.logfiles import open_role_log
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -146,25 +146,43 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
     return str(sibling) if os.access(sibling, os.X_OK) else program
 
 
+def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
+    """The role's log for its stdout and stderr, no link followed below the state home (run/files.py)."""
+    # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
+    # next write lands at the new end, not at its old offset past a hole.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+    return open_nofollow(log_path, flags, root=Path(marker.run_dir).parent)
+
+
 def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -> SpawnedProcess:
     env = {**os.environ, **spec.env, **marker.env(spec.name)}
     argv = [program_path(spec.argv[0], env), *spec.argv[1:]]
-    cgroup = cgroups.create_role_cgroup(marker.deployment, marker.run_dir, spec.name)
-    procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cgroup else None
     try:
-        with os.fdopen(open_role_log(log_path, fresh=not append), "ab") as log:  # O_APPEND: see run/logfiles.py
-            popen = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
-                # Into its cgroup before exec, so nothing it runs is ever outside ("0": the writer itself).
-                preexec_fn=None if procs is None else lambda: os.write(procs, b"0"),
-            )
+        log = open_role_log(log_path, marker, append)
+    except PlantedLink as e:  # never written through
+        raise SpawnError(f"cannot open its log: {e}") from e
+    except OSError:  # a read-only or full run directory: the role runs (a restart too), its output is lost
+        log = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        cgroup = cgroups.create_role_cgroup(marker.deployment, marker.run_dir, spec.name)
+        procs = os.open(cgroup / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC) if cgroup else None
+    except BaseException:
+        os.close(log)
+        raise
+    try:
+        popen = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
+            # Into its cgroup before exec, so nothing it runs is ever outside ("0": the writer itself).
+            preexec_fn=None if procs is None else lambda: os.write(procs, b"0"),
+        )
     except OSError as e:
         raise SpawnError(f"cannot run {spec.argv[0]!r}: {e.strerror}") from e
     except subprocess.SubprocessError as e:  # the preexec_fn failed: the move into the cgroup was refused
         raise SpawnError(f"cannot move {spec.name} into its cgroup {cgroup} ({e}); "
                          f"{cgroups.CGROUPS_SWITCH}=0 runs roles without cgroups") from e
     finally:
+        os.close(log)
         if procs is not None:
             os.close(procs)
     # Not yet reaped even if it exited already, so its start time is still readable.

@@ -11,8 +11,8 @@ from typing import Callable, Protocol
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.listeners import ListenerOwner
-from muse_launch.run.logfiles import open_role_log
-from muse_launch.run.process import GroupStop, Marker, RoleProcess, StopReport, StopTarget, spawn_role
+from muse_launch.run.process import (GroupStop, Marker, RoleProcess, StopReport, StopTarget, open_role_log,
+                                     spawn_role)
 from muse_launch.run.state import RunDir
 
 
@@ -91,11 +91,11 @@ class LocalProcesses:
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)
         if restart_note:
-            fd = open_role_log(log, fresh=False)
             try:
-                os.write(fd, f"--- muse-launch: {restart_note} ---\n".encode())
-            finally:
-                os.close(fd)
+                with os.fdopen(open_role_log(log, self.marker, append=True), "a") as f:
+                    f.write(f"--- muse-launch: {restart_note} ---\n")
+            except OSError:
+                pass  # a full or read-only disk: the restart still happens, and state.json says why
         return spawn_role(spec, self.marker, log, append=restart_note is not None)
 
     def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner:

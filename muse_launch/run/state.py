@@ -3,9 +3,11 @@ that makes a second `up` of the same name refuse."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,6 +16,7 @@ from typing import Any, Callable, Mapping
 from muse_launch.addresses import connect_host
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
 from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
@@ -41,6 +44,15 @@ class RunDir:
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def home(self) -> Path:
+        """Trusted as it is; below it, no link is followed (run/files.py)."""
+        return self.path.parent
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "lock"
 
     @property
     def state_file(self) -> Path:
@@ -208,13 +220,51 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
-    """Readers see the old file or the new one, never half of one."""
-    run_dir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = run_dir.state_file.with_name(f".state.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record.to_json(), f, indent=2)
-    os.replace(tmp, run_dir.state_file)
+    """Readers see the old file or the new one, never half of one; a link planted at state.json is
+    replaced, not written through."""
+    replace_file(run_dir.state_file, json.dumps(record.to_json(), indent=2).encode(), root=run_dir.home)
+
+
+STATE_RETRY_SECONDS = 2.0
+
+
+class StateSaver:
+    """The supervisor's writes of state.json. A full disk or a read-only run directory must not end
+    supervision: the record stays in memory, the write is tried again at the next change and every
+    STATE_RETRY_SECONDS (`retry`), and `warn` is told once when writes start failing and once when one
+    succeeds again, not at every write."""
+
+    def __init__(self, run_dir: RunDir, warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+        self.run_dir = run_dir
+        self.warn = warn
+        self.clock = clock
+        self.pending: DeploymentRecord | None = None
+        self.failing = False
+        self.next_try = 0.0
+
+    def save(self, record: DeploymentRecord) -> None:
+        self.pending = record
+        self._write()
+
+    def retry(self) -> None:
+        if self.pending is not None and self.clock() >= self.next_try:
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            write_state(self.run_dir, self.pending)
+        except OSError as exc:
+            self.next_try = self.clock() + STATE_RETRY_SECONDS
+            if not self.failing:
+                self.failing = True
+                self.warn(f"warning: cannot write {self.run_dir.state_file} ({exc.strerror or exc}); supervising "
+                          f"on with the state in memory, trying again at each change and every "
+                          f"{STATE_RETRY_SECONDS:g}s (`status` shows the last state written meanwhile)")
+            return
+        self.pending = None
+        if self.failing:
+            self.failing = False
+            self.warn(f"{self.run_dir.state_file} is written again")
 
 
 class StateDamaged(RuntimeFailure):
@@ -229,7 +279,7 @@ class StateDamaged(RuntimeFailure):
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
     try:
-        text = run_dir.state_file.read_text()
+        text = read_nofollow(run_dir.state_file, root=run_dir.home).decode()
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
@@ -240,15 +290,23 @@ def read_state(run_dir: RunDir) -> DeploymentRecord | None:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
 
 
+# The lock cannot be made or opened for writing: a read-only or full run directory, or a link planted there.
+UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
+
+
 class DeploymentLock:
     """An flock held by whoever runs the deployment (the supervisor, or `down` while it stops it).
 
     The kernel drops it when its holder dies, SIGKILL included, so a stale lock cannot exist.
     """
 
-    def __init__(self, run_dir: RunDir):
-        run_dir.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.fd = os.open(run_dir.path / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    def __init__(self, run_dir: RunDir, fd: int | None = None, note: str | None = None):
+        """Without `fd`: take it for `up`, or say who runs the deployment already."""
+        self.note = note  # `down` without the lock: why
+        if fd is not None:
+            self.fd = fd
+            return
+        self.fd = open_nofollow(run_dir.lock_file, os.O_RDWR | os.O_CREAT, root=run_dir.home)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -260,6 +318,30 @@ class DeploymentLock:
                 f"stop it first with `muse-launch down {run_dir.name}`"
             ) from None
 
+    @classmethod
+    def attempt(cls, run_dir: RunDir) -> DeploymentLock | None:
+        """For `down`: the lock, or None while another holds it. It must not need a write: on a read-only
+        or full run directory the existing lock is taken through a read-only descriptor, and where there is
+        no lock file to take (or a link in its place) `down` goes on without one (`note` says why)."""
+        try:
+            fd = open_nofollow(run_dir.lock_file, os.O_RDWR | os.O_CREAT, root=run_dir.home)
+        except PlantedLink as exc:
+            return cls(run_dir, -1, f"{exc}: stopping without the lock")
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE:
+                raise
+            try:
+                fd = open_nofollow(run_dir.lock_file, os.O_RDONLY, root=run_dir.home)
+            except OSError as again:
+                return cls(run_dir, -1, f"cannot open {run_dir.lock_file} ({again.strerror or again}): "
+                                        "stopping without the lock")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return cls(run_dir, fd)
+
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
@@ -268,8 +350,8 @@ class DeploymentLock:
 
 def is_locked(run_dir: RunDir) -> bool:
     try:
-        fd = os.open(run_dir.path / "lock", os.O_RDWR)
-    except FileNotFoundError:
+        fd = open_nofollow(run_dir.lock_file, os.O_RDONLY, root=run_dir.home)  # flock needs no write access
+    except OSError:  # none there, or not a lock of ours
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -19,18 +19,19 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.output import BackgroundWriter
+from muse_launch.run.files import open_fresh
+from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run import cgroups
-from muse_launch.run.process import Marker, ProcessRef, describe, marked_processes, program_path
+from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, planned_record, read_state,
-                                   running_deployments, write_state)
+from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
+                                   planned_record, read_state, running_deployments, write_state)
 from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.seams import LocalProcesses
 from muse_launch.run.supervisor import Outcome, Supervisor
@@ -129,22 +130,14 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         from muse_launch.slurm.commands import leave_slurm
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
-        marker = Marker(plan.name, str(run_dir.path))
-        leftovers = [redact(describe(p)) for p in marked_processes(marker)]
-        leftovers += [f"pid {pid} in cgroup {path.name}" for path in cgroups.role_cgroups(plan.name, marker.run_dir)
-                      for pid in cgroups.members(path)]  # one that cleared its environment carries no marker
-        if leftovers:
-            raise RuntimeFailure(
-                f"deployment {plan.name!r} still has processes from an earlier run "
-                f"({', '.join(leftovers[:3])}); run `muse-launch down {plan.name}` first")
+        refuse_leftovers(run_dir)
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))
-        run_dir.logs.mkdir(parents=True, exist_ok=True)
-        for spec in plan.specs:
-            run_dir.log(spec.name).write_bytes(b"")  # no stale last line from an earlier run in the progress view
+        for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
+            os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
         record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
@@ -155,19 +148,22 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
 
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
-                report: Callable[[DeploymentRecord], None], start_after: StartAfter, options: UpOptions) -> Supervisor:
+                report: Callable[[DeploymentRecord], None], start_after: StartAfter, options: UpOptions,
+                say: Callable[[str], None]) -> tuple[Supervisor, StateSaver]:
+    """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
+    `down` that reads its pid in state.json finds it ready for SIGUSR1."""
     me = ProcessRef.of(os.getpid())
-    record = replace(record, supervisor=me)
+    saver = StateSaver(run_dir, say)  # a full or read-only disk: supervising goes on, one warning
 
     def on_change(new: DeploymentRecord) -> None:
-        write_state(run_dir, new)
+        saver.save(new)
         report(new)
 
-    on_change(record)
-    processes = LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token)
-    return Supervisor(plan, record, run_dir, processes,
-                      client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after,
-                      redact=options.redact, tend=LogCaps.of(plan.specs, run_dir.log).tend)
+    sup = Supervisor(plan, replace(record, supervisor=me), run_dir,
+                     LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token),
+                     client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after,
+                     redact=options.redact, tend=LogCaps.of(plan.specs, run_dir.log).tend)
+    return sup, saver
 
 
 def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
@@ -200,9 +196,11 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
     try:
         with httpx.Client(verify=False) as client:  # plain HTTP to the roles: no CA bundle to load (~30 ms)
-            sup = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after, options)
+            sup, saver = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after, options,
+                                     saying(quiet))
             try:
                 received = _handle_signals(sup)
+                sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
                 started = time.monotonic()
                 with progress:
                     outcome = sup.start()
@@ -212,7 +210,7 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                     printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
-                    outcome = sup.supervise(options.fail_fast)
+                    outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
                 return _finish(sup, outcome, options, received, quiet, run_dir)
             finally:
                 sup.close()
@@ -257,7 +255,10 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
     if failed is None:
         return
     say(f"error: role {failed.name} failed: {failed.reason}")
-    lines = last_lines(run_dir.log(failed.name), FAILURE_LOG_LINES)
+    try:
+        lines = last_lines(run_dir.log(failed.name), FAILURE_LOG_LINES)
+    except OSError as exc:  # files.PlantedLink: not read through
+        lines = [str(exc)]
     say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
     for line in lines:
         say(f"  {failed.name} | {line}")
@@ -316,23 +317,28 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
 
 def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int,
                   start_after: StartAfter) -> int:
-    log = os.open(run_dir.supervisor_log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    log = open_fresh(run_dir.supervisor_log, root=run_dir.home)  # a planted link is replaced, not followed
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)  # nothing may keep the caller's terminal or pipe open
-    console = Console(file=sys.stdout, force_terminal=False, width=200)
+    out = LogWriter(1)  # a full disk loses a line of it, never the supervisor
+    console = Console(file=out, force_terminal=False, width=200)
     try:
         with httpx.Client(verify=False) as client:  # before the first spawn: no CA bundle to load (~30 ms)
-            sup = _supervisor(plan, record, run_dir, client, PlainProgress(sys.stdout).update, start_after, options)
+            sup, saver = _supervisor(plan, record, run_dir, client, PlainProgress(out).update, start_after, options,
+                                     saying(console))
             received = _handle_signals(sup)
+            sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
             os.write(pipe, f"pid {os.getpid()}\n".encode())
             outcome = sup.start()
             if outcome is Outcome.READY:
                 os.write(pipe, b"ready\n")
                 os.close(pipe)
                 pipe = -1
-                outcome = sup.supervise(options.fail_fast)
+                outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
+            elif outcome is Outcome.RELEASED:
+                os.write(pipe, b"released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)
             sup.close()
             return code
@@ -369,7 +375,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
             chunk = os.read(pipe, 4096)
             messages += chunk
             supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n") if line.startswith(b"pid ")]
-            if not chunk or b"ready\n" in messages:
+            if not chunk or b"ready\n" in messages or b"released\n" in messages:
                 break
     os.close(pipe)
     final = read_state(run_dir) or record
@@ -380,6 +386,9 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
     if interrupted:
         say(f"{final.name}: stopped")
         return 128 + interrupted[0]
+    if b"released\n" in messages:
+        say(f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started")
+        return 1
     if not any(r.state is RoleState.FAILED for r in final.roles):
         say(f"{final.name}: the supervisor went away before all roles were ready; see {run_dir.supervisor_log}")
         return 1

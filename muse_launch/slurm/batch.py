@@ -58,7 +58,7 @@ def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked:
     last_beat = 0.0
     while not stopping.is_set():
         if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
-            files.heartbeat.write_text(f"{time.time():.3f}\n")
+            files.write_text(files.heartbeat, f"{time.time():.3f}\n")
             last_beat = time.monotonic()
         request = files.read_json(files.down_request)
         if request is not None and not sup.stop_requested:

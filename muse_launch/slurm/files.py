@@ -5,12 +5,12 @@ host chose, its heartbeat, and the two words `down` and the supervisor exchange.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muse_launch.run.files import PlantedLink, read_nofollow, replace_file
 from muse_launch.run.state import RunDir
 
 HEARTBEAT_SECONDS = 1.0
@@ -65,16 +65,20 @@ class SlurmFiles:
     def exists(self) -> bool:
         return self.job.exists()
 
+    def write_text(self, path: Path, text: str) -> None:
+        """Atomically, and replacing (never writing through) a link planted there (run/files.py)."""
+        replace_file(path, text.encode(), root=self.run_dir.home)
+
     def write_json(self, path: Path, data: Any) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, path)
+        self.write_text(path, json.dumps(data, indent=2))
+
+    def read_text(self, path: Path) -> str:
+        return read_nofollow(path, root=self.run_dir.home).decode()
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         try:
-            return json.loads(path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            return json.loads(self.read_text(path))
+        except (FileNotFoundError, PlantedLink, UnicodeDecodeError, json.JSONDecodeError):
             return None
 
     def job_id(self) -> str | None:
@@ -84,8 +88,8 @@ class SlurmFiles:
     def supervisor_alive(self) -> bool:
         """The batch host's supervisor beats every second; across hosts a pid means nothing."""
         try:
-            return time.time() - float(self.heartbeat.read_text().strip()) < HEARTBEAT_STALE
-        except (FileNotFoundError, ValueError):
+            return time.time() - float(self.read_text(self.heartbeat).strip()) < HEARTBEAT_STALE
+        except (FileNotFoundError, PlantedLink, UnicodeDecodeError, ValueError):
             return False
 
     def clear_run(self) -> None:

@@ -28,6 +28,7 @@ from muse_launch.run.process import (
     SpawnError,
     StopReport,
     StopTarget,
+    open_role_log,
     program_path,
 )
 from muse_launch.run.state import RunDir
@@ -89,7 +90,6 @@ class SlurmProcesses:
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> SpawnedProcess:
         log_path = self.run_dir.log(spec.name)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **spec.env, **self.marker.env(spec.name)}
         for var in VISIBLE_DEVICES:  # SLURM sets them for the step's GPUs; the batch step's must not leak
             env.pop(var, None)
@@ -98,7 +98,7 @@ class SlurmProcesses:
         argv = [*srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0), shared),
                 *(narrow if shared else []), program_path(spec.argv[0], env), *spec.argv[1:]]
         try:
-            with open(log_path, "ab" if restart_note else "wb") as log:
+            with os.fdopen(open_role_log(log_path, self.marker, append=bool(restart_note)), "wb") as log:
                 if restart_note:
                     log.write(f"--- muse-launch: {restart_note} ---\n".encode())
                     log.flush()

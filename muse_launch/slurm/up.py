@@ -4,7 +4,7 @@ of the job is left), then return (-d) or stream the roles' logs until Ctrl-C."""
 
 from __future__ import annotations
 
-import shutil
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from muse_launch.plan.spec import Plan
 from muse_launch.run.lifecycle import DeploymentState, RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.progress import LiveProgress, PlainProgress
+from muse_launch.run.files import open_fresh, replace_file
 from muse_launch.run.state import RunDir, is_locked, planned_record, read_state, write_state
 from muse_launch.topology.model import Topology
 
@@ -78,12 +79,12 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     script = render_script(topology, files, default_python(), options.rehearse, list(options.sets),
                            options.fail_fast)
     files.clear_run()
-    shutil.copyfile(source, files.topology)  # what was checked is what the batch host plans
-    files.source.write_text(str(Path(source).resolve()))
-    files.script.write_text(script)
-    run_dir.logs.mkdir(parents=True, exist_ok=True)
-    for spec in plan.specs:
-        run_dir.log(spec.name).write_bytes(b"")
+    # What was checked is what the batch host plans.
+    replace_file(files.topology, Path(source).read_bytes(), root=run_dir.home)
+    files.write_text(files.source, str(Path(source).resolve()))
+    files.write_text(files.script, script)
+    for spec in plan.specs:  # a link planted there is replaced, not written through (run/files.py)
+        os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))
     record = planned_record(plan, str(source), redact)
     write_state(run_dir, record)
     started = time.monotonic()

@@ -96,12 +96,18 @@ def test_log_and_tcp_probes(tmp_path):
     assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"
 
 
+def _role_log(path):
+    """As a role holds its log: O_APPEND (process.open_role_log)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+
 def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tmp_path):
     from muse_launch.plan.spec import LogPolicy
-    from muse_launch.run.logfiles import LogCaps, open_role_log, rotated
+    from muse_launch.run.logfiles import LogCaps, rotated
 
     log = tmp_path / "logs" / "r.log"
-    fd = open_role_log(log, fresh=True)  # as the role holds it: O_APPEND
+    fd = _role_log(log)
     caps = LogCaps({"r": (log, LogPolicy(max_size=100, keep=2))})
     for n in range(4):
         os.write(fd, f"batch {n}\n".encode() * 20)  # 160 bytes: past the cap
@@ -115,10 +121,10 @@ def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tm
 
 
 def test_follower_reads_on_across_a_rotation_and_splits_a_line_longer_than_a_chunk(tmp_path):
-    from muse_launch.run.logfiles import READ_CHUNK, open_role_log, rotate
+    from muse_launch.run.logfiles import READ_CHUNK, rotate
 
     log = tmp_path / "r.log"
-    fd = open_role_log(log, fresh=True)
+    fd = _role_log(log)
     follower = LogFollower({"r": log}, from_end=True)
     os.write(fd, b"one\ntwo\n")
     rotate(log, keep=1)  # before the follower read them: they are in r.log.1 now
