@@ -37,7 +37,8 @@ def test_a_probe_answered_by_another_deployments_listener_is_not_ready(deploymen
         assert f"port {port} answers, but the listener is pid {winner_pid} (" in out, out
         assert "not role prefill" in out, out
         assert deployment.status()["state"] == "stopped"
-        assert winner.role("server")["state"] == "ready"  # the winner is untouched
+        server = winner.role("server")
+        assert server["state"] == "ready" and server["health"] == "ok"  # the winner is untouched, its listener its own
     finally:
         if up.poll() is None:
             up.kill()
