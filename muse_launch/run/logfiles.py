@@ -18,7 +18,9 @@ role writes in one check interval; ROLE.log.1 may hold up to that much past `max
 
 Readers (`logs`, `logs -f`, `up`'s log stream, the `ready: {log: ...}` probe) read at most
 READ_CHUNK bytes at a time whatever the backlog, and notice rotation: the log shrank below their
-offset, or ROLE.log.1 is a new file.
+offset, or ROLE.log.1 is a new file (then they read the rest of ROLE.log.1 first). With `keep: 0` there
+is no ROLE.log.1: a log truncated and written past a reader's offset between two of its looks is read
+from that offset, the lines before it missed.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def rotated(path: Path, n: int = 1) -> Path:
 def file_id(path: Path) -> tuple[int, int] | None:
     """(device, inode) of a file, None when there is none: a new ROLE.log.1 says the log was rotated."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -104,9 +106,13 @@ def rotate(path: Path, keep: int) -> None:
                 offset, limit = 0, os.fstat(fd).st_size * 2 + COPY_CHUNK  # a writer faster than the copy: stop
                 while offset < limit and (sent := os.sendfile(out, fd, offset, COPY_CHUNK)) > 0:
                     offset += sent
-                os.ftruncate(fd, 0)  # right after the copy caught up: only what was written since is lost
-            finally:
+            except OSError:  # a full disk: the log is emptied rather than left to grow, its copy dropped
                 os.close(out)
+                os.unlink(tmp)
+                os.ftruncate(fd, 0)
+                raise
+            os.ftruncate(fd, 0)  # right after the copy caught up: only what was written since is lost
+            os.close(out)
             os.replace(tmp, rotated(path))
         else:
             os.ftruncate(fd, 0)

@@ -70,7 +70,7 @@ def test_fail_fast_stops_everything_when_a_role_dies(deployment):
     assert not port_open(base)
 
 
-@pytest.mark.faults("restart count reset after a period of health (a crash loop, then healthy, then a crash)")
+@pytest.mark.faults("also: the restart count resets after a period of health (a crash loop, then healthy, then a crash)")
 def test_the_restart_count_resets_after_a_period_of_health(deployment, tmp_path):
     (port,) = free_ports(1)
     tokens = tmp_path / "crash-tokens"

@@ -23,7 +23,8 @@ def everything_written(deployment, *outputs: str) -> str:
 
 @pytest.mark.faults("14. a secret program that fails to execute: not in the terminal, state, supervisor.log, logs")
 @pytest.mark.parametrize("program", ["missing", "unexecutable"])
-def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, monkeypatch, program):
+@pytest.mark.parametrize("detach", [True, False], ids=["detached", "foreground"])
+def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, monkeypatch, program, detach):
     (port,) = free_ports(1)
     path = tmp_path / f"bin-{SECRET}"
     if program == "unexecutable":  # passes the check before anything starts; exec fails in the supervisor
@@ -34,7 +35,7 @@ def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, m
         "server": {"kind": "command", "command": ["${env:SECRET_BIN}", "--port", "{port}"], "port": port,
                    "ready": {"tcp": True, "timeout": 5}},
     })
-    up = deployment.cli("up", topology, "--detach")
+    up = deployment.cli("up", topology, *(["--detach"] if detach else []))
     assert up.returncode == 1, up.stdout + up.stderr
     assert "***" in up.stdout + up.stderr  # it says which program, redacted
     assert SECRET not in everything_written(deployment, up.stdout, up.stderr)
