@@ -8,6 +8,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -112,4 +113,32 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
     tail.wait()
     assert peak < 100, f"logs -n 3 peaked at {peak:.0f} MiB"
     assert len(out) < 4 * MiB and out.count(b"\n") == 3  # the last line in pieces of at most a chunk
+    assert deployment.cli("down", deployment.name).returncode == 0
+
+
+@pytest.mark.faults("10. logs -f across the supervisor's rotation: every line once, in order")
+def test_logs_follow_reads_on_across_a_rotation(deployment):
+    (port,) = free_ports(1)
+    topology = deployment.write({"noisy": stand_in(port, "--flood", 1, "--flood-after", 2.0)},
+                                logs={"max_size": "64KiB", "keep": 1})
+    assert deployment.cli("up", topology, "--detach").returncode == 0
+    follow = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f", "-n", "1"],
+                              cwd=REPO, env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    watchdog = threading.Timer(60, follow.kill)  # a line never seen must fail the test, not hang it
+    watchdog.start()
+    try:
+        assert "noisy |" in follow.stdout.readline()  # following now; the flood starts 2 s after ready
+        lines = []
+        while not lines or lines[-1] != "flood done":  # 1 MB in 16 writes, rotated past 64 KiB as it goes
+            line = follow.stdout.readline()
+            assert line, "logs -f ended"
+            text = line.rstrip("\n").split(" | ", 1)[1]
+            if text[:9].isdigit() or text == "flood done":
+                lines.append(text[:9] if text[:9].isdigit() else text)
+    finally:
+        watchdog.cancel()
+        follow.send_signal(signal.SIGINT)
+        follow.communicate(timeout=10)
+    assert lines[:-1] == [f"{n:09d}" for n in range(16 * 650)]  # none lost, none twice, in order
+    assert (deployment.run_dir / "logs" / "noisy.log.1").exists()
     assert deployment.cli("down", deployment.name).returncode == 0

@@ -59,7 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hang", action="store_true", help="accept every connection and never answer")
     p.add_argument("--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second")
     p.add_argument("--flood", type=int, default=0, metavar="MB",
-                   help="once ready, log this many MB as fast as it can (64 KiB writes of 100-byte lines)")
+                   help="once ready, log this many MB at 50 MB/s (65,000-byte writes of numbered 100-byte lines)")
+    p.add_argument("--flood-after", type=float, default=0.0, metavar="S", help="start the flood S seconds after ready")
     p.add_argument("--bind-when", metavar="FILE", help="listen only once FILE exists (until then: refused)")
     p.add_argument("--survive-bind-failure", action="store_true",
                    help="a port it cannot bind is reported, and the process lives on (as some servers do)")
@@ -243,7 +244,9 @@ def watch_lifecycle(args: argparse.Namespace, ready_at: float) -> None:
         if args.spew:
             threading.Thread(target=spew, args=(args.spew,), daemon=True).start()
         if args.flood:
-            threading.Thread(target=flood, args=(args.flood,), daemon=True).start()
+            flooding = threading.Timer(args.flood_after, flood, args=(args.flood,))
+            flooding.daemon = True
+            flooding.start()
         if args.crash_tokens:
             threading.Thread(target=crash_on_token, args=(args.crash_tokens,), daemon=True).start()
         if args.crash_after_ready is not None and not (args.crash_once and os.path.exists(args.crash_once)):
