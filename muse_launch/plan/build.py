@@ -9,7 +9,7 @@ from ..engines.base import Context, Instance, Upstream
 from ..topology.hardware import PROFILES
 from ..topology.model import Role, Topology
 from .graph import waves
-from .spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind, StopPolicy
+from .spec import LaunchSpec, LogPolicy, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind, StopPolicy
 
 DEFAULT_DIST_INIT_PORT = 20000  # muse-launch's rendezvous port for multi-node roles (SGLang and vLLM alike)
 
@@ -49,7 +49,8 @@ def build_plan(topology: Topology) -> Plan:
                 env=env, gpus=inst.gpus, host=inst.host, bind=inst.bind, node=inst.node, ports=rendered.ports,
                 probe=_probe(role, rendered.probe), depends_on=depends_on,
                 stop=StopPolicy(role.stop.signal, role.stop.grace),
-                restart=RestartPolicy(RestartPolicyKind(role.restart.policy), role.restart.max),
+                restart=RestartPolicy(RestartPolicyKind(role.restart.policy), role.restart.max, role.restart.reset_after),
+                logs=LogPolicy((role.logs or topology.logs).max_size, (role.logs or topology.logs).keep),
                 ready_after=role.rehearse.ready_after if role.rehearse.ready_after is not None
                 else topology.rehearse.ready_after,
             )

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
+RESET_AFTER = 300.0  # seconds of health after which a role's restart count starts again from 0
+LOG_MAX_SIZE_DEFAULT = 100 * 1024 ** 2  # a role's log is rotated past this many bytes...
+LOG_KEEP_DEFAULT = 2  # ...keeping this many rotated files: at most 300 MiB per role
+
 
 class ProbeKind(str, Enum):
     HTTP = "http"
@@ -47,6 +51,13 @@ class RestartPolicyKind(str, Enum):
 class RestartPolicy:
     policy: RestartPolicyKind = RestartPolicyKind.ON_FAILURE
     max: int = 3
+    reset_after: float = RESET_AFTER  # seconds ready after which its restarts count from 0 again
+
+
+@dataclass(frozen=True)
+class LogPolicy:
+    max_size: int = LOG_MAX_SIZE_DEFAULT  # bytes past which the log is rotated
+    keep: int = LOG_KEEP_DEFAULT  # rotated files kept: ROLE.log.1 (newest) .. ROLE.log.KEEP
 
 
 @dataclass(frozen=True)
@@ -69,6 +80,7 @@ class LaunchSpec:
     depends_on: tuple[str, ...] = ()
     stop: StopPolicy = StopPolicy()
     restart: RestartPolicy = RestartPolicy()
+    logs: LogPolicy = LogPolicy()
     ready_after: float | None = None  # rehearsal: the simulated engine's start-up delay
 
     @property
@@ -96,7 +108,9 @@ class LaunchSpec:
             "probe": self.probe.to_dict(),
             "depends_on": list(self.depends_on),
             "stop": {"signal": self.stop.signal, "grace": self.stop.grace},
-            "restart": {"policy": self.restart.policy.value, "max": self.restart.max},
+            "restart": {"policy": self.restart.policy.value, "max": self.restart.max,
+                        "reset_after": self.restart.reset_after},
+            "logs": {"max_size": self.logs.max_size, "keep": self.logs.keep},
         }
 
 

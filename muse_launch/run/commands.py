@@ -218,7 +218,8 @@ def logs(
         return
     try:
         while True:
-            follower.print_new(printer)
+            if not follower.print_new(printer):
+                continue  # a backlog: read on at once
             record = read_state(run_dir)
             if (record is None or record.state is DeploymentState.STOPPED) and not is_locked(run_dir):
                 follower.print_new(printer)

@@ -58,7 +58,8 @@ def refuse_leftovers(run_dir: RunDir) -> None:
             roles.setdefault(proc.environ().get("MUSE_LAUNCH_ROLE", "?"), proc)
         except psutil.Error:
             continue
-    running = [f"{name} ({describe(proc)})" for name, proc in sorted(roles.items())]
+    mask = record.masks.token if record else (lambda arg: arg)  # the earlier run's secrets, by value
+    running = [f"{name} ({describe(proc, mask)})" for name, proc in sorted(roles.items())]
     # One that cleared its environment carries no marker, but stays in its role's cgroup.
     running += [f"{path.name} (pid {pid}, in its cgroup {path})" for path in cgroups.role_cgroups(
         run_dir.name, marker.run_dir) for pid in cgroups.members(path) if path.name not in roles]
@@ -169,14 +170,15 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
             targets = [record.role(name).stop_target(grace) for name in wave]
             stopped += [t.role for t in targets
                         if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup)]
-            report = stop_roles(targets, marker)
+            report = stop_roles(targets, marker, mask=record.masks.token)
             killed += report.killed
             survivors += report.survivors
         # Anything still marked (spawned by a supervisor killed between spawn and its state write, or one
         # that restarted a role while it could not write its state).
         leftover_roles = marked_roles(marker)
         stopped += sorted(leftover_roles - set(stopped))
-        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in leftover_roles], marker)
+        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in leftover_roles], marker,
+                            mask=record.masks.token)
         killed += report.killed
         survivors += report.survivors
         still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),

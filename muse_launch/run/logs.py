@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from muse_launch.run.files import PlantedLink, open_nofollow
+from muse_launch.run.files import open_nofollow
+from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
-TAIL_BLOCK = 64 * 1024
+FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
 
 
 def open_log(path: Path):
@@ -20,20 +22,28 @@ def open_log(path: Path):
 
 
 def last_lines(path: Path, n: int) -> list[str]:
-    """The last n lines, reading only the end of a file that may be gigabytes long."""
+    """The last n lines, reading only the end of a file that may be gigabytes long: at most n + 1 chunks
+    (a line longer than a chunk counts as several lines)."""
+    if n <= 0:
+        return []
     try:
-        with open_log(path) as f:
-            end = f.seek(0, os.SEEK_END)
-            data = b""
-            while end > 0 and data.count(b"\n") <= n:
-                start = max(0, end - TAIL_BLOCK)
-                f.seek(start)
-                data = f.read(end - start) + data
-                end = start
+        fd = open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # a planted link raises files.PlantedLink
     except FileNotFoundError:
         return []
-    lines = data.decode(errors="replace").splitlines()
-    return lines[-n:] if n > 0 else []
+    try:
+        end = os.fstat(fd).st_size
+        data = b""
+        budget = (n + 1) * READ_CHUNK
+        while end > 0 and data.count(b"\n") <= n and len(data) < budget:
+            start = max(0, end - READ_CHUNK)
+            data = os.pread(fd, end - start, start) + data
+            end = start
+    finally:
+        os.close(fd)
+    pieces = [line[i:i + READ_CHUNK] or b"" for line in data.split(b"\n") for i in range(0, max(len(line), 1), READ_CHUNK)]
+    if pieces and pieces[-1] == b"":
+        pieces.pop()  # the file ends with a newline
+    return [p.decode(errors="replace") for p in pieces[-n:]]
 
 
 class RolePrinter:
@@ -55,35 +65,62 @@ class RolePrinter:
         self.out.flush()
 
 
+@dataclass
+class _Tail:
+    path: Path
+    offset: int
+    lines: LineSplitter = field(default_factory=LineSplitter)
+    rotated_id: tuple[int, int] | None = None  # ROLE.log.1 as last seen: a new one means a rotation
+    draining: Path | None = None  # a rotated file whose unread end is read before the log itself
+
+
 class LogFollower:
-    """New complete lines of several logs since the last call; a truncated log (a new `up`) restarts."""
+    """New lines of several logs since the last call, READ_CHUNK at most per log and call (memory stays
+    the same whatever the backlog); follows a log across rotation (the rest of ROLE.log.1 first) and
+    truncation (a new `up`)."""
 
     def __init__(self, logs: dict[str, Path], from_end: bool):
-        self.logs = logs
-        self.offsets = {r: (os.stat(p, follow_symlinks=False).st_size if from_end and os.path.lexists(p) else 0)
-                        for r, p in logs.items()}
-        self.partial = {r: b"" for r in logs}
+        self.tails = {}
+        for role, path in logs.items():
+            _, size = read_chunk(path, 0, 0)
+            self.tails[role] = _Tail(path, size if from_end else 0, rotated_id=file_id(rotated(path)))
 
     def read_new(self) -> list[tuple[str, str]]:
         out = []
-        for role, path in self.logs.items():
-            try:
-                size = os.stat(path, follow_symlinks=False).st_size
-                if size < self.offsets[role]:
-                    self.offsets[role], self.partial[role] = 0, b""
-                if size == self.offsets[role]:
-                    continue
-                with open_log(path) as f:
-                    f.seek(self.offsets[role])
-                    chunk = f.read(size - self.offsets[role])
-            except (FileNotFoundError, PlantedLink):  # not there (yet), or not a log of ours to show
-                continue
-            self.offsets[role] += len(chunk)
-            *lines, self.partial[role] = (self.partial[role] + chunk).split(b"\n")
-            out += [(role, line.decode(errors="replace")) for line in lines]
+        for role, tail in self.tails.items():
+            out += [(role, line.decode(errors="replace")) for line in self._read(tail)]
         return out
 
-    def print_new(self, printer: RolePrinter) -> None:
-        for role, text in self.read_new():
-            printer.line(role, text)
-        printer.flush()
+    @staticmethod
+    def _read(tail: _Tail) -> list[bytes]:
+        if tail.draining is not None:
+            chunk, size = read_chunk(tail.draining, tail.offset)
+            if chunk:
+                tail.offset += len(chunk)
+                return tail.lines.feed(chunk)
+            tail.draining, tail.offset = None, 0
+        now_rotated = file_id(rotated(tail.path))
+        chunk, size = read_chunk(tail.path, tail.offset)
+        if now_rotated != tail.rotated_id or size < tail.offset:
+            tail.rotated_id = now_rotated
+            # Rotated: what we had not read yet is at the same offset of ROLE.log.1; truncated: start over.
+            if now_rotated is not None and read_chunk(rotated(tail.path), 0, 0)[1] > tail.offset:
+                tail.draining = rotated(tail.path)
+            else:
+                tail.offset = 0
+                tail.lines.reset()
+            return LogFollower._read(tail)
+        tail.offset += len(chunk)
+        return tail.lines.feed(chunk)
+
+    def print_new(self, printer: RolePrinter, rounds: int = FOLLOW_ROUNDS) -> bool:
+        """Up to `rounds` chunks of each log (a log written faster than the reader reads must not keep
+        the caller here for ever), printed as they are read; False when there may be more to read now."""
+        for _ in range(rounds):
+            new = self.read_new()
+            for role, text in new:
+                printer.line(role, text)
+            printer.flush()
+            if not new:
+                return True
+        return False

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 
 from muse_launch.plan.spec import Probe, ProbeKind
-from muse_launch.run.logs import open_log
+from muse_launch.run.listeners import ListenerOwner
+from muse_launch.run.logfiles import LineSplitter, read_chunk
 
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 
@@ -25,15 +26,18 @@ def base_url(host: str, port: int) -> str:
 class ReadinessCheck:
     """One role's probe, polled repeatedly; `last_seen` says what the latest attempt observed."""
 
-    def __init__(self, probe: Probe, host: str, port: int | None, log_path: Path, client: httpx.Client):
+    def __init__(self, probe: Probe, host: str, port: int | None, log_path: Path, client: httpx.Client,
+                 owner: ListenerOwner | None = None):
+        """`owner`: for a role on this host, whose listener must be the one that answers (none on SLURM)."""
         self.probe = probe
         self.host = host
         self.port = port
         self.log_path = log_path
         self.client = client
+        self.owner = owner
         self.last_seen = NO_ANSWER_YET
         self._log_offset = 0
-        self._log_partial = b""
+        self._log_lines = LineSplitter()
 
     def check(self, alive_for: float) -> bool:
         if self.probe.kind is ProbeKind.HTTP:
@@ -61,6 +65,13 @@ class ReadinessCheck:
             if answer.status_code != self.probe.status:
                 self.last_seen = f"GET {path} answered {answer.status_code}"
                 return False
+        return self._owned()
+
+    def _owned(self) -> bool:
+        """The port answered: ready if the role holds the listener (checked once per role process)."""
+        if self.owner is not None and (someone_else := self.owner.check(self.port, self.host)):
+            self.last_seen = someone_else
+            return False
         self.last_seen = "ready"
         return True
 
@@ -70,22 +81,25 @@ class ReadinessCheck:
         except OSError as e:
             self.last_seen = f"TCP {self.port}: {e.strerror or type(e).__name__}"
             return False
-        self.last_seen = "ready"
-        return True
+        return self._owned()
 
     def _check_log(self) -> bool:
-        """Matches the pattern against complete lines written since the last check."""
-        try:
-            with open_log(self.log_path) as log:  # no planted link followed
-                log.seek(self._log_offset)
-                chunk = log.read()
-        except OSError:
-            chunk = b""
-        self._log_offset += len(chunk)
-        *lines, self._log_partial = (self._log_partial + chunk).split(b"\n")
+        """Matches the pattern against complete lines written since the last check, a chunk at a time
+        (a role that logs gigabytes while starting costs no memory); a rotated log is read from its start."""
         pattern = re.compile(self.probe.pattern or "")
-        if any(pattern.search(line.decode(errors="replace")) for line in lines):
-            self.last_seen = "ready"
-            return True
+        end = None  # what was there at the first look: a role writing faster than this reads cannot keep it here
+        while end is None or self._log_offset < end:
+            chunk, size = read_chunk(self.log_path, self._log_offset)
+            end = size if end is None else end
+            if size < self._log_offset:
+                self._log_offset, end = 0, size
+                self._log_lines.reset()
+                continue
+            if not chunk:
+                break
+            self._log_offset += len(chunk)
+            if any(pattern.search(line.decode(errors="replace")) for line in self._log_lines.feed(chunk)):
+                self.last_seen = "ready"
+                return True
         self.last_seen = f"no log line matches {self.probe.pattern!r} yet"
         return False

@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import psutil
 
@@ -63,11 +63,13 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def describe(proc: psutil.Process | ProcessRef) -> str:
+def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
+    """"pid N (command line)"; `mask` hides each argument that holds a secret (run/masks.py), before the line
+    is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
         if isinstance(proc, ProcessRef):
             proc = psutil.Process(proc.pid)
-        command = " ".join(proc.cmdline()).strip() or proc.name()
+        command = " ".join(map(mask, proc.cmdline())).strip() or proc.name()
     except psutil.Error:
         command = "?"
     return f"pid {proc.pid} ({command[:100]})"
@@ -146,7 +148,9 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
 
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
     """The role's log for its stdout and stderr, no link followed below the state home (run/files.py)."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
+    # next write lands at the new end, not at its old offset past a hole.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
     return open_nofollow(log_path, flags, root=Path(marker.run_dir).parent)
 
 
@@ -296,8 +300,10 @@ class GroupStop:
     the end of each one's grace (or at once on `kill_now`). `poll` never waits: the supervisor's loop
     calls it between other work; it returns the report once none of their processes is alive."""
 
-    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float):
+    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float,
+                 mask: Callable[[str], str] = lambda arg: arg):
         self.marker = marker
+        self.mask = mask  # for the command lines of what it reports killed
         self.stopping: list[_Stopping] = []
         self.killed: list[str] = []
         self.survivors: list[str] = []
@@ -334,23 +340,24 @@ class GroupStop:
                 continue
             if entry.killed_at is None and (now >= entry.deadline or kill_now):
                 entry.processes, pgid = role_processes(entry.target, self.marker)
-                entry.killed = [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                entry.killed = [f"{entry.target.role}: {describe(p, self.mask)}" for p in entry.processes]
                 cgroups.kill(entry.target.cgroup)  # every member at once, forking or not
                 _signal(entry.processes, pgid, signal.SIGKILL)
                 entry.killed_at = now
             elif entry.killed_at is not None and now - entry.killed_at > AFTER_KILL_SECONDS:
-                self.survivors += [f"{entry.target.role}: {describe(p)}" for p in entry.processes]
+                self.survivors += [f"{entry.target.role}: {describe(p, self.mask)}" for p in entry.processes]
                 self.killed += entry.killed
                 self.stopping.remove(entry)
         return None if self.stopping else StopReport(tuple(self.killed), tuple(self.survivors))
 
 
-def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None) -> StopReport:
+def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None,
+               mask: Callable[[str], str] = lambda arg: arg) -> StopReport:
     """Stop roles together and wait until none of their processes is alive (`down`: nothing else to do).
 
     `kill_now` (a second Ctrl-C) cuts the grace short.
     """
-    stop = GroupStop(targets, marker, time.monotonic())
+    stop = GroupStop(targets, marker, time.monotonic(), mask)
     while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
         time.sleep(POLL_SECONDS)
     return report

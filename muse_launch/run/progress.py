@@ -64,9 +64,14 @@ class PlainProgress:
         for role in record.roles:
             key = self._key(role)
             unseen = (RoleState.PENDING, 0, role.wiring)  # a role still pending is no news
-            if self.seen.get(role.name, unseen) == key:
+            previous = self.seen.get(role.name, unseen)
+            if previous == key:
                 continue
             self.seen[role.name] = key
+            if previous[0] is RoleState.READY is role.state and role.restarts < previous[1]:
+                self.out.write(f"{role.name:<{width}}  {role.state.value:<10}  restart count reset after "
+                               f"{role.reset_after:g}s ready\n")
+                continue
             detail = {
                 RoleState.STARTING: f"pid {role.process.pid}" if role.process else "",
                 RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else "")

@@ -7,9 +7,10 @@ import os
 import select
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from muse_launch.plan.spec import LaunchSpec
+from muse_launch.run.listeners import ListenerOwner
 from muse_launch.run.process import (GroupStop, Marker, RoleProcess, StopReport, StopTarget, open_role_log,
                                      spawn_role)
 from muse_launch.run.state import RunDir
@@ -85,6 +86,7 @@ class LocalProcesses:
 
     marker: Marker
     run_dir: RunDir
+    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (run/masks.py)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)
@@ -96,5 +98,9 @@ class LocalProcesses:
                 pass  # a full or read-only disk: the restart still happens, and state.json says why
         return spawn_role(spec, self.marker, log, append=restart_note is not None)
 
+    def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner:
+        """On this host the supervisor sees the role's processes: its probe checks whose listener answers."""
+        return ListenerOwner(process.ref.pid, spec.name, self.marker.env(spec.name), getattr(process, "cgroup", None))
+
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
-        return GroupStop(targets, self.marker, now)
+        return GroupStop(targets, self.marker, now, self.mask)

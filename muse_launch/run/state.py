@@ -18,6 +18,7 @@ from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
+from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
 
 
@@ -92,6 +93,16 @@ class RoleRecord:
     # a language worker's encoders; empty for a role that lists none (run/wiring.py).
     wiring: tuple[tuple[str, int, int], ...] = ()
     cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
+    reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
+
+    @property
+    def restarts_text(self) -> str:
+        """'2 (reset after 5m ready)': a count that will not follow the role for the deployment's life."""
+        if not self.restarts or self.reset_after is None:
+            return str(self.restarts)
+        minutes, seconds = divmod(round(self.reset_after), 60)
+        after = f"{minutes}m" if minutes and not seconds else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+        return f"{self.restarts} (reset after {after} ready)"
 
     @property
     def wired(self) -> bool:
@@ -117,7 +128,7 @@ class RoleRecord:
             "pid": self.process.pid if self.process else None,
             "pgid": self.process.pid if self.process else None,  # started with its own session: pgid == pid
             "gpus": list(self.gpus), "url": self.url, "ports": dict(self.ports),
-            "restarts": self.restarts, "ready_at": self.ready_at,
+            "restarts": self.restarts, "restarts_reset_after": self.reset_after, "ready_at": self.ready_at,
             "wiring": {kind: f"{have}/{want}" for kind, have, want in self.wiring},
         }
 
@@ -140,7 +151,8 @@ class RoleRecord:
         return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
                    d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
-                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"))
+                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"),
+                   d.get("restarts_reset_after"))
 
 
 @dataclass(frozen=True)
@@ -153,6 +165,7 @@ class DeploymentRecord:
     # engine -> the release `up` found for what it started (read through the real launcher, which the state
     # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
     versions: Mapping[str, str | None] = field(default_factory=dict)
+    masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
 
     @property
     def state(self) -> DeploymentState:
@@ -177,14 +190,15 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
-            "versions": dict(self.versions),
+            "versions": dict(self.versions), "masks": self.masks.to_json(),
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
         supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
-                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}))
+                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
+                   Masks.from_json(d.get("masks")))
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
@@ -197,10 +211,12 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
     roles = tuple(
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
-                   argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()))
+                   argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()),
+                   reset_after=s.restart.reset_after)
         for s in plan.specs
     )
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}))
+    masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:

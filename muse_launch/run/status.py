@@ -14,7 +14,9 @@ from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.run.gpus import role_gpu_memory
 from muse_launch.run.identity import is_suspended
 from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState
+from muse_launch.run.listeners import ListenerOwner
 from muse_launch.run.probe import ReadinessCheck
+from muse_launch.run.process import Marker
 from muse_launch.run.progress import STATE_STYLES
 from muse_launch.run.state import DeploymentRecord, RunDir
 
@@ -36,9 +38,12 @@ def observed(record: DeploymentRecord) -> DeploymentRecord:
     return replace(record, supervisor=None, roles=roles)
 
 
-def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) -> dict[str, str | None]:
-    """"ok", or what the role's probe sees now; None for a role without a live process."""
+def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
+               local: bool = True) -> dict[str, str | None]:
+    """"ok", or what the role's probe sees now; None for a role without a live process. `local`: its roles
+    run on this host, so the listener that answers must be the role's own (not on SLURM)."""
     out: dict[str, str | None] = {}
+    marker = Marker(record.name, str(run_dir.path))
     for role in record.roles:
         if role.process is None or not role.live:
             out[role.name] = None
@@ -46,7 +51,9 @@ def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client) 
         if role.process.find() and is_suspended(role.process.pid):  # its probe would only time out
             out[role.name] = "stopped (SIGSTOP)"
             continue
-        check = ReadinessCheck(role.probe, role.probe_host, role.ports.get("http"), run_dir.log(role.name), client)
+        owner = ListenerOwner(role.process.pid, role.name, marker.env(role.name), role.cgroup) if local else None
+        check = ReadinessCheck(role.probe, role.probe_host, role.ports.get("http"), run_dir.log(role.name), client,
+                               owner)
         out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen
     return out
 
@@ -109,7 +116,7 @@ def status_table(record: DeploymentRecord, health: dict[str, str | None],
             role.name, role.kind, Text(role.state.value, style=STATE_STYLES[role.state]),
             str(role.process.pid) if role.process else "-", ",".join(map(str, role.gpus)) or "-", *memory,
             role.url or "-",
-            since(role.ready_at), str(role.restarts),
+            since(role.ready_at), role.restarts_text,
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )
     return table

@@ -8,7 +8,11 @@ run on a small thread pool, each within its HTTP time budget, so a role that acc
 and never answers delays no other role; signal handlers only set a flag and wake the loop.
 Its seams are parameters: the processes (spawn, and a stop to poll), the HTTP client and the pool
 the probes use, and the clock; `on_change` receives every new record; `ports_taken` says which of
-a role's ports another process holds once the role has exited.
+a role's ports another process holds once the role has exited; `redact` hides ${env:...} values in
+every reason it records (a program path, a command line); `tend` runs each round (the log caps).
+
+A role's restart count starts again from 0 once it has been ready for its `restart.reset_after`: a
+crash a week is not a crash loop, and must not use up the restarts the deployment gets for its life.
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class RoleRun:
     probe: Future | None = None  # the probe in flight: at most one per role
     probe_sent_at: float = 0.0
     restart_at: float | None = None  # RESTARTING: when its backoff ends
+    ready_since: float | None = None  # monotonic: when its current process became ready
     stopping: Stopping | None = None  # its processes being stopped (STOPPING, or leftovers of a dead one)
     wiring: WiringCheck | None = None  # the peers it must list before the deployment is ready
     wired: bool = True
@@ -72,6 +77,7 @@ class Supervisor:
         clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
         probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
+        redact: Callable[[str], str] = lambda text: text, tend: Callable[[], None] = lambda: None,
     ):
         """`start_after`: role -> the roles it waits for before it starts (default: its depends_on, wave by
         wave; `start: overlap` passes fewer). Stopping always goes by the plan's waves, reversed."""
@@ -84,6 +90,8 @@ class Supervisor:
         self.on_change = on_change
         self.ports_taken = ports_taken
         self.probes = probes or probe_pool(plan)
+        self.redact = redact
+        self.tend = tend
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
         self.start_after = {s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
                             for s in plan.specs}
@@ -131,6 +139,8 @@ class Supervisor:
         current = self.record.role(name)
         if "state" in changes and changes["state"] is not current.state:
             transition(current.state, changes["state"])
+        if changes.get("reason"):
+            changes["reason"] = self.redact(changes["reason"])
         self.record = self.record.with_role(replace(current, **changes))
         self.on_change(self.record)
 
@@ -153,6 +163,7 @@ class Supervisor:
                         return self._fail(run, reason)
             if all(self.state_of(n) is RoleState.READY and r.wired for n, r in self.runs.items()):
                 return Outcome.READY
+            self.tend()
             self.clock.wait(self.wakeup, self._wait(STARTING_TICK))
 
     def supervise(self, fail_fast: bool, on_tick: Callable[[], None] = lambda: None) -> Outcome:
@@ -174,6 +185,9 @@ class Supervisor:
                     suspended = state is RoleState.READY
                     self._update(name, state=RoleState.UNHEALTHY if suspended else RoleState.READY,
                                  reason=SUSPENDED_REASON if suspended else None)
+                elif state is RoleState.READY and run.ready_since is not None and self.record.role(name).restarts \
+                        and self.clock.monotonic() - run.ready_since >= run.spec.restart.reset_after:
+                    self._update(name, restarts=0)  # healthy long enough: a later crash is no crash loop
                 elif state is RoleState.RESTARTING and run.process is None:
                     if run.stopping is None and self.clock.monotonic() >= run.restart_at:
                         record = self.record.role(name)
@@ -184,6 +198,7 @@ class Supervisor:
                 elif state is RoleState.RESTARTING and (reason := self._watch_starting(run)):
                     self._role_down(run, reason, failed=True)
             on_tick()
+            self.tend()
             self.clock.wait(self.wakeup, self._wait(IDLE_TICK))
 
     def stop(self) -> StopReport:
@@ -241,8 +256,11 @@ class Supervisor:
         run.started_at = self.clock.monotonic()
         run.next_probe_at = run.started_at + spec.probe.interval
         run.probe = None
+        run.ready_since = None
+        # Whose listener answers: only processes on this host can be looked at (SLURM's steps offer no owner).
+        owner = self.processes.listener_owner(spec, run.process) if hasattr(self.processes, "listener_owner") else None
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
-                                   self.run_dir.log(spec.name), self.client)
+                                   self.run_dir.log(spec.name), self.client, owner)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
                      process=run.process.ref, cgroup=run.process.cgroup, started_at=now_iso(self.clock.time()),
                      ready_at=None)
@@ -267,6 +285,7 @@ class Supervisor:
             probe, run.probe = run.probe, None
             if self._answered(run, probe):
                 run.next_probe_at = now  # its wiring, if it has any to show, is looked at right away
+                run.ready_since = now
                 self._update(run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None)
                 return None
         if now - run.started_at > run.spec.probe.timeout:

@@ -19,10 +19,12 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run import cgroups
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.files import open_fresh
 from muse_launch.run.output import BackgroundWriter, LogWriter
@@ -47,6 +49,7 @@ class UpOptions:
     keep: bool = False
     only: str | None = None
     start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
+    redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -114,6 +117,7 @@ def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda te
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
              gpus: GpuPreflight | None = None) -> int:
     """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
+    options = replace(options, redact=redact)
     if options.only:
         plan, assumed = select_only(plan, options.only)
         saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
@@ -146,7 +150,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
 
 def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
-                report: Callable[[DeploymentRecord], None], start_after: StartAfter,
+                report: Callable[[DeploymentRecord], None], start_after: StartAfter, options: UpOptions,
                 say: Callable[[str], None]) -> tuple[Supervisor, StateSaver]:
     """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
     `down` that reads its pid in state.json finds it ready for SIGUSR1."""
@@ -158,8 +162,9 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
         report(new)
 
     sup = Supervisor(plan, replace(record, supervisor=me), run_dir,
-                     LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir),
-                     client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after)
+                     LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token),
+                     client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after,
+                     redact=options.redact, tend=LogCaps.of(plan.specs, run_dir.log).tend)
     return sup, saver
 
 
@@ -193,7 +198,7 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
     try:
         with httpx.Client(verify=False) as client:  # plain HTTP to the roles: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after,
+            sup, saver = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after, options,
                                      saying(quiet))
             try:
                 received = _handle_signals(sup)
@@ -218,7 +223,7 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
 def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dict[str, int], console: Console,
             run_dir: RunDir) -> int:
     """Stop what must be stopped, and say why; returns the exit code."""
-    say = saying(console)
+    say = _redacting(saying(console), options.redact)
     if outcome is Outcome.RELEASED:
         say("`down` took over; the supervisor leaves the roles to it")
         return 0
@@ -239,6 +244,12 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
         say(line)
     say(f"{sup.record.name}: stopped")
     return 1 if outcome is Outcome.FAILED else 128 + received["signal"]
+
+
+def _redacting(say: Callable[[str], str], redact: Callable[[str], str]) -> Callable[[str], None]:
+    """What a failure prints (a reason, the role's last log lines, what had to be killed) with ${env:...}
+    values hidden."""
+    return lambda text: say(redact(text))
 
 
 def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: RunDir, role: str | None) -> None:
@@ -303,7 +314,7 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
     os.close(write_end)
     os.waitpid(child, 0)
     lock.release()  # the supervisor holds the lock now; `down` must be able to take it from it
-    return _await_detached(run_dir, read_end, console, record)
+    return _await_detached(run_dir, read_end, console, record, options.redact)
 
 
 def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int,
@@ -317,7 +328,7 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
     console = Console(file=out, force_terminal=False, width=200)
     try:
         with httpx.Client(verify=False) as client:  # before the first spawn: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(plan, record, run_dir, client, PlainProgress(out).update, start_after,
+            sup, saver = _supervisor(plan, record, run_dir, client, PlainProgress(out).update, start_after, options,
                                      saying(console))
             received = _handle_signals(sup)
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
@@ -342,7 +353,8 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
             os.close(pipe)
 
 
-def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord) -> int:
+def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord,
+                    redact: Callable[[str], str]) -> int:
     """Show the detached supervisor's progress from state.json until it says ready or goes away."""
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
     started = time.monotonic()
@@ -369,7 +381,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
                 break
     os.close(pipe)
     final = read_state(run_dir) or record
-    say = saying(console)
+    say = _redacting(saying(console), redact)
     if b"ready\n" in messages:
         _say_ready(console, final, time.monotonic() - started, detached=True)
         return 0

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
                                cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()
     with httpx.Client() as client:
-        sup = Supervisor(plan, record, run_dir, processes, client, on_change=lambda r: write_state(run_dir, r))
+        sup = Supervisor(plan, record, run_dir, processes, client, on_change=lambda r: write_state(run_dir, r),
+                         redact=loaded.redact)
         write_state(run_dir, record)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())

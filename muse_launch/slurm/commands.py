@@ -78,7 +78,7 @@ def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bo
     from .status import slurm_table, slurm_view
 
     view = slurm_view(run_dir, read_state(run_dir))
-    health = health_now(view.record, run_dir, client)
+    health = health_now(view.record, run_dir, client, local=False)  # roles on other nodes: no pids to look at
     if as_json:
         return json.dumps(view.to_json(health), indent=None if watch else 2)
     return slurm_table(view, health)

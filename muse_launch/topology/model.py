@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import AfterValidator, BeforeValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from ..plan.spec import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
@@ -19,6 +20,9 @@ MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a
 MAX_NAME = 63  # a DNS label; the run directory, log files and exported object names are built from names
 MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
 MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
+LOG_MIN_SIZE = 64 * 1024  # smaller would rotate on every tick of a chatty role
+LOG_MAX_SIZE = 1024 ** 4
+LOG_MAX_KEEP = 100
 # Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
 # the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGABRT",
@@ -121,6 +125,34 @@ class StopConfig(Strict):
 class RestartConfig(Strict):
     policy: Literal["no", "on-failure"] = "on-failure"
     max: int = Field(3, ge=0)
+    reset_after: Seconds = Field(RESET_AFTER, gt=0, description="seconds ready after which its restarts count from 0 "
+                                                                 "again (a crash a day is not a crash loop)")
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
+              "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
+
+
+def _size_bytes(value: Any) -> Any:
+    """`100MiB`, `1.5 GB`, `65536` -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size; write e.g. 100MiB")
+    if isinstance(value, int):
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in SIZE_UNITS:
+        raise ValueError(f"cannot read size {value!r}; write bytes or e.g. 512KiB, 100MiB, 2GiB")
+    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+
+
+class LogsConfig(Strict):
+    """`logs: {max_size: 100MiB, keep: 2}`: a role's log is rotated past max_size, the newest `keep` rotated
+    files kept (ROLE.log.1 the newest); at most (keep + 1) x max_size on disk per role."""
+
+    max_size: Annotated[int, BeforeValidator(_size_bytes), Field(ge=LOG_MIN_SIZE, le=LOG_MAX_SIZE),
+                        WithJsonSchema({"type": ["string", "integer"], "description": "bytes, or e.g. 100MiB"})] \
+        = LOG_MAX_SIZE_DEFAULT
+    keep: int = Field(LOG_KEEP_DEFAULT, ge=0, le=LOG_MAX_KEEP, description="rotated files kept: ROLE.log.1 .. .N")
 
 
 class RehearseConfig(Strict):
@@ -170,6 +202,7 @@ class Role(Strict):
     stop: StopConfig = StopConfig()
     restart: RestartConfig = RestartConfig()
     rehearse: RehearseConfig = RehearseConfig()
+    logs: LogsConfig | None = Field(None, description="this role's log cap (default: the file's `logs:`)")
     env: Env = {}
     args: Argv = []
 
@@ -238,6 +271,7 @@ class Topology(Strict):
     launcher: Argv | None = Field(None, description="default program for engine workers")
     nodes: dict[str, NodeConfig] = {}
     rehearse: RehearseConfig = RehearseConfig()
+    logs: LogsConfig = Field(LogsConfig(), description="each role's log cap: {max_size: 100MiB, keep: 2}")
     start: Literal["overlap", "waves"] | None = Field(
         None, description="overlap: roles whose engines tolerate a late peer start together (default where the "
                           "installed versions allow it); waves: each role once all it is wired to are ready")

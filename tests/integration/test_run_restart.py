@@ -68,3 +68,31 @@ def test_fail_fast_stops_everything_when_a_role_dies(deployment):
     assert "role fragile failed: exited with code 1 after it was ready" in supervisor_log
     assert deployment.alive() == []
     assert not port_open(base)
+
+
+@pytest.mark.faults("also: the restart count resets after a period of health (a crash loop, then healthy, then a crash)")
+def test_the_restart_count_resets_after_a_period_of_health(deployment, tmp_path):
+    (port,) = free_ports(1)
+    tokens = tmp_path / "crash-tokens"
+    tokens.mkdir()
+    topology = deployment.write({
+        "flaky": stand_in(port, "--crash-tokens", tokens, restart={"policy": "on-failure", "max": 2,
+                                                                    "reset_after": 3.0}),
+    })
+    assert deployment.cli("up", topology, "--detach").returncode == 0
+    for n in range(2):
+        (tokens / f"crash-{n}").touch()  # two crashes in a row: both restarts of `max: 2` used up
+    flaky = wait_for(lambda: (r := deployment.role("flaky"))["restarts"] == 2 and r["state"] == "ready" and r,
+                     timeout=20, interval=0.1)
+    assert flaky["restarts_reset_after"] == 3.0
+    table = deployment.cli("status", deployment.name).stdout
+    assert "2 (reset after 3s ready)" in table, table
+    # Ready for 3 s: its count starts again, and the next crash is restarted, not the end of it.
+    wait_for(lambda: deployment.role("flaky")["restarts"] == 0, timeout=10, interval=0.1)
+    (tokens / "crash-late").touch()
+    flaky = wait_for(lambda: (r := deployment.role("flaky"))["restarts"] == 1 and r["state"] == "ready" and r,
+                     timeout=15, interval=0.1)
+    assert flaky["health"] == "ok"
+    assert "restart count reset after 3s ready" in (deployment.run_dir / "supervisor.log").read_text()
+    assert deployment.cli("down", deployment.name).returncode == 0
+    assert deployment.alive() == []

@@ -58,6 +58,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
     p.add_argument("--hang", action="store_true", help="accept every connection and never answer")
     p.add_argument("--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second")
+    p.add_argument("--flood", type=int, default=0, metavar="MB",
+                   help="once ready, log this many MB at 50 MB/s (65,000-byte writes of numbered 100-byte lines)")
+    p.add_argument("--flood-after", type=float, default=0.0, metavar="S", help="start the flood S seconds after ready")
+    p.add_argument("--bind-when", metavar="FILE", help="listen only once FILE exists (until then: refused)")
+    p.add_argument("--survive-bind-failure", action="store_true",
+                   help="a port it cannot bind is reported, and the process lives on (as some servers do)")
+    p.add_argument("--crash-tokens", metavar="DIR",
+                   help="once ready: for each file put in DIR, remove it and exit 1 (a crash on demand)")
     p.add_argument("--model-path", default=os.path.dirname(os.path.abspath(__file__)))
     # SGLang's own flags, when the planner renders this script in place of `sglang serve`.
     p.add_argument("--disaggregation-mode")
@@ -147,7 +155,17 @@ def main(argv: list[str]) -> None:
     else:
         signal.signal(signal.SIGTERM, lambda *_: stop_later(args.stop_delay))
 
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    if args.bind_when:
+        while not os.path.exists(args.bind_when):
+            time.sleep(0.05)
+    try:
+        server = ThreadingHTTPServer((args.host, args.port), Handler)
+    except OSError as e:
+        if not args.survive_bind_failure:
+            raise
+        print(f"cannot listen on {args.host}:{args.port} ({e.strerror}); living on without it", flush=True)
+        while True:
+            time.sleep(3600)
     if args.language_only and args.encoder_bootstrap_port:
         encoder_list_server(args.host, args.encoder_bootstrap_port, args.encoder_urls)
     held = [socket.create_server((args.host, port)) for port in args.also_listen]  # noqa: F841 (held open until exit)
@@ -187,6 +205,29 @@ def spew(per_second: int) -> None:
         time.sleep(1.0)
 
 
+FLOOD_RATE = 50 * 1024 * 1024  # bytes a second: the rate issue 9 saw fill 1 GB of log in 20 s
+
+
+def flood(megabytes: int) -> None:
+    started = time.monotonic()
+    for n in range(megabytes * 16):
+        block = b"".join(b"%09d " % (n * 650 + i) + b"x" * 90 + b"\n" for i in range(650))  # 65,000 bytes
+        os.write(1, block)  # stdout is the log file: no Python buffering in between
+        ahead = (n + 1) * len(block) / FLOOD_RATE - (time.monotonic() - started)
+        if ahead > 0:
+            time.sleep(ahead)
+    os.write(1, b"flood done\n")
+
+
+def crash_on_token(directory: str) -> None:
+    while True:
+        for name in sorted(os.listdir(directory)):
+            os.unlink(os.path.join(directory, name))
+            print(f"crash token {name}: crashing", flush=True)
+            os._exit(1)
+        time.sleep(0.05)
+
+
 def stop_later(delay: float) -> None:
     print(f"SIGTERM: stopping in {delay}s", flush=True)
     threading.Timer(delay, lambda: os._exit(0)).start()
@@ -202,6 +243,12 @@ def watch_lifecycle(args: argparse.Namespace, ready_at: float) -> None:
         print(f"ready after {process_age():.2f}s", flush=True)
         if args.spew:
             threading.Thread(target=spew, args=(args.spew,), daemon=True).start()
+        if args.flood:
+            flooding = threading.Timer(args.flood_after, flood, args=(args.flood,))
+            flooding.daemon = True
+            flooding.start()
+        if args.crash_tokens:
+            threading.Thread(target=crash_on_token, args=(args.crash_tokens,), daemon=True).start()
         if args.crash_after_ready is not None and not (args.crash_once and os.path.exists(args.crash_once)):
             time.sleep(args.crash_after_ready)
             if args.crash_once:

@@ -354,8 +354,13 @@ def test_stop_signal_accepts_termination_signals(signal: str) -> None:
     ("    ready: {http: \"/health\\r\\nX-Injected: 1\"}\n", "roles.router.ready", "control character (CR, LF"),
     ("    ready: {log: \"ready ([\"}\n", "roles.router.ready", "is not a regular expression"),
     ("    replicas: 1000000000\n", "roles.router.replicas", "less than or equal to 256"),
+    ("    logs: {max_size: lots}\n", "roles.router.logs.max_size", "cannot read size 'lots'"),
+    ("    logs: {max_size: 1KiB}\n", "roles.router.logs.max_size", "greater than or equal to 65536"),
+    ("    logs: {keep: -1}\n", "roles.router.logs.keep", "greater than or equal to 0"),
+    ("    restart: {reset_after: .inf}\n", "roles.router.restart.reset_after", "finite number"),
 ], ids=["port-0", "port-65536", "port-negative", "port-list-70000", "grace-inf", "grace-huge", "timeout-inf",
-        "env-key-equals", "env-key-nul", "env-value-nul", "argv-nul", "probe-crlf", "bad-regex", "replicas-1e9"])
+        "env-key-equals", "env-key-nul", "env-value-nul", "argv-nul", "probe-crlf", "bad-regex", "replicas-1e9",
+        "log-size-words", "log-size-tiny", "log-keep-negative", "reset-after-inf"])
 def test_a_value_the_runtime_cannot_use_is_refused(tmp_path: Path, extra: str, key: str, says: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(_router_with(extra))
@@ -472,3 +477,12 @@ def test_a_secret_program_is_not_in_the_docker_comment(tmp_path: Path) -> None:
     result = cli("plan", str(path), "--format", "docker", env={"TOOL_DIR": SECRET_TOKEN})
     assert result.returncode == 0, result.stderr
     assert "# no image ships /opt/***/run" in result.stdout and SECRET_TOKEN not in result.stdout
+
+
+def test_log_caps_and_restart_reset_reach_the_plan(tmp_path: Path) -> None:
+    from muse_launch.core import load_plan
+
+    path = tmp_path / "t.yaml"
+    path.write_bytes(_router_with("    logs: {max_size: 1.5 GiB, keep: 0}\n    restart: {reset_after: 60}\n"))
+    spec = load_plan(path, []).plan.specs[-1]
+    assert (spec.logs.max_size, spec.logs.keep, spec.restart.reset_after) == (int(1.5 * 1024 ** 3), 0, 60.0)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import socket
+import subprocess
 
 import httpx
+import psutil
 
 from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
@@ -91,3 +94,86 @@ def test_log_and_tcp_probes(tmp_path):
     closed = ReadinessCheck(Probe(ProbeKind.TCP), "127.0.0.1", port, log, httpx.Client())
     assert not closed.check(0) and "refused" in closed.last_seen.lower()
     assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"
+
+
+def _role_log(path):
+    """As a role holds its log: O_APPEND (process.open_role_log)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+
+
+def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tmp_path):
+    from muse_launch.plan.spec import LogPolicy
+    from muse_launch.run.logfiles import LogCaps, rotated
+
+    log = tmp_path / "logs" / "r.log"
+    fd = _role_log(log)
+    caps = LogCaps({"r": (log, LogPolicy(max_size=100, keep=2))})
+    for n in range(4):
+        os.write(fd, f"batch {n}\n".encode() * 20)  # 160 bytes: past the cap
+        caps.tend(now=float(n))
+    os.write(fd, b"after\n")
+    os.close(fd)
+    assert log.read_bytes() == b"after\n"  # written at offset 0 of the truncated file: no hole
+    assert rotated(log, 1).read_text() == "batch 3\n" * 20
+    assert rotated(log, 2).read_text() == "batch 2\n" * 20
+    assert not rotated(log, 3).exists()  # keep: 2
+
+
+def test_follower_reads_on_across_a_rotation_and_splits_a_line_longer_than_a_chunk(tmp_path):
+    from muse_launch.run.logfiles import READ_CHUNK, rotate
+
+    log = tmp_path / "r.log"
+    fd = _role_log(log)
+    follower = LogFollower({"r": log}, from_end=True)
+    os.write(fd, b"one\ntwo\n")
+    rotate(log, keep=1)  # before the follower read them: they are in r.log.1 now
+    os.write(fd, b"three\n" + b"x" * (READ_CHUNK + 10) + b"\n")
+    os.close(fd)
+    seen = []
+    while new := follower.read_new():
+        seen += [text for _, text in new]
+    assert [s[:5] + str(len(s)) for s in seen] == ["one3", "two3", "three5", f"xxxxx{READ_CHUNK}", "xxxxx10"]
+
+
+def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
+    from muse_launch.run.logfiles import READ_CHUNK
+
+    log = tmp_path / "one-line.log"
+    log.write_bytes(b"z" * (READ_CHUNK * 50))
+    assert last_lines(log, 2) == ["z" * READ_CHUNK] * 2
+
+
+def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
+    from muse_launch.run.listeners import ListenerOwner, listening_inodes
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    try:
+        assert listening_inodes(port, "127.0.0.1") and not listening_inodes(port, "127.0.0.2")
+        assert ListenerOwner(os.getpid(), "me", {}).check(port, "127.0.0.1") is None
+        with subprocess.Popen(["sleep", "30"]) as other:  # a role that holds no listener: not us
+            someone = ListenerOwner(other.pid, "prefill", {"MUSE_LAUNCH_ROLE": "no-such-role"})
+            seen = someone.check(port, "127.0.0.1")
+            other.kill()
+        assert seen == (f"port {port} answers, but the listener is pid {os.getpid()} "
+                        f"({' '.join(psutil.Process().cmdline())[:100]}), not role prefill")
+        assert ListenerOwner(os.getpid(), "me", {}).check(free := _free_port(), "127.0.0.1") is None, free  # none: can't tell
+    finally:
+        server.close()
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def test_masks_hide_secret_arguments_by_value():
+    from muse_launch.run.masks import Masks
+
+    masks = Masks.of(["--key", "s3cret-value", "1", "--token=s3cret-value"],
+                     lambda v: v.replace("s3cret-value", "***").replace("1", "***") if v in ("s3cret-value", "1") else v)
+    masks = Masks.from_json(masks.to_json())
+    assert [masks.token(a) for a in ["--key", "s3cret-value", "127.0.0.1", "1", "--api=s3cret-value"]] == \
+        ["--key", "***", "127.0.0.1", "***", "--api=***"]
+    assert "s3cret" not in str(masks.to_json())

@@ -60,10 +60,10 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     assert again.versions == {"sglang": "0.5.23", "sglang-router": None}  # as `up` read them, for status
     assert again.status_dict() == {"name": "demo", "supervisor_pid": None, "state": "stopped", "roles": [
         {"name": "prefill", "kind": "prefill", "state": "pending", "pid": None, "pgid": None, "gpus": [0, 1],
-         "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "ready_at": None,
+         "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "restarts_reset_after": 300.0, "ready_at": None,
          "wiring": {}},
         {"name": "router", "kind": "router", "state": "pending", "pid": None, "pgid": None, "gpus": [],
-         "url": "http://127.0.0.1:8000", "ports": {"http": 8000}, "restarts": 0, "ready_at": None,
+         "url": "http://127.0.0.1:8000", "ports": {"http": 8000}, "restarts": 0, "restarts_reset_after": 300.0, "ready_at": None,
          "wiring": {"prefill": "0/1"}},  # the router must list its prefill
     ]}
 
