@@ -226,16 +226,19 @@ def format_report(report: DownReport) -> list[str]:
 
 
 def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> DownReport:
-    """`down` of a deployment whose state.json is gone or damaged: stop whatever carries its marker.
-
-    Best effort: a process that cleared its environment carries no marker (issue 9: cgroups).
-    """
+    """`down` of a deployment whose state.json is gone or damaged: stop whatever carries its marker, and
+    empty the role cgroups it left (where a process that cleared its environment still is)."""
     started = time.monotonic()
     marker = Marker(run_dir.name, str(run_dir.path))
-    roles = sorted(marked_roles(marker))
-    report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace) for role in roles],
+    contained = {path.name: path for path in cgroups.role_cgroups(run_dir.name, marker.run_dir)}
+    roles = sorted(marked_roles(marker) | {role for role, path in contained.items() if cgroups.members(path)})
+    report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace,
+                                    cgroup=str(contained[role]) if role in contained else None) for role in roles],
                         marker)
-    note = (f"{run_dir.state_file} is missing or damaged: stopped the processes that carry the deployment's "
-            f"marker (best effort: no ports or process groups to check without the state)")
+    for path in contained.values():
+        cgroups.remove(path)
+    reach = "the deployment's marker and its role cgroups" if contained else "the deployment's marker"
+    note = (f"{run_dir.state_file} is missing or damaged: stopped the processes in {reach} "
+            f"(best effort: no ports or process groups to check without the state)")
     return DownReport(name=run_dir.name, seconds=time.monotonic() - started, stopped=tuple(roles),
                       killed=tuple(report.killed), survivors=tuple(report.survivors), open_ports=(), notes=(note,))

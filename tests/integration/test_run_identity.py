@@ -219,3 +219,26 @@ def test_a_sigstopped_role_is_unhealthy_and_down_resumes_it_to_stop(deployment, 
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     assert deployment.alive() == []
+
+
+@pytest.mark.faults("6. a damaged state.json and a dead supervisor: down still empties the role cgroups")
+def test_down_without_state_empties_the_role_cgroups(deployment, monkeypatch):
+    """The escaped child carries no marker and is in no role session: with the state gone, only the role's
+    cgroup still knows it."""
+    use_cgroups(monkeypatch, True)
+    port, escape_port = free_ports(2)
+    deployment.ports.add(escape_port)
+    up_detached(deployment, {"server": stand_in(port, "--escape-holding", escape_port, stop={"grace": 2})})
+    wait_for(lambda: port_open(escape_port))
+    state = deployment.state_file()
+    role_cgroup = state["roles"][0]["cgroup"]
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: gone(state["supervisor_pid"]))
+    (deployment.run_dir / "state.json").write_text('{"name": "trunc')  # a full disk cut it short
+
+    down = deployment.cli("down", deployment.name)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "stopped the processes in the deployment's marker and its role cgroups" in down.stdout, down.stdout
+    assert not port_open(escape_port), f"the escaped child still holds port {escape_port}"
+    assert not os.path.exists(role_cgroup)
+    assert deployment.alive() == []

@@ -123,7 +123,10 @@ class Deployment:
             except psutil.Error:
                 pass
         state = self.run_dir / "state.json"
-        pid = json.loads(state.read_text()).get("supervisor_pid") if state.exists() else None
+        try:
+            pid = json.loads(state.read_text()).get("supervisor_pid")
+        except (OSError, ValueError, AttributeError):  # none, or damaged on purpose
+            pid = None
         if pid:
             try:
                 psutil.Process(pid).send_signal(signal.SIGKILL)
