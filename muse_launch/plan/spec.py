@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping
 
-RESET_AFTER = 300.0  # seconds of health after which a role's restart count starts again from 0
-LOG_MAX_SIZE_DEFAULT = 100 * 1024 ** 2  # a role's log is rotated past this many bytes...
-LOG_KEEP_DEFAULT = 2  # ...keeping this many rotated files: at most 300 MiB per role
+from muse_launch.topology.defaults import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
 
 
 class ProbeKind(str, Enum):

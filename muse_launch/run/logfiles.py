@@ -33,6 +33,7 @@ from typing import Iterable
 
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.run.files import open_nofollow
+from muse_launch.topology.defaults import LOG_MAX_KEEP
 
 READ_CHUNK = 64 * 1024  # the most any reader holds of a log at once; a longer line is split at it
 LOG_CHECK_SECONDS = 0.25  # how often the supervisor looks at each log's size
@@ -41,6 +42,15 @@ COPY_CHUNK = 8 * 1024 * 1024  # sendfile's step while copying a log to ROLE.log.
 
 def rotated(path: Path, n: int = 1) -> Path:
     return path.with_name(f"{path.name}.{n}")
+
+
+def forget_rotated(path: Path) -> None:
+    """At `up`: an earlier run's ROLE.log.1 .. .N go with its ROLE.log, so no reader takes them for this run's."""
+    for n in range(1, LOG_MAX_KEEP + 1):
+        try:
+            os.unlink(rotated(path, n))  # unlinks a planted link itself, never its target
+        except OSError:  # not there (a gap where someone removed one), or not ours to remove
+            continue
 
 
 def file_id(path: Path) -> tuple[int, int] | None:

@@ -27,6 +27,7 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.files import open_fresh
+from muse_launch.run.logfiles import forget_rotated
 from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run import cgroups
@@ -140,6 +141,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
             gpus.require(plan, running_deployments, saying(console))
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
             os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
+            forget_rotated(run_dir.log(spec.name))
         record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:

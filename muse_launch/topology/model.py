@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from ..plan.spec import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
+from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
@@ -22,7 +22,6 @@ MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` wou
 MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
 LOG_MIN_SIZE = 64 * 1024  # smaller would rotate on every tick of a chatty role
 LOG_MAX_SIZE = 1024 ** 4
-LOG_MAX_KEEP = 100
 # Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
 # the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGABRT",

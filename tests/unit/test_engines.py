@@ -45,11 +45,14 @@ def test_engine_flags_are_written_in_their_engine_module_only():
     assert {p: f for p, f in repeated.items() if f} == {}
 
 
-@pytest.mark.parametrize("layer,forbidden", [("muse_launch.topology", ("muse_launch.plan", "muse_launch.checks")),
-                                             ("muse_launch.plan.build", ("muse_launch.checks",)),
-                                             # the simulated engine imports these facts: no schema, no pydantic
-                                             ("muse_launch.engines", ("muse_launch.checks", "muse_launch.topology",
-                                                                      "pydantic"))])
+@pytest.mark.parametrize("layer,forbidden", [
+    *((f"muse_launch.topology.{m}", ("muse_launch.plan", "muse_launch.checks", "muse_launch.run"))
+      for m in ("model", "load", "hardware", "defaults")),
+    ("muse_launch.plan.build", ("muse_launch.checks", "muse_launch.run")),
+    # the simulated engine imports these facts: no schema, no pydantic (the topology's plain defaults are fine)
+    ("muse_launch.engines", ("muse_launch.checks", "muse_launch.topology.model", "muse_launch.topology.load",
+                             "pydantic")),
+])
 def test_layers_import_downwards_only(layer: str, forbidden: tuple[str, ...]):
     code = (f"import sys, importlib; importlib.import_module({layer!r}); "
             f"print(sorted(m for m in sys.modules if m.startswith({forbidden!r})))")

@@ -416,3 +416,4 @@ def last(args, flag: str) -> str | None:
         if arg == flag:
             found = args[i + 1]
     return found
+

@@ -177,3 +177,18 @@ def test_masks_hide_secret_arguments_by_value():
     assert [masks.token(a) for a in ["--key", "s3cret-value", "127.0.0.1", "1", "--api=s3cret-value"]] == \
         ["--key", "***", "127.0.0.1", "***", "--api=***"]
     assert "s3cret" not in str(masks.to_json())
+
+
+def test_up_forgets_an_earlier_runs_rotated_logs_but_never_a_links_target(tmp_path):
+    from muse_launch.run.logfiles import forget_rotated, rotated
+
+    log = tmp_path / "logs" / "prefill.log"
+    log.parent.mkdir()
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the launcher's\n")
+    for n in (1, 2, 5):  # a gap: someone removed .3 and .4 by hand
+        rotated(log, n).write_text(f"earlier run {n}\n")
+    rotated(log, 6).symlink_to(outside)
+    forget_rotated(log)
+    assert sorted(p.name for p in log.parent.iterdir()) == []
+    assert outside.read_text() == "not the launcher's\n"
