@@ -78,14 +78,41 @@ def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:
     return path if os.access(path / "cgroup.procs", os.W_OK) else None
 
 
-def role_cgroups(deployment: str, run_dir: str) -> list[Path]:
-    """The role cgroups of a deployment that exist now (where this process would put them): what `up` checks
-    for leftovers, and what a `down` without state.json can still empty."""
+def role_cgroups(deployment: str, run_dir: str, anywhere: bool = False) -> list[Path]:
+    """The role cgroups of a deployment that exist now, where this process would put them: what `up` checks
+    for leftovers. With `anywhere`, wherever in the hierarchy an `up` run from another cgroup (another login's
+    session scope) put them: what a `down` without state.json can still empty."""
     parent = deployment_dir(deployment, run_dir)
+    if parent is not None and anywhere and not parent.is_dir():
+        parent = _find_deployment_dir(parent.name)
     try:
         return sorted(p for p in parent.iterdir() if p.is_dir()) if parent else []
     except OSError:
         return []
+
+
+def _find_deployment_dir(name: str, max_depth: int = 8) -> Path | None:
+    """<somewhere>/muse-launch/<name>, looked for through the cgroup2 hierarchy (a few hundred directories on a
+    systemd host; never below a muse-launch directory)."""
+    mount = cgroup2_mount()
+    if mount is None:
+        return None
+    level = [mount]
+    for _ in range(max_depth):
+        below = []
+        for directory in level:
+            try:
+                children = [c for c in os.scandir(directory) if c.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for child in children:
+                if child.name == LAYOUT_DIR:
+                    if (Path(child.path) / name).is_dir():
+                        return Path(child.path) / name
+                else:
+                    below.append(child.path)
+        level = below
+    return None
 
 
 def is_role_cgroup(path: str | Path | None) -> bool:

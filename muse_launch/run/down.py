@@ -230,7 +230,7 @@ def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> Dow
     empty the role cgroups it left (where a process that cleared its environment still is)."""
     started = time.monotonic()
     marker = Marker(run_dir.name, str(run_dir.path))
-    contained = {path.name: path for path in cgroups.role_cgroups(run_dir.name, marker.run_dir)}
+    contained = {path.name: path for path in cgroups.role_cgroups(run_dir.name, marker.run_dir, anywhere=True)}
     roles = sorted(marked_roles(marker) | {role for role, path in contained.items() if cgroups.members(path)})
     report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace,
                                     cgroup=str(contained[role]) if role in contained else None) for role in roles],

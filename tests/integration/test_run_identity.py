@@ -222,9 +222,10 @@ def test_a_sigstopped_role_is_unhealthy_and_down_resumes_it_to_stop(deployment, 
 
 
 @pytest.mark.faults("6. a damaged state.json and a dead supervisor: down still empties the role cgroups")
-def test_down_without_state_empties_the_role_cgroups(deployment, monkeypatch):
+@pytest.mark.parametrize("where", ["same cgroup", "another cgroup"])
+def test_down_without_state_empties_the_role_cgroups(deployment, monkeypatch, where):
     """The escaped child carries no marker and is in no role session: with the state gone, only the role's
-    cgroup still knows it."""
+    cgroup still knows it, also to a `down` run from another cgroup (another login's session scope)."""
     use_cgroups(monkeypatch, True)
     port, escape_port = free_ports(2)
     deployment.ports.add(escape_port)
@@ -236,7 +237,17 @@ def test_down_without_state_empties_the_role_cgroups(deployment, monkeypatch):
     wait_for(lambda: gone(state["supervisor_pid"]))
     (deployment.run_dir / "state.json").write_text('{"name": "trunc')  # a full disk cut it short
 
-    down = deployment.cli("down", deployment.name)
+    if where == "same cgroup":
+        down = deployment.cli("down", deployment.name)
+    else:
+        other = cgroups.cgroup2_mount() / f"muse-launch-test-{os.getpid()}"
+        other.mkdir()
+        try:
+            down = subprocess.run(["sh", "-c", f'echo $$ > {other}/cgroup.procs && exec "$@"', "sh", sys.executable,
+                                   "-m", "muse_launch", "down", deployment.name], env=deployment.env,
+                                  capture_output=True, text=True, timeout=60)
+        finally:
+            other.rmdir()
     assert down.returncode == 0, down.stdout + down.stderr
     assert "stopped the processes in the deployment's marker and its role cgroups" in down.stdout, down.stdout
     assert not port_open(escape_port), f"the escaped child still holds port {escape_port}"
