@@ -204,7 +204,7 @@ def test_a_sigstopped_role_is_unhealthy_and_down_resumes_it_to_stop(deployment, 
         assert status["state"] == "degraded"
         # The supervisor notices too: it records the state, with the reason.
         recorded = lambda: next(r for r in deployment.state_file()["roles"] if r["name"] == "server")  # noqa: E731
-        wait_for(lambda: recorded()["state"] == "unhealthy", timeout=5)
+        wait_for(lambda: recorded()["state"] == "unhealthy")
         assert "SIGSTOP" in recorded()["reason"]
         table = deployment.cli("status", deployment.name)
         assert "unhealthy" in table.stdout and "SIGSTOP" in table.stdout, table.stdout
