@@ -29,7 +29,8 @@ from muse_launch.core import load_plan
 from muse_launch.errors import UserError
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.process import Marker, ProcessRef
-from muse_launch.run.state import DeploymentRecord, RunDir, now_iso, planned_record, write_state
+from muse_launch.run.logfiles import LogCaps
+from muse_launch.run.state import DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 
 from . import cluster
@@ -101,9 +102,12 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
                                cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()
     with httpx.Client() as client:
-        sup = Supervisor(plan, record, run_dir, processes, client, on_change=lambda r: write_state(run_dir, r),
-                         redact=loaded.redact)
-        write_state(run_dir, record)
+        # As on one host: a full or read-only disk does not end supervision (one warning, writes retried),
+        # and each role's log (written by its srun client on this host) is capped.
+        saver = StateSaver(run_dir, lambda line: print(f"muse-launch: {line}", flush=True))
+        sup = Supervisor(plan, record, run_dir, processes, client, on_change=saver.save, redact=loaded.redact,
+                         tend=LogCaps.of(plan.specs, run_dir.log).tend)
+        saver.save(record)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())
         asked: dict = {}
@@ -115,7 +119,7 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
                 ready = [r for r in sup.record.roles if r.kind == "router"] or [sup.record.roles[-1]]
                 print(f"muse-launch: {plan.name} ready at {now_iso(time.time())}: "
                       f"{', '.join(r.url for r in ready if r.url)}", flush=True)
-                outcome = sup.supervise(args.fail_fast)
+                outcome = sup.supervise(args.fail_fast, on_tick=saver.retry)
             if outcome is Outcome.FAILED:
                 failed = sup.record.role(sup.failed_role) if sup.failed_role else None
                 print(f"muse-launch: role {failed.name if failed else '?'} failed: "

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import REPO, Deployment, wait_for
+from harness import REPO, ROUTER, Deployment, wait_for
 from rehearsal import READY_AFTER, tails
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
@@ -238,6 +238,29 @@ def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_pa
         down_clean(d, job)
     finally:
         subprocess.run(["scancel", job_id(d)], timeout=30)
+        d.kill_leftovers()
+
+
+@pytest.mark.faults("10. a role flooding its log on SLURM: the batch supervisor caps it too")
+def test_a_role_log_is_capped_on_slurm(cluster: Path, tmp_path: Path):
+    """The router writes 2 MB as it starts (through its srun client, into the run directory on the batch host);
+    with `logs: {max_size: 64KiB, keep: 1}` the batch supervisor rotates it as `up` on one host does."""
+    d = Deployment(tmp_path / "home", "helion-gb300")
+    d.home.mkdir()
+    flood = (f'roles.router.launcher=[sh, -c, "yes muse-launch-flood | head -c 2000000; exec \\"$0\\" \\"$@\\"",'
+             f' {ROUTER}, launch]')
+    result = up(d, PD_TWO_NODES, "--set", "logs={max_size: 64KiB, keep: 1}", "--set", flood)
+    try:
+        assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
+        log = d.run_dir / "logs" / "router.log"
+        wait_for(lambda: log.with_name("router.log.1").exists() and log.stat().st_size < 64 * 1024, timeout=10)
+        with open(log.with_name("router.log.1"), "rb") as rotated:
+            assert b"muse-launch-flood" in rotated.read(4096)
+        assert not log.with_name("router.log.2").exists()  # keep: 1
+        down_clean(d, job_id(d))
+    finally:
+        if (d.run_dir / "slurm" / "job.json").exists():
+            subprocess.run(["scancel", job_id(d)], timeout=30)
         d.kill_leftovers()
 
 
