@@ -3,6 +3,7 @@ and in the marker every process of the deployment carries."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -16,9 +17,10 @@ from muse_launch.run import cgroups
 from muse_launch.run.cgroups import BEST_EFFORT_NOTE
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.masks import no_arguments
 from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import (Marker, StopTarget, describe, is_alive, marked_processes, marked_roles,
-                                     stop_roles)
+from muse_launch.run.process import (Marker, ProcessRef, StopTarget, describe, is_alive, marked_processes,
+                                     marked_roles, stop_roles)
 from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, StateDamaged, read_state, write_state
 
 SUPERVISOR_EXIT_SECONDS = 5.0
@@ -58,7 +60,7 @@ def refuse_leftovers(run_dir: RunDir) -> None:
             roles.setdefault(proc.environ().get("MUSE_LAUNCH_ROLE", "?"), proc)
         except psutil.Error:
             continue
-    mask = record.masks.token if record else (lambda arg: arg)  # the earlier run's secrets, by value
+    mask = record.masks.token if record else no_arguments  # the earlier run's secrets, by value
     running = [f"{name} ({describe(proc, mask)})" for name, proc in sorted(roles.items())]
     # One that cleared its environment carries no marker, but stays in its role's cgroup.
     running += [f"{path.name} (pid {pid}, in its cgroup {path})" for path in cgroups.role_cgroups(
@@ -79,6 +81,10 @@ def release_supervisor(record: DeploymentRecord) -> str | None:
     proc = ref.find() if ref else None
     if proc is None:
         return "no supervisor was running" if ref else None
+    return _release(ref, proc)
+
+
+def _release(ref: ProcessRef, proc: psutil.Process) -> str | None:
     if ref.verified:
         send, alive = ref.send_signal, ref.is_running
     else:
@@ -94,6 +100,55 @@ def release_supervisor(record: DeploymentRecord) -> str | None:
             time.sleep(0.02)
         return f"the supervisor (pid {proc.pid}) did not hand over within {SUPERVISOR_EXIT_SECONDS:g}s; killed it"
     return None
+
+
+def lock_holding_supervisors(run_dir: RunDir) -> list[ProcessRef]:
+    """With state.json unreadable, the supervisor's pid is unknown; the kernel still knows who holds the
+    deployment's lock file open. A holder that is a `muse-launch up` (the detached supervisor is a fork of
+    that command line) catching SIGUSR1 is its supervisor; a `down` holding it is left to finish."""
+    try:
+        lock = os.stat(run_dir.lock_file, follow_symlinks=False)
+    except OSError:
+        return []
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid == os.getpid() or not _holds_file(proc.pid, (lock.st_dev, lock.st_ino)):
+                continue
+            argv = proc.cmdline()
+        except psutil.Error:
+            continue
+        if "up" in argv and any("muse_launch" in a or "muse-launch" in a for a in argv[:3]) \
+                and _catches(proc.pid, signal.SIGUSR1):
+            found.append(ProcessRef.of(proc.pid))
+    return found
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has a handler for `sig` (SigCgt in /proc/PID/status): a supervisor installs its
+    SIGUSR1 handler before it supervises anything; an `up` still in its checks has none, and is waited for."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(caught >> (sig - 1) & 1)
+
+
+def _holds_file(pid: int, file: tuple[int, int]) -> bool:
+    try:
+        fds = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    with fds:
+        for fd in fds:
+            try:
+                st = os.stat(fd.path)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == file:
+                return True
+    return False
 
 
 def containment_note(record: DeploymentRecord) -> str | None:
@@ -128,12 +183,22 @@ def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, lis
     first = _readable_state(run_dir)
     # Dead already when this `down` began (not released meanwhile by another `down`): say so.
     released = first is None or first.supervisor is None or first.supervisor.find() is not None
+    asked: set[int] = set()  # supervisors found by the lock they hold, each asked once
     while True:
         record = _readable_state(run_dir)
         if record is not None and record.supervisor is not None and record.supervisor.find() is not None:
             released = True
             if note := release_supervisor(record):
                 notes.append(note)
+        elif record is None:  # damaged or gone: the lock's holder may be the supervisor
+            for ref in lock_holding_supervisors(run_dir):
+                if ref.pid not in asked and (proc := ref.find()) is not None:
+                    asked.add(ref.pid)
+                    released = True
+                    notes.append(f"{run_dir.state_file} is unreadable: asked the supervisor holding the "
+                                  f"deployment's lock (pid {ref.pid}) to hand over")
+                    if note := _release(ref, proc):
+                        notes.append(note)
         if (lock := DeploymentLock.attempt(run_dir)) is not None:
             if not released:
                 notes.insert(0, "no supervisor was running")
@@ -234,7 +299,7 @@ def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> Dow
     roles = sorted(marked_roles(marker) | {role for role, path in contained.items() if cgroups.members(path)})
     report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace,
                                     cgroup=str(contained[role]) if role in contained else None) for role in roles],
-                        marker)
+                        marker, mask=no_arguments)  # the secrets' digests went with the state
     for path in contained.values():
         cgroups.remove(path)
     reach = "the deployment's marker and its role cgroups" if contained else "the deployment's marker"

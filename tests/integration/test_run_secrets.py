@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+import psutil
 import pytest
 
 from harness import STAND_IN, free_ports
@@ -60,4 +61,29 @@ def test_down_describes_a_killed_process_without_its_secret(deployment, monkeypa
     assert down.returncode == 0, down.stdout + down.stderr
     assert "had to SIGKILL:" in down.stdout and "--api-key ***" in down.stdout, down.stdout
     assert SECRET not in everything_written(deployment, down.stdout, down.stderr)
+    assert deployment.alive() == []
+
+
+@pytest.mark.faults("6. a damaged state.json under a live supervisor: down finds it by the lock it holds")
+def test_down_with_the_state_damaged_under_a_live_supervisor(deployment, monkeypatch):
+    """The supervisor's pid was in the state; the lock it holds names it. The secrets' digests went with the
+    state, so the process `down` kills is named by its program alone."""
+    (port,) = free_ports(1)
+    monkeypatch.setenv("API_KEY", SECRET)
+    topology = deployment.write({
+        "server": {"kind": "command", "port": port, "stop": {"grace": 0.5},
+                   "command": [sys.executable, STAND_IN, "--api-key", "${env:API_KEY}", "--port", "{port}",
+                               "--ignore-sigterm"],
+                   "ready": {"http": "/health", "interval": 0.05}},
+    })
+    up = deployment.cli("up", topology, "--detach")
+    assert up.returncode == 0, up.stdout + up.stderr
+    supervisor = deployment.state_file()["supervisor_pid"]
+    (deployment.run_dir / "state.json").write_text('{"name": "tru')
+    down = deployment.cli("down", deployment.name, "--grace", "0.5", timeout=30)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"asked the supervisor holding the deployment's lock (pid {supervisor}) to hand over" in down.stdout
+    assert "had to SIGKILL:" in down.stdout and "server: pid " in down.stdout, down.stdout
+    assert SECRET not in down.stdout + down.stderr
+    assert not psutil.pid_exists(supervisor) or psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
     assert deployment.alive() == []
