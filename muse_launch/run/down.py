@@ -16,6 +16,7 @@ from muse_launch.host.gpus import GpuReader
 from muse_launch.run import cgroups
 from muse_launch.run.cgroups import BEST_EFFORT_NOTE
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
+from muse_launch.run.identity import catches, holds_open
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.masks import no_arguments
 from muse_launch.run.ports import is_listening, port_holder
@@ -105,50 +106,21 @@ def _release(ref: ProcessRef, proc: psutil.Process) -> str | None:
 def lock_holding_supervisors(run_dir: RunDir) -> list[ProcessRef]:
     """With state.json unreadable, the supervisor's pid is unknown; the kernel still knows who holds the
     deployment's lock file open. A holder that is a `muse-launch up` (the detached supervisor is a fork of
-    that command line) catching SIGUSR1 is its supervisor; a `down` holding it is left to finish."""
-    try:
-        lock = os.stat(run_dir.lock_file, follow_symlinks=False)
-    except OSError:
-        return []
+    that command line) with a SIGUSR1 handler is its supervisor: a supervisor installs it before it supervises
+    anything, while an `up` still in its checks has none and is waited for, as is a `down` holding it."""
+    lock = {os.path.realpath(run_dir.lock_file)}
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.pid == os.getpid() or not _holds_file(proc.pid, (lock.st_dev, lock.st_ino)):
+            if proc.pid == os.getpid() or not holds_open(proc.pid, lock):
                 continue
             argv = proc.cmdline()
         except psutil.Error:
             continue
         if "up" in argv and any("muse_launch" in a or "muse-launch" in a for a in argv[:3]) \
-                and _catches(proc.pid, signal.SIGUSR1):
+                and catches(proc.pid, signal.SIGUSR1):
             found.append(ProcessRef.of(proc.pid))
     return found
-
-
-def _catches(pid: int, sig: signal.Signals) -> bool:
-    """Whether the process has a handler for `sig` (SigCgt in /proc/PID/status): a supervisor installs its
-    SIGUSR1 handler before it supervises anything; an `up` still in its checks has none, and is waited for."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return False
-    return bool(caught >> (sig - 1) & 1)
-
-
-def _holds_file(pid: int, file: tuple[int, int]) -> bool:
-    try:
-        fds = os.scandir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    with fds:
-        for fd in fds:
-            try:
-                st = os.stat(fd.path)
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == file:
-                return True
-    return False
 
 
 def containment_note(record: DeploymentRecord) -> str | None:

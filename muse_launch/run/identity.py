@@ -84,6 +84,33 @@ def session_of(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def holds_open(pid: int, names: set[str]) -> bool:
+    """Whether one of the process's open descriptors is one of `names`, as /proc/PID/fd links read: a path,
+    or `socket:[INODE]` (a listener's socket, run/listeners.py; the deployment's lock file, run/down.py)."""
+    try:
+        fds = os.scandir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    with fds:
+        for fd in fds:
+            try:
+                if os.readlink(fd.path) in names:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has a handler installed for `sig` (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return False
+    return bool(caught >> (sig - 1) & 1)
+
+
 @dataclass(frozen=True)
 class ProcessRef:
     """A process identified across pid reuse and clock steps.

@@ -19,6 +19,8 @@ from typing import Mapping
 
 import psutil
 
+from muse_launch.run.identity import holds_open
+
 TCP_LISTEN = "0A"
 # A container runtime's port forwarder holds the host port for a role run in a container
 # (`launcher: [docker, run, ...]`); it is no descendant of the role, and still forwards to it.
@@ -63,19 +65,6 @@ def listening_inodes(port: int, host: str | None = None) -> set[int]:
     return inodes
 
 
-def _holds(pid: int, sockets: set[str]) -> bool:
-    try:
-        for fd in os.scandir(f"/proc/{pid}/fd"):
-            try:
-                if os.readlink(fd.path) in sockets:
-                    return True
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return False
-
-
 def _tree(pid: int) -> list[int]:
     try:
         leader = psutil.Process(pid)
@@ -98,7 +87,7 @@ class Holder:
 def holder(inodes: set[int], describe) -> Holder:
     sockets = {f"socket:[{i}]" for i in inodes}
     for proc in psutil.process_iter():
-        if _holds(proc.pid, sockets):
+        if holds_open(proc.pid, sockets):
             try:
                 name = proc.name()
             except psutil.Error:
@@ -129,7 +118,7 @@ class ListenerOwner:
         sockets = {f"socket:[{i}]" for i in inodes}
         from muse_launch.run import cgroups
 
-        if any(_holds(pid, sockets) for pid in {*_tree(self.pid), *cgroups.members(self.cgroup)}):
+        if any(holds_open(pid, sockets) for pid in {*_tree(self.pid), *cgroups.members(self.cgroup)}):
             self.confirmed = True
             return None
         if self._other is None or self._other[0] != frozenset(inodes):
