@@ -112,9 +112,9 @@ class GpuView:
     def save(self, path: Path) -> None:
         """Atomically: a reader in another process (`down` polling the view) sees the old view or the new one,
         never a half-written file."""
-        part = path.with_name(f".{path.name}.{os.getpid()}.part")
-        part.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        os.replace(part, path)
+        from muse_launch.run.files import replace_file
+
+        replace_file(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode(), mode=0o644)
 
     @classmethod
     def load(cls, path: Path) -> GpuView:

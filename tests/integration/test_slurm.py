@@ -93,6 +93,13 @@ def assert_nothing_left(d: Deployment, job: str) -> None:
     assert not listening(d), listening(d)
 
 
+def cancel_and_kill(d: Deployment) -> None:
+    """A test's last word, whatever it asserted: its job cancelled, anything of it still alive killed."""
+    if (d.run_dir / "slurm" / "job.json").exists():
+        subprocess.run(["scancel", job_id(d)], timeout=30)
+    d.kill_leftovers()
+
+
 def up(d: Deployment, path: Path, *extra: str) -> subprocess.CompletedProcess:
     return d.cli("up", path, "--on", "slurm", "--rehearse", "-d", "--set", READY_AFTER, *extra, timeout=180)
 
@@ -150,9 +157,7 @@ def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
         down_clean(d, job)
         assert d.status()["state"] == "stopped"
     finally:
-        if (d.run_dir / "slurm" / "job.json").exists():
-            subprocess.run(["scancel", job_id(d)], timeout=30)
-        d.kill_leftovers()
+        cancel_and_kill(d)
 
 
 def test_a_role_crashing_at_start_fails_up_and_leaves_nothing(cluster: Path, tmp_path: Path):
@@ -195,8 +200,7 @@ def test_supervisor_killed_then_down_stops_the_steps(cluster: Path, tmp_path: Pa
         assert "no supervisor was running" in out, out
         assert "router" in out and "prefill@tray0" in out
     finally:
-        subprocess.run(["scancel", job_id(d)], timeout=30)
-        d.kill_leftovers()
+        cancel_and_kill(d)
 
 
 def test_scancel_by_hand_then_status_and_down(cluster: Path, tmp_path: Path):
@@ -237,8 +241,7 @@ def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_pa
         assert smoke.returncode == 0, smoke.stdout
         down_clean(d, job)
     finally:
-        subprocess.run(["scancel", job_id(d)], timeout=30)
-        d.kill_leftovers()
+        cancel_and_kill(d)
 
 
 @pytest.mark.faults("10. a role flooding its log on SLURM: the batch supervisor caps it too")
@@ -259,9 +262,7 @@ def test_a_role_log_is_capped_on_slurm(cluster: Path, tmp_path: Path):
         assert not log.with_name("router.log.2").exists()  # keep: 1
         down_clean(d, job_id(d))
     finally:
-        if (d.run_dir / "slurm" / "job.json").exists():
-            subprocess.run(["scancel", job_id(d)], timeout=30)
-        d.kill_leftovers()
+        cancel_and_kill(d)
 
 
 def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: Path, tmp_path: Path):
@@ -280,6 +281,4 @@ def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: 
     finally:
         if up_process.poll() is None:
             up_process.kill()
-        if (d.run_dir / "slurm" / "job.json").exists():
-            subprocess.run(["scancel", job_id(d)], timeout=30)
-        d.kill_leftovers()
+        cancel_and_kill(d)
