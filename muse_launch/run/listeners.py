@@ -13,7 +13,6 @@ done only when the role's own processes do not hold the socket.
 from __future__ import annotations
 
 import ipaddress
-import os
 from dataclasses import dataclass
 from typing import Mapping
 

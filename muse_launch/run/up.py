@@ -24,13 +24,11 @@ from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.logfiles import LogCaps
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.files import open_fresh
-from muse_launch.run.logfiles import forget_rotated
+from muse_launch.run.logfiles import LogCaps, forget_rotated
+from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run import cgroups
 from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
