@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 
-
 from muse_launch.run import state as state_mod
 from muse_launch.run.state import RunDir, StateSaver, planned_record
 from test_run_state import PLAN
