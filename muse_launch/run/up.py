@@ -123,10 +123,10 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     versions = engine_versions(plan)
     policy = choose(plan, options.start, versions)
     plan = policy.plan
+    run_dir = RunDir.of(plan.name)
+    lock = DeploymentLock(run_dir)  # "already running" comes before anything about how it would start
     if policy.note:
         saying(console)(policy.note)
-    run_dir = RunDir.of(plan.name)
-    lock = DeploymentLock(run_dir)
     try:
         from muse_launch.slurm.commands import leave_slurm
 
