@@ -20,6 +20,7 @@ from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, rep
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
 from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
+from muse_launch.topology.grammar import path_part
 
 
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
@@ -39,7 +40,7 @@ class RunDir:
 
     @classmethod
     def of(cls, name: str) -> RunDir:
-        return cls(state_home() / name)
+        return cls(state_home() / path_part(name, "deployment name"))
 
     @property
     def name(self) -> str:
@@ -63,7 +64,7 @@ class RunDir:
         return self.path / "logs"
 
     def log(self, role: str) -> Path:
-        return self.logs / f"{role}.log"
+        return self.logs / f"{path_part(role, 'role name')}.log"
 
     @property
     def supervisor_log(self) -> Path:

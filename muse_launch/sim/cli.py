@@ -40,13 +40,21 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def path_part_problem(name: str) -> bool:
+    """Not one directory entry (`..`, a '/', a control character): it would leave the run directory."""
+    return name in ("", ".", "..") or "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> str | None:
     """Under muse-launch, the role's own directory in the deployment's run directory: it
     survives a SIGKILL in a place `down` and the next `up` know, never in /tmp."""
     run_dir = environ.get("MUSE_LAUNCH_RUN_DIR")
     if not run_dir:
         return None
-    return os.path.join(run_dir, "sim", environ.get("MUSE_LAUNCH_ROLE") or "engine")
+    role = environ.get("MUSE_LAUNCH_ROLE") or "engine"
+    if path_part_problem(role):
+        raise ArgvError(f"MUSE_LAUNCH_ROLE {role!r} cannot name a directory under the run directory")
+    return os.path.join(run_dir, "sim", role)
 
 
 def main(argv: list[str] | None = None) -> int:

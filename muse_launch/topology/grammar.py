@@ -12,6 +12,8 @@ import ipaddress
 import re
 from typing import Mapping, Sequence
 
+from ..errors import UsageError
+
 MAX_NAME = 63  # a DNS label; the run directory, log files and exported object names are built from names
 MAX_HOST = 253
 
@@ -152,3 +154,21 @@ def name_clashes(roles: Mapping[str, tuple[int, Sequence[str]]]) -> list[tuple[s
                 if other != role and not any(r == role and o == other for r, o, _ in out):
                     out.append((role, other, form))
     return out
+
+
+class UnsafeName(UsageError):
+    """A name that would not stay one entry of its directory (`..`, a '/', a control character)."""
+
+
+def path_part(name: str, what: str = "name") -> str:
+    """`name`, if it is one directory entry that stays where it is put: the second line of defence
+    behind the grammar, at each place a name becomes a path (run directory, logs, cgroups)."""
+    if (not name or name in (".", "..") or "/" in name or "\\" in name or one_line_problem(name)
+            or len(name.encode(errors="surrogateescape")) > 255):
+        raise UnsafeName(f"{what} {name[:80]!r} cannot be a file name: it would leave its directory or is not "
+                         f"one entry", fix="use a name of letters, digits and '-' (docs/security.md)")
+    return name
+
+
+def one_line_problem(text: str) -> bool:
+    return control_problem(text) is not None
