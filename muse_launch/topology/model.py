@@ -263,7 +263,8 @@ class Role(Strict):
 class Topology(Strict):
     version: Literal[1]
     name: Annotated[str, AfterValidator(grammar.deployment_name)] = Field(
-        pattern=NAME_PATTERN, max_length=MAX_NAME, description="deployment name (run directory, `down NAME`)")
+        json_schema_extra={"pattern": NAME_PATTERN, "maxLength": MAX_NAME},
+        description="deployment name (run directory, `down NAME`)")
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
     model: Line | None = None

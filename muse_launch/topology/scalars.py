@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from .model import Topology
 
 Path_ = tuple[str | int, ...]
-_DECIMAL = re.compile(r"[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+# A number as a reader expects it (no leading 0: YAML 1.1 reads 0755 as octal 493).
+_DECIMAL = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _NUMBER = ("int", "float")
 
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cli_run import REPO, muse
+from harness import free_ports
 
 pytestmark = [pytest.mark.integration]
 SCENARIO = "18. generated hostile files: no payload runs from any rendering, nothing written outside"
@@ -205,3 +206,17 @@ def test_the_unmutated_file_renders_and_runs(box: Box) -> None:
     calls = box.calls.read_text().split()
     assert calls.count("tool") == 2 and calls.count("sglang-router") == 2, calls  # shell and docker renderings
     assert (box.home / "fuzz" / "slurm" / "done").exists()  # the batch script ran its (stub) supervisor
+
+
+@pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
+def test_up_never_writes_outside_for_a_node_named_as_a_path(deployment, tmp_path: Path) -> None:
+    """A node named `../../../../x` (logs/ -> run dir -> home -> tmp_path): `up --rehearse` refuses the
+    file before anything starts; no log, simulated-engine directory or cgroup appears outside."""
+    before = tree(tmp_path)
+    path = deployment.write({"w": {"kind": "worker", "nodes": ["../../../../x"], "port": free_ports(1)[0]}},
+                            nodes={"../../../../x": {"address": "127.0.0.1"}})
+    result = deployment.cli("up", path, "--rehearse", "-d", timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "node name '../../../../x'" in result.stderr and "fix: rename the node" in result.stderr
+    assert tree(tmp_path) - before == {str(path)}, tree(tmp_path) - before
+    assert not deployment.alive()
