@@ -21,8 +21,9 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(text: str) -> str:
-    """`text` with every control character (CR, LF, NUL, ESC...) written as an escape: it cannot end a line."""
-    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text)
+    """`text` with each control character (CR, LF, NUL, ESC...) written as an escape: it cannot end a line."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
+                            text)
 
 
 def comment(text: str) -> str:
@@ -108,8 +109,8 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
         out.append("\n" + comment(f"wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}"))
         image = image_for(spec, profile)
         if image is None:
-            out.append(comment(f"no image ships {redact(spec.argv[0]) if spec.argv else spec.engine}: run it on "
-                               f"the host"))
+            program = redact(spec.argv[0]) if spec.argv else spec.engine
+            out.append(comment(f"no image ships {program}: run it on the host"))
             env = " ".join(assignment(k, redact(v)) for k, v in spec.env.items())
             out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
             continue

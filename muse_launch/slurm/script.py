@@ -41,15 +41,16 @@ def render_script(topology: Topology, files: SlurmFiles, python: str, rehearse: 
         *([f"#SBATCH --gres=gpu:{s.gpus_per_node}"] if s.gpus_per_node else []),
         directive(f"--output={files.batch_log}"),
         "#",
-        comment(f"muse-launch: {plan.name}{' (rehearsal)' if rehearse else ''}, {s.count} node(s) mapped role by "
-                f"role,"),
+        comment(f"muse-launch: {plan.name}{' (rehearsal)' if rehearse else ''}, {s.count} node(s) mapped "
+                f"role by role,"),
         "# the plan's machines onto the allocation's nodes in order:",
     ]
     for i, where in enumerate(s.machines, 1):
-        lines.append(comment(f"  {where} -> allocated node {i}: {', '.join(s.by_machine[where]) or 'nothing'}"))
+        roles = ", ".join(s.by_machine[where]) or "nothing"
+        lines.append(comment(f"  {where} -> allocated node {i}: {roles}"))
     for where in s.shared:
-        lines.append(comment(f"  {where}: its roles share GPUs, so each step there gets the node's GPUs and keeps "
-                             f"the plan's"))
+        lines.append(comment(f"  {where}: its roles share GPUs, so each step there gets the node's GPUs and "
+                             f"keeps the plan's"))
     died = (f"muse-launch: the supervisor died (exit $code); the roles stay up for "
             f"`muse-launch down {one_line(plan.name)}`")
     lines += [
@@ -73,7 +74,7 @@ def directive(option: str) -> str:
     state directory, from MUSE_LAUNCH_HOME, could)."""
     if one_line(option) != option:
         raise UsageError(f"cannot write #SBATCH {one_line(option)}: it holds a control character",
-                         fix="point MUSE_LAUNCH_HOME at a directory whose path holds no newline or control character")
+                         fix="point MUSE_LAUNCH_HOME at a directory whose path holds no control character")
     return f"#SBATCH {option}"
 
 

@@ -42,7 +42,7 @@ def role_name(name: str) -> str:
 def node_name(name: str) -> str:
     if not NODE_NAME.fullmatch(name):
         raise Refused(f"node name {name!r}: a node is named with lowercase letters, digits and '-', not "
-                      f"starting or ending with '-' (it is part of each instance's name, log file and cgroup)",
+                      f"starting or ending with '-' (part of each instance's name, log file and cgroup)",
                       f"rename the node, e.g. {suggest(name, 'node')!r}; its address goes in nodes: "
                       f"{{NAME: {{address: ...}}}}")
     if len(name) > MAX_NAME:
@@ -165,8 +165,8 @@ def path_part(name: str, what: str = "name") -> str:
     behind the grammar, at each place a name becomes a path (run directory, logs, cgroups)."""
     if (not name or name in (".", "..") or "/" in name or "\\" in name or one_line_problem(name)
             or len(name.encode(errors="surrogateescape")) > 255):
-        raise UnsafeName(f"{what} {name[:80]!r} cannot be a file name: it would leave its directory or is not "
-                         f"one entry", fix="use a name of letters, digits and '-' (docs/security.md)")
+        raise UnsafeName(f"{what} {name[:80]!r} cannot be a file name: it would leave its directory or is "
+                         f"not one entry", fix="use a name of letters, digits and '-' (docs/security.md)")
     return name
 
 

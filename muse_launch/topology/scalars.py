@@ -21,7 +21,8 @@ from .model import Topology
 
 Path_ = tuple[str | int, ...]
 # A number as a reader expects it (no leading 0: YAML 1.1 reads 0755 as octal 493).
-_DECIMAL = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+_DECIMAL = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"
+                      r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _NUMBER = ("int", "float")
 
 
@@ -128,5 +129,9 @@ def _leaf(annotation: Any) -> set[str]:
     if annotation is Any:
         return {"any"}
     if typing.get_origin(annotation) is typing.Literal:
-        return {{bool: "bool", int: "int", str: "str"}.get(type(v), "any") for v in typing.get_args(annotation)}
-    return {str: {"str"}, bool: {"bool"}, int: {"int"}, float: {"float"}, type(None): {"none"}}.get(annotation, set())
+        return {_LITERAL_KINDS.get(type(v), "any") for v in typing.get_args(annotation)}
+    return _KINDS.get(annotation, set())
+
+
+_LITERAL_KINDS = {bool: "bool", int: "int", str: "str"}
+_KINDS = {str: {"str"}, bool: {"bool"}, int: {"int"}, float: {"float"}, type(None): {"none"}}

@@ -31,33 +31,39 @@ SCENARIO = "18. generated hostile files: no payload runs from any rendering, not
 EXAMPLES = int(os.environ.get("MUSE_LAUNCH_FUZZ_EXAMPLES", "150"))
 PAYLOADS = ["$(pwned)", "`pwned`", ";pwned;", "\npwned\n", "\rpwned\r\n", "|pwned", "&&pwned", "'$(pwned)'",
             "\"$(pwned)\"", "${IFS}pwned", "\n#\npwned", "\u2028pwned", "\x1b]0;pwned\x07", "$'\\npwned'"]
-PIECES = ["'", '"', "\\", "$", "`", "$HOME", "*", "?", "~", "!", "#", "{", "}", "(", ")", "<", ">", "&", "|", ";",
-          " ", "\t", "\n", "\r", "\x00", "\x7f", "../", "..", "/", ".", "-", "--x", "@", ":", "=", ",", "%", "a",
+PIECES = ["'", '"', "\\", "$", "`", "$HOME", "*", "?", "~", "!", "#", "{", "}", "(", ")", "<", ">", "&", "|",
+          ";", " ", "\t", "\n", "\r", "\x00", "\x7f", "../", "..", "/", ".", "-", "--x", "@", ":", "=", ",",
+          "%", "a",
           "Z", "0", "_", "yes", "on", "0755", "null", "~", "127.0.0.1", "n0", "router", "\u00e9"]
 HOSTILE = st.lists(st.sampled_from(PIECES + PAYLOADS), min_size=1, max_size=6).map("".join)
 
 BASE: dict[str, Any] = {
-    "version": 1, "name": "fuzz", "description": "d", "hardware": "cpu", "host": "10.0.0.1", "model": "org/model",
+    "version": 1, "name": "fuzz", "description": "d", "hardware": "cpu", "host": "10.0.0.1",
+    "model": "org/model",
     "env": {"TOP": "v"}, "args": ["--top-x", "x"],
     "nodes": {"n0": {"address": "10.0.0.1"}, "n1": {"address": "10.0.0.2"}},
     "roles": {
-        "prefill": {"kind": "prefill", "port": 30001, "nodes": ["n0"], "env": {"P": "v"}, "args": ["--p-x", "x"],
-                    "transfer_backend": "mooncake"},
-        "decode": {"kind": "decode", "port": 30002, "nodes": ["n1"], "env": {"D": "v"}, "kv_cache_dtype": "auto"},
+        "prefill": {"kind": "prefill", "port": 30001, "nodes": ["n0"], "env": {"P": "v"},
+                    "args": ["--p-x", "x"], "transfer_backend": "mooncake"},
+        "decode": {"kind": "decode", "port": 30002, "nodes": ["n1"], "env": {"D": "v"},
+                   "kv_cache_dtype": "auto"},
         "router": {"kind": "router", "port": 8000, "prefill": ["prefill"], "decode": ["decode"],
                    "ready": {"http": "/health"}},
-        "tool": {"kind": "command", "command": ["tool", "--flag", "x"], "port": 30100, "ready": {"log": "ready"},
-                 "env": {"T": "v"}, "after": ["router"], "stop": {"signal": "SIGTERM"}, "gpus": "0"},
+        "tool": {"kind": "command", "command": ["tool", "--flag", "x"], "port": 30100,
+                 "ready": {"log": "ready"}, "env": {"T": "v"}, "after": ["router"],
+                 "stop": {"signal": "SIGTERM"}, "gpus": "0"},
     },
 }
 # Every string of BASE, and the names: the value there is replaced by a generated string.
 FIELDS = [("name",), ("description",), ("host",), ("model",), ("env", "TOP"), ("args", 1),
           ("nodes", "n0", "address"), ("nodes", "n1", "address"),
           ("roles", "prefill", "env", "P"), ("roles", "prefill", "args", 0), ("roles", "prefill", "args", 1),
-          ("roles", "prefill", "transfer_backend"), ("roles", "prefill", "model"), ("roles", "decode", "host"),
-          ("roles", "decode", "kv_cache_dtype"), ("roles", "decode", "bind"), ("roles", "router", "ready", "http"),
+          ("roles", "prefill", "transfer_backend"), ("roles", "prefill", "model"),
+          ("roles", "decode", "host"), ("roles", "decode", "kv_cache_dtype"), ("roles", "decode", "bind"),
+          ("roles", "router", "ready", "http"),
           ("roles", "router", "host"), ("roles", "tool", "command", 0), ("roles", "tool", "command", 2),
-          ("roles", "tool", "ready", "log"), ("roles", "tool", "stop", "signal"), ("roles", "tool", "env", "T"),
+          ("roles", "tool", "ready", "log"), ("roles", "tool", "stop", "signal"),
+          ("roles", "tool", "env", "T"),
           ("roles", "tool", "gpus"), ("roles", "tool", "after", 0), ("roles", "prefill", "nodes", 0)]
 # Where any text is fine (the runtime passes it on as it is): most generated files get that far.
 FREE_TEXT = [("description",), ("env", "TOP"), ("args", 1), ("roles", "prefill", "env", "P"),
@@ -103,7 +109,8 @@ class Box:
                              ': > "$2/slurm/done"; shift; done\n')
         # Every other program: a no-op that notes its name (BASH_ENV runs this in the script's shell).
         self.shim = root / "shim.sh"
-        self.shim.write_text(f'command_not_found_handle() {{ printf "%q\\n" "$1" >> {self.calls}; return 0; }}\n')
+        self.shim.write_text(f'command_not_found_handle() {{ printf "%q\\n" "$1" >> {self.calls}; '
+                             f'return 0; }}\n')
         self.env = {"PATH": os.environ["PATH"], "MUSE_LAUNCH_HOME": str(self.home), "HOME": str(self.work),
                     "MUSE_LAUNCH_CGROUPS": "0", "HF_HUB_OFFLINE": "1"}
         self.count = 0
@@ -155,8 +162,8 @@ def tree(root: Path) -> set[str]:
 
 
 def git_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO,
+                          capture_output=True, text=True).stdout
 
 
 @pytest.fixture
@@ -166,8 +173,8 @@ def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Box:
 
     import muse_launch.checks.versions as versions
 
-    monkeypatch.setattr(slurm_up, "default_python", lambda: str(box.stubs / "python"))  # the script's supervisor
-    # What `plan` says is installed here comes from the host, not the file: a hostile one (and no ~0.3 s probe).
+    monkeypatch.setattr(slurm_up, "default_python", lambda: str(box.stubs / "python"))  # the batch supervisor
+    # What `plan` says is installed here comes from the host, not the file: a hostile one (no ~0.3 s probe).
     monkeypatch.setattr(versions, "installed_here", lambda *a: "installed here: sglang 1\n$(pwned)\n`pwned`")
     return box
 
@@ -191,10 +198,11 @@ def test_generated_hostile_files_never_run_a_payload(box: Box, tmp_path: Path, r
           f"{outcomes['refused']} refused; {elapsed:.1f} s")
     assert not box.canary.exists()
     assert {p.name for p in tmp_path.iterdir()} == {"box"}, "written beside the test's directory"
-    outside = {p for p in tree(box.root) if not p.startswith(tuple(str(d) for d in (box.home, box.work, box.out,
-                                                                                   box.stubs)))}
-    assert {Path(p).name for p in outside} <= {"canary", "calls", "shim.sh", "script.sh", "home", "work", "stubs",
-                                               "out", *(f"t{i}.yaml" for i in range(8))}, outside
+    inside = tuple(str(d) for d in (box.home, box.work, box.out, box.stubs))
+    outside = {Path(p).name for p in tree(box.root) if not p.startswith(inside)}
+    expected = {"calls", "shim.sh", "script.sh", "home", "work", "stubs", "out",
+                *(f"t{i}.yaml" for i in range(8))}
+    assert outside <= expected, outside
     assert git_status() == before_repo, "written into the repository"
     assert outcomes["rendered"] >= EXAMPLES // 10, outcomes  # enough files pass to exercise the renderers
 
@@ -204,7 +212,7 @@ def test_the_unmutated_file_renders_and_runs(box: Box) -> None:
     """The generator's base file passes and renders everything: the fuzz's scripts really run."""
     assert render_everything(box, copy.deepcopy(BASE)) == "rendered"
     calls = box.calls.read_text().split()
-    assert calls.count("tool") == 2 and calls.count("sglang-router") == 2, calls  # shell and docker renderings
+    assert calls.count("tool") == 2 and calls.count("sglang-router") == 2, calls  # shell and docker
     assert (box.home / "fuzz" / "slurm" / "done").exists()  # the batch script ran its (stub) supervisor
 
 

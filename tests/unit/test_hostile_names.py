@@ -83,8 +83,10 @@ def _role_named(data: dict, name: str) -> dict:
 
 
 HOSTILE_FILES = {
-    "env-key-substitution": (lambda d: (d["roles"]["app"].setdefault("env", {}).update({"A$(touch F)": "x"}), d)[1],
-                             ("roles", "app", "env", "A$(touch F)"), "roles.app.env.'A$(touch F)'", "environment name"),
+    "env-key-substitution": (lambda d: (d["roles"]["app"].setdefault("env", {}).update({"A$(touch F)": "x"}),
+                                        d)[1],
+                             ("roles", "app", "env", "A$(touch F)"), "roles.app.env.'A$(touch F)'",
+                             "environment name"),
     "env-key-semicolons": (lambda d: (d.setdefault("env", {}).update({"B;touch F;C": "y"}), d)[1],
                            ("env", "B;touch F;C"), "env.'B;touch F;C'", "environment name"),
     "host-newline": (lambda d: _with_host(d, "10.0.0.1\ntouch F"), ("host",), "host",
@@ -97,8 +99,8 @@ HOSTILE_FILES = {
                                   "role name"),
     "deployment-name-newline": (lambda d: (d.update(name="x\ntouch F"), d)[1], ("name",), "name",
                                 "deployment name"),
-    "role-bind-command": (lambda d: (d["roles"]["app"].update(bind="$(touch F)"), d)[1], ("roles", "app", "bind"),
-                          "roles.app.bind", "not an IP address or a host name"),
+    "role-bind-command": (lambda d: (d["roles"]["app"].update(bind="$(touch F)"), d)[1],
+                          ("roles", "app", "bind"), "roles.app.bind", "not an IP address or a host name"),
 }
 
 
@@ -181,7 +183,8 @@ def test_a_node_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> Non
 
 @pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
 @pytest.mark.parametrize("name", ["../x", "..", ".", "a/b", "", "x\0y"])
-def test_paths_built_from_names_stay_inside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def test_paths_built_from_names_stay_inside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            name: str) -> None:
     """The second line of defence, where names become paths: one directory entry or refused."""
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     run_dir = RunDir(tmp_path / "home" / "d")
@@ -203,11 +206,13 @@ def test_paths_built_from_names_stay_inside(tmp_path: Path, monkeypatch: pytest.
     ({"w": {"nodes": ["n1"]}, "w-n1": {}}, "w", "w-n1"),
     ({"w-0": {}, "w": {"replicas": 3}}, "w-0", "w-0"),
 ])
-def test_roles_whose_generated_names_meet_are_refused(tmp_path: Path, second: dict, other: str, name: str) -> None:
+def test_roles_whose_generated_names_meet_are_refused(tmp_path: Path, second: dict, other: str,
+                                                     name: str) -> None:
     data = base()
     data["roles"] = {}
     for i, (role, extra) in enumerate(second.items()):
-        data["roles"][role] = {"kind": "command", "command": ["sleep", "1000"], "port": 31000 + 10 * i, **extra}
+        data["roles"][role] = {"kind": "command", "command": ["sleep", "1000"], "port": 31000 + 10 * i,
+                               **extra}
     path = write(tmp_path, data)
     result = cli(tmp_path, "validate", path)
     assert result.returncode == 2, result.stdout + result.stderr
@@ -245,13 +250,15 @@ roles:
 def test_yaml_11_text_is_kept_as_written(tmp_path: Path) -> None:
     path = write(tmp_path, YAML11)
     assert cli(tmp_path, "validate", "--strict", path).returncode == 0
-    spec = json.loads(cli(tmp_path, "plan", path, "--format", "json", "--set", "roles.app.env.H=off").stdout)["roles"][0]
-    assert spec["argv"] == ["sleep", "1000", "on", "0755", "1.10", "12:30", "0x10", "NO", "2024-01-01", "1_000",
-                            ".inf"]
+    ran = cli(tmp_path, "plan", path, "--format", "json", "--set", "roles.app.env.H=off")
+    spec = json.loads(ran.stdout)["roles"][0]
+    assert spec["argv"] == ["sleep", "1000", "on", "0755", "1.10", "12:30", "0x10", "NO", "2024-01-01",
+                            "1_000", ".inf"]
     assert spec["env"] == {"A": "on", "B": "0755", "C": "1.10", "D": "12:30", "E": "0x10", "F": "yes",
                            "G": "2024-01-01", "on": "off", "H": "off"}
     assert spec["restart"]["policy"] == "no"
-    again = cli(tmp_path, "plan", path, "--format", "json", "--set", "roles.app.command=[sleep, yes, 0o17, 1e3]")
+    again = cli(tmp_path, "plan", path, "--format", "json",
+                "--set", "roles.app.command=[sleep, yes, 0o17, 1e3]")
     assert json.loads(again.stdout)["roles"][0]["argv"] == ["sleep", "yes", "0o17", "1e3"]
 
 
@@ -263,7 +270,8 @@ def test_yaml_11_text_is_kept_as_written(tmp_path: Path) -> None:
     ("port: 30000", "port: 500:00", "roles.app.port", "YAML 1.1 reads '500:00' as 30000"),
     ("port: 30000", "port: 30000\n    replicas: on", "roles.app.replicas", "'on' is a boolean"),
     ("port: 30000", "port: 30000\n    stop: {grace: yes}", "roles.app.stop.grace", "'yes' is a boolean"),
-    ("port: 30000", "port: 30000\n    ready: {tcp: 1}", "roles.app.ready.tcp", "'1' is a number, not true or false"),
+    ("port: 30000", "port: 30000\n    ready: {tcp: 1}", "roles.app.ready.tcp",
+     "'1' is a number, not true or false"),
     ("version: 1", "version: true", "version", "'true' is a boolean"),
     ("D: 12:30,", "D: ~,", "roles.app.env.D", "'~' is null in YAML"),
 ])
@@ -279,4 +287,5 @@ def test_yaml_11_never_makes_a_number(tmp_path: Path, old: str, new: str, key: s
 def test_a_set_value_is_held_to_the_same_rule(tmp_path: Path) -> None:
     path = write(tmp_path, YAML11)
     result = cli(tmp_path, "validate", path, "--set", "roles.app.port=yes")
-    assert result.returncode == 2 and "--set roles.app.port: 'yes' is a boolean" in result.stderr, result.stderr
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--set roles.app.port: 'yes' is a boolean" in result.stderr, result.stderr
