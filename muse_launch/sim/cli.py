@@ -64,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = unknown + engine_args
     try:
         cfg = parse_engine_args(ns.engine, engine_args)
+        state_dir = ns.state_dir or default_state_dir()
     except ArgvError as e:
         print(f"usage error: {e}", file=sys.stderr, flush=True)
         return 2
     from .server import SimEngine, serve  # aiohttp import only when actually serving
     engine = SimEngine(cfg, ready_after=ns.ready_after,
-                       state_dir=ns.state_dir or default_state_dir(),
+                       state_dir=state_dir,
                        kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)
     errs = startup_errors(cfg)
     if errs:

@@ -5,7 +5,7 @@ rbg); each shell rendering passes `bash -n` and is then run for real, every prog
 scratch directory: the payload (a program `pwned` that touches a canary file, reached only by breaking
 out of a quote or a comment) never runs, and nothing is written outside the test's directory.
 
-MUSE_LAUNCH_FUZZ_EXAMPLES sets how many files are generated (default 150).
+MUSE_LAUNCH_FUZZ_EXAMPLES sets how many files are generated (default 200).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from harness import free_ports
 pytestmark = [pytest.mark.integration]
 SCENARIO = "18. generated hostile files: no payload runs from any rendering, nothing written outside"
 
-EXAMPLES = int(os.environ.get("MUSE_LAUNCH_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MUSE_LAUNCH_FUZZ_EXAMPLES", "200"))
 PAYLOADS = ["$(pwned)", "`pwned`", ";pwned;", "\npwned\n", "\rpwned\r\n", "|pwned", "&&pwned", "'$(pwned)'",
             "\"$(pwned)\"", "${IFS}pwned", "\n#\npwned", "\u2028pwned", "\x1b]0;pwned\x07", "$'\\npwned'"]
 PIECES = ["'", '"', "\\", "$", "`", "$HOME", "*", "?", "~", "!", "#", "{", "}", "(", ")", "<", ">", "&", "|",

@@ -17,6 +17,7 @@ from muse_launch.plan.build import PlanError, build_plan
 from muse_launch.render_text import comment, plan_docker, plan_shell
 from muse_launch.run import cgroups
 from muse_launch.run.state import RunDir
+from muse_launch.sim.config import ArgvError
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.slurm.script import render_script
 from muse_launch.topology.grammar import UnsafeName
@@ -289,3 +290,14 @@ def test_a_set_value_is_held_to_the_same_rule(tmp_path: Path) -> None:
     result = cli(tmp_path, "validate", path, "--set", "roles.app.port=yes")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--set roles.app.port: 'yes' is a boolean" in result.stderr, result.stderr
+
+
+@pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
+@pytest.mark.parametrize("role", ["../x", "..", "a/b", "x\n"])
+def test_the_simulated_engine_keeps_its_state_in_the_run_directory(tmp_path: Path, role: str) -> None:
+    from muse_launch.sim.cli import default_state_dir
+
+    environ = {"MUSE_LAUNCH_RUN_DIR": str(tmp_path / "run"), "MUSE_LAUNCH_ROLE": role}
+    with pytest.raises(ArgvError, match="cannot name a directory under the run directory"):
+        default_state_dir(environ)
+    assert default_state_dir({**environ, "MUSE_LAUNCH_ROLE": "w@n1"}) == str(tmp_path / "run" / "sim" / "w@n1")
