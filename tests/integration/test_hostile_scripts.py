@@ -5,7 +5,7 @@ rbg); each shell rendering passes `bash -n` and is then run for real, every prog
 scratch directory: the payload (a program `pwned` that touches a canary file, reached only by breaking
 out of a quote or a comment) never runs, and nothing is written outside the test's directory.
 
-MUSE_LAUNCH_FUZZ_EXAMPLES sets how many files are generated (default 200).
+MUSE_LAUNCH_FUZZ_EXAMPLES sets how many files are generated (default 150).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from harness import free_ports
 pytestmark = [pytest.mark.integration]
 SCENARIO = "18. generated hostile files: no payload runs from any rendering, nothing written outside"
 
-EXAMPLES = int(os.environ.get("MUSE_LAUNCH_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("MUSE_LAUNCH_FUZZ_EXAMPLES", "150"))
 PAYLOADS = ["$(pwned)", "`pwned`", ";pwned;", "\npwned\n", "\rpwned\r\n", "|pwned", "&&pwned", "'$(pwned)'",
             "\"$(pwned)\"", "${IFS}pwned", "\n#\npwned", "\u2028pwned", "\x1b]0;pwned\x07", "$'\\npwned'"]
 PIECES = ["'", '"', "\\", "$", "`", "$HOME", "*", "?", "~", "!", "#", "{", "}", "(", ")", "<", ">", "&", "|",
@@ -38,13 +38,13 @@ PIECES = ["'", '"', "\\", "$", "`", "$HOME", "*", "?", "~", "!", "#", "{", "}", 
 HOSTILE = st.lists(st.sampled_from(PIECES + PAYLOADS), min_size=1, max_size=6).map("".join)
 
 BASE: dict[str, Any] = {
-    "version": 1, "name": "fuzz", "description": "d", "hardware": "cpu", "host": "10.0.0.1",
+    "version": 1, "name": "fuzz", "description": "d", "hardware": "xeon", "host": "10.0.0.1",
     "model": "org/model",
     "env": {"TOP": "v"}, "args": ["--top-x", "x"],
     "nodes": {"n0": {"address": "10.0.0.1"}, "n1": {"address": "10.0.0.2"}},
     "roles": {
         "prefill": {"kind": "prefill", "port": 30001, "nodes": ["n0"], "env": {"P": "v"},
-                    "args": ["--p-x", "x"], "transfer_backend": "mooncake"},
+                    "args": ["--p-x", "x"], "transfer_backend": "mooncake", "launcher": ["sglang", "serve"]},
         "decode": {"kind": "decode", "port": 30002, "nodes": ["n1"], "env": {"D": "v"},
                    "kv_cache_dtype": "auto"},
         "router": {"kind": "router", "port": 8000, "prefill": ["prefill"], "decode": ["decode"],
@@ -59,6 +59,7 @@ FIELDS = [("name",), ("description",), ("host",), ("model",), ("env", "TOP"), ("
           ("nodes", "n0", "address"), ("nodes", "n1", "address"),
           ("roles", "prefill", "env", "P"), ("roles", "prefill", "args", 0), ("roles", "prefill", "args", 1),
           ("roles", "prefill", "transfer_backend"), ("roles", "prefill", "model"),
+          ("roles", "prefill", "launcher", 0), ("roles", "prefill", "launcher", 1),
           ("roles", "decode", "host"), ("roles", "decode", "kv_cache_dtype"), ("roles", "decode", "bind"),
           ("roles", "router", "ready", "http"),
           ("roles", "router", "host"), ("roles", "tool", "command", 0), ("roles", "tool", "command", 2),
@@ -67,7 +68,8 @@ FIELDS = [("name",), ("description",), ("host",), ("model",), ("env", "TOP"), ("
           ("roles", "tool", "gpus"), ("roles", "tool", "after", 0), ("roles", "prefill", "nodes", 0)]
 # Where any text is fine (the runtime passes it on as it is): most generated files get that far.
 FREE_TEXT = [("description",), ("env", "TOP"), ("args", 1), ("roles", "prefill", "env", "P"),
-             ("roles", "prefill", "args", 1), ("roles", "tool", "command", 2), ("roles", "tool", "env", "T")]
+             ("roles", "prefill", "args", 1), ("roles", "tool", "command", 2), ("roles", "tool", "env", "T"),
+             ("roles", "prefill", "launcher", 0)]
 RENAMES = ["role", "node", "env key", "role env key"]
 
 
@@ -212,7 +214,7 @@ def test_the_unmutated_file_renders_and_runs(box: Box) -> None:
     """The generator's base file passes and renders everything: the fuzz's scripts really run."""
     assert render_everything(box, copy.deepcopy(BASE)) == "rendered"
     calls = box.calls.read_text().split()
-    assert calls.count("tool") == 2 and calls.count("sglang-router") == 2, calls  # shell and docker
+    assert calls.count("tool") == 2 and calls.count("docker") == 3, calls  # shell and docker (tool on the host)
     assert (box.home / "fuzz" / "slurm" / "done").exists()  # the batch script ran its (stub) supervisor
 
 
