@@ -370,7 +370,10 @@ def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRec
     records = []
     for path in sorted(home.iterdir()) if home.is_dir() else []:
         try:
-            records.append(read_state(RunDir(path)))
+            record = read_state(RunDir(path))
+            if record is not None and record.name != path.name:  # never a path to another directory
+                raise StateDamaged(RunDir(path), f"it names the deployment {record.name[:80]!r}, not {path.name!r}")
+            records.append(record)
         except StateDamaged as exc:
             if damaged is not None:
                 damaged.append(exc)

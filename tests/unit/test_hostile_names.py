@@ -301,3 +301,23 @@ def test_the_simulated_engine_keeps_its_state_in_the_run_directory(tmp_path: Pat
     with pytest.raises(ArgvError, match="cannot name a directory under the run directory"):
         default_state_dir(environ)
     assert default_state_dir({**environ, "MUSE_LAUNCH_ROLE": "w@n1"}) == str(tmp_path / "run" / "sim" / "w@n1")
+
+
+@pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
+def test_a_state_naming_another_directory_is_damaged_not_followed(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state.json read back names its deployment `../x`: `ls` lists the others and reports it damaged."""
+    from muse_launch.plan.spec import LaunchSpec, Plan
+    from muse_launch.run.state import deployments, planned_record, write_state
+
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
+    plan = Plan("good", (LaunchSpec(name="app", role="app", kind="command", engine="command", launcher=("a",),
+                                    args=()),), (("app",),))
+    write_state(RunDir.of("good"), planned_record(plan, "good.yaml", str))
+    write_state(RunDir.of("bad"), planned_record(replace(plan, name="../x"), "bad.yaml", str))
+    damaged: list = []
+    assert [r.name for r in deployments(damaged)] == ["good"]
+    assert [d.run_dir.name for d in damaged] == ["bad"] and "'../x', not 'bad'" in str(damaged[0])
+    result = cli(tmp_path, "ls")
+    assert result.returncode == 0 and "state damaged" in result.stdout, result.stdout + result.stderr
+    assert "it names the deployment '../x', not 'bad'" in result.stderr
