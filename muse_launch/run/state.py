@@ -278,16 +278,18 @@ class StateDamaged(RuntimeFailure):
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
+    from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_bounded_json
+
     try:
-        text = read_nofollow(run_dir.state_file, root=run_dir.home).decode()
+        data = read_nofollow(run_dir.state_file, root=run_dir.home, limit=MAX_STATE_BYTES + 1)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
-    try:
-        return DeploymentRecord.from_json(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
+    try:  # untrusted: bounded, then every field checked (run/state_schema.py)
+        return DeploymentRecord.from_json(check_state(load_bounded_json(data), run_dir.name, str(run_dir.path)))
+    except Damaged as exc:
+        raise StateDamaged(run_dir, str(exc)) from None
 
 
 # The lock cannot be made or opened for writing: a read-only or full run directory, or a link planted there.
@@ -311,7 +313,10 @@ class DeploymentLock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            record = read_state(run_dir)
+            try:
+                record = read_state(run_dir)
+            except StateDamaged:  # still running: that is what to say
+                record = None
             holder = f" (supervisor pid {record.supervisor.pid})" if record and record.supervisor else ""
             raise RuntimeFailure(
                 f"deployment {run_dir.name!r} is already running{holder}; "
