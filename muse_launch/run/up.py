@@ -332,15 +332,16 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
                                      saying(console))
             received = _handle_signals(sup)
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-            os.write(pipe, f"pid {os.getpid()}\n".encode())
+            pipe = _tell(pipe, f"pid {os.getpid()}\n")
             outcome = sup.start()
             if outcome is Outcome.READY:
-                os.write(pipe, b"ready\n")
-                os.close(pipe)
-                pipe = -1
+                pipe = _tell(pipe, "ready\n")
+                if pipe >= 0:
+                    os.close(pipe)
+                    pipe = -1
                 outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
             elif outcome is Outcome.RELEASED:
-                os.write(pipe, b"released\n")  # `up` says `down` stopped it, not that it went away
+                pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)
             sup.close()
             return code
@@ -353,6 +354,40 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
             os.close(pipe)
 
 
+def _tell(pipe: int, message: str) -> int:
+    """One message to the waiting `up`; -1 once it is gone (killed, its terminal closed): the supervisor
+    carries on without it, never writing to it again (EPIPE, not a crash)."""
+    if pipe < 0:
+        return pipe
+    try:
+        os.write(pipe, message.encode())
+        return pipe
+    except OSError:
+        os.close(pipe)
+        return -1
+
+
+def _say_left_running(say: Callable[[str], None], record: DeploymentRecord, supervisor_pid: list[int],
+                      signum: int) -> None:
+    """What an `up -d` interrupted while it waited leaves behind: the detached supervisor starts on."""
+    pid = supervisor_pid[0] if supervisor_pid else record.supervisor.pid if record.supervisor else None
+    starting = ", ".join(r.name for r in record.roles if r.state is not RoleState.READY) or "none"
+    try:
+        say(f"{signal.Signals(signum).name}: stopped waiting; deployment {record.name} is left running: its "
+            f"supervisor{f' (pid {pid})' if pid else ''} goes on starting it (not ready yet: {starting})")
+        say(f"`{invoked_as()} status {record.name}` shows it, `{invoked_as()} down {record.name}` stops it")
+    except OSError:  # the terminal is gone (SIGHUP): nobody to tell
+        _lose_terminal()
+
+
+def _lose_terminal() -> None:
+    """stdout and stderr to /dev/null: a flush at exit must not fail on the terminal that closed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord,
                     redact: Callable[[str], str]) -> int:
     """Show the detached supervisor's progress from state.json until it says ready or goes away."""
@@ -362,23 +397,28 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
     supervisor_pid: list[int] = []
     interrupted: list[int] = []
 
-    def forward(signum: int, frame) -> None:  # Ctrl-C here stops the detached start-up
+    def leave(signum: int, frame) -> None:  # Ctrl-C, kill, a closed terminal: this `up` stops waiting, no more
         interrupted.append(signum)
-        if supervisor_pid:
-            os.kill(supervisor_pid[0], signal.SIGINT)
 
-    signal.signal(signal.SIGINT, forward)
-    with progress:
-        while True:
-            readable, _, _ = select.select([pipe], [], [], 0.1)
-            progress.update(read_state(run_dir) or record)
-            if not readable:
-                continue
-            chunk = os.read(pipe, 4096)
-            messages += chunk
-            supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n") if line.startswith(b"pid ")]
-            if not chunk or b"ready\n" in messages or b"released\n" in messages:
-                break
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+    try:
+        with progress:
+            while not interrupted:
+                readable, _, _ = select.select([pipe], [], [], 0.1)
+                progress.update(read_state(run_dir) or record)
+                if not readable:
+                    continue
+                chunk = os.read(pipe, 4096)
+                messages += chunk
+                supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n")
+                                     if line.startswith(b"pid ")]
+                if not chunk or b"ready\n" in messages or b"released\n" in messages:
+                    break
+    except OSError:  # the terminal went away (EIO) as its SIGHUP came: nobody to draw progress for
+        if not interrupted:
+            raise
+        _lose_terminal()
     os.close(pipe)
     final = read_state(run_dir) or record
     say = _redacting(saying(console), redact)
@@ -386,7 +426,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
         _say_ready(console, final, time.monotonic() - started, detached=True)
         return 0
     if interrupted:
-        say(f"{final.name}: stopped")
+        _say_left_running(say, final, supervisor_pid, interrupted[0])
         return 128 + interrupted[0]
     if b"released\n" in messages:
         say(f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started")
