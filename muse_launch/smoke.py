@@ -8,12 +8,13 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import httpx
+
+from muse_launch.printable import one_line
 
 if TYPE_CHECKING:
     from muse_launch.run.state import DeploymentRecord
@@ -193,16 +194,6 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
     detail = problem or (f"{calls[0]['function']['name']}({calls[0]['function']['arguments']})" if ok
                          else f"no tool call (finish_reason {choice.get('finish_reason')!r})")
     return SmokeResult("tool call", ok, detail, total=total)
-
-
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def one_line(text: str) -> str:
-    """A model's answer or a server's error body as one printable line: whitespace runs become one space, other
-    control characters (a terminal escape sequence, a NUL) are shown escaped, never sent to the terminal."""
-    text = " ".join(text.replace("\x0b", " ").replace("\x0c", " ").split())
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
 
 
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:

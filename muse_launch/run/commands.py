@@ -187,6 +187,8 @@ def logs(
     roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
+    raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
+                             "carriage returns reach the terminal (shown escaped by default)"),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
@@ -208,7 +210,7 @@ def logs(
         raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
     chosen = roles or known
     console = _console()
-    printer = RolePrinter(console.file, chosen, colour=console.is_terminal)
+    printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw)
     follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
     for role in chosen:
         for text in last_lines(run_dir.log(role), lines):

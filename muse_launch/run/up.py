@@ -19,6 +19,7 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.printable import escaped
 from muse_launch.run import cgroups
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
@@ -263,7 +264,7 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
         lines = [str(exc)]
     say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
     for line in lines:
-        say(f"  {failed.name} | {line}")
+        say(f"  {failed.name} | {escaped(line)}")
     for line in explain_addresses("\n".join([failed.reason or "", *lines]), record, unknown_only=True):
         say(f"note: {line}")
 
