@@ -7,13 +7,13 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import httpx
 
+from muse_launch.bounded_json import load_answer
 from muse_launch.printable import one_line
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def served_models(client: httpx.Client, base: str) -> list[str]:
     """The model ids the router lists, in its order (raises httpx.HTTPError, ValueError, KeyError)."""
     response = client.get(f"{base}/v1/models")
     response.raise_for_status()
-    return [str(m["id"]) for m in response.json()["data"]]
+    return [str(m["id"]) for m in load_answer(response.content)["data"]]
 
 
 def _named(listed: list[str]) -> list[str]:
@@ -114,7 +114,7 @@ def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = json.loads(data)
+            chunk = load_answer(data)
             if "error" in chunk:
                 return SmokeResult("chat", False, f"error in stream: {chunk['error']}", total=time.perf_counter() - start)
             for choice in chunk.get("choices", []):
@@ -139,7 +139,7 @@ def chat_once(client: httpx.Client, base: str, body: dict) -> tuple[dict | None,
     total = time.perf_counter() - start
     if response.status_code != 200:
         return None, total, f"HTTP {response.status_code}: {response.text[:300]}"
-    return response.json(), total, ""
+    return load_answer(response.content), total, ""
 
 
 REQUEST_ERRORS = (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError)  # gone, or not OpenAI's shape

@@ -37,6 +37,10 @@ def export(path: str | Path, out: Path, flavour: str = "lws", namespace: str = "
     done = build(path, flavour, namespace, images, sets)
     if done.problems:
         return done
+    if out.exists() and not out.is_dir() or out.is_symlink() and not out.exists():
+        raise ExportError(f"{out}: is {'a link to nothing' if out.is_symlink() and not out.exists() else 'a file'}, "
+                          "not a directory (-o names the directory the manifests go into)",
+                          fix="give -o a new or an empty directory")
     out.mkdir(parents=True, exist_ok=True)
     stale = sorted(p.name for p in out.iterdir() if p.suffix in (".yaml", ".yml")) if out.is_dir() else []
     ours = {f.path for f in done.files}

@@ -26,7 +26,15 @@ WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
 def state_home() -> Path:
-    return Path(os.environ.get("MUSE_LAUNCH_HOME") or Path.home() / ".local" / "state" / "muse-launch")
+    """MUSE_LAUNCH_HOME, else ~/.local/state/muse-launch: a directory, or nothing yet (made on the first `up`)."""
+    given = os.environ.get("MUSE_LAUNCH_HOME")
+    home = Path(given or Path.home() / ".local" / "state" / "muse-launch")
+    what = "a link to nothing" if home.is_symlink() and not home.exists() else \
+        "not a directory" if home.exists() and not home.is_dir() else None
+    if what:
+        raise UsageError(f"{'MUSE_LAUNCH_HOME=' if given else 'the state home '}{home} is {what}",
+                         fix="point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)")
+    return home
 
 
 def now_iso(epoch: float) -> str:
@@ -278,7 +286,7 @@ class StateDamaged(RuntimeFailure):
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
-    from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_bounded_json
+    from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_state_json
 
     try:
         data = read_nofollow(run_dir.state_file, root=run_dir.home, limit=MAX_STATE_BYTES + 1)
@@ -287,7 +295,7 @@ def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     except OSError as exc:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
     try:  # untrusted: bounded, then every field checked (run/state_schema.py)
-        return DeploymentRecord.from_json(check_state(load_bounded_json(data), run_dir.name, str(run_dir.path)))
+        return DeploymentRecord.from_json(check_state(load_state_json(data), run_dir.name, str(run_dir.path)))
     except Damaged as exc:
         raise StateDamaged(run_dir, str(exc)) from None
 

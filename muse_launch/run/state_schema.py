@@ -7,44 +7,24 @@ and role cgroups (run/down.py)."""
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import datetime
-from itertools import accumulate
 from typing import Any, Dict, List, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from muse_launch.bounded_json import Damaged, load_bounded_json
 from muse_launch.run.cgroups import LAYOUT_DIR, deployment_dir_name
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.topology.model import MAX_GRACE, STOP_SIGNALS
 
 MAX_STATE_BYTES = 8 << 20  # a topology file is at most 1 MiB; its state is a few times that at worst
 MAX_DEPTH = 16  # state.json nests 5 deep (deployment, roles, role, probe, paths)
-_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class Damaged(ValueError):
-    """Why a state file cannot be trusted, in one line."""
-
-
-def load_bounded_json(data: bytes, limit: int = MAX_STATE_BYTES, depth: int = MAX_DEPTH) -> Any:
-    """JSON of at most `limit` bytes nested at most `depth` deep, checked before the parser runs (Python's
-    json recurses once per bracket: 100,000 of them raise RecursionError, not ValueError)."""
-    if len(data) > limit:
-        raise Damaged(f"larger than {limit >> 20} MiB")
-    try:
-        text = data.decode()
-    except UnicodeDecodeError as exc:
-        raise Damaged(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
-    brackets = [1 if c in "[{" else -1 for c in _STRINGS.sub("", text) if c in "[]{}"]
-    if brackets and max(accumulate(brackets)) > depth:
-        raise Damaged(f"nested more than {depth} deep")
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise Damaged(f"{type(exc).__name__}: {exc}") from None
+def load_state_json(data: bytes) -> Any:
+    return load_bounded_json(data, MAX_STATE_BYTES, MAX_DEPTH)
 
 
 def _plain(value: str, what: str) -> str:

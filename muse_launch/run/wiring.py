@@ -15,6 +15,7 @@ from typing import Mapping
 import httpx
 
 from muse_launch.addresses import connect_host
+from muse_launch.bounded_json import load_answer
 from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, sglang
 from muse_launch.plan.spec import Plan
 from muse_launch.run.probe import HTTP_TIMEOUT, base_url
@@ -46,7 +47,7 @@ class WiringCheck:
     def check(self, client: httpx.Client) -> WiringResult:
         try:
             answer = client.get(self.list_url, timeout=HTTP_TIMEOUT)
-            listed = _listed(answer.json()) if answer.status_code == 200 else None
+            listed = _listed(load_answer(answer.content)) if answer.status_code == 200 else None
         except httpx.TimeoutException:
             return WiringResult(self.wires, f"GET {self.list_url}: no answer within {HTTP_TIMEOUT:g}s")
         except (httpx.HTTPError, ValueError) as e:

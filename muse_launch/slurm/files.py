@@ -77,10 +77,10 @@ class SlurmFiles:
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """An object, or None where the file is gone or damaged (bounded before parsing: run/state_schema.py)."""
-        from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, load_bounded_json
+        from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
 
         try:
-            data = load_bounded_json(read_nofollow(path, root=self.run_dir.home, limit=MAX_STATE_BYTES + 1))
+            data = load_state_json(read_nofollow(path, root=self.run_dir.home, limit=MAX_STATE_BYTES + 1))
         except (FileNotFoundError, PlantedLink, Damaged):
             return None
         return data if isinstance(data, dict) else None

@@ -4,6 +4,8 @@ terminal (escape sequences, carriage returns shown escaped; `--raw` keeps them);
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,80 @@ def test_logs_escapes_what_would_move_the_terminal():
                             "c1\\x9b2J\ttab\n")
     raw = muse("logs", "demo", "--raw")
     assert raw.stdout == "server | " + HOSTILE.decode(), raw.stdout
+
+
+FOUR_HUNDRED_DIGITS = "9" * 400
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
+@pytest.mark.parametrize("size", [f"'{FOUR_HUNDRED_DIGITS}'", f"{FOUR_HUNDRED_DIGITS}MiB", f"'{FOUR_HUNDRED_DIGITS}.5 GB'"])
+def test_a_log_size_of_400_digits_is_a_file_error(tmp_path: Path, size: str):
+    path = tmp_path / "big.yaml"
+    path.write_text(f"version: 1\nname: big\nhardware: cpu\nlogs: {{max_size: {size}}}\n"
+                    "roles:\n  s: {kind: command, command: [sleep, '9'], port: 18001}\n")
+    run = muse("validate", path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"{path}:4: logs.max_size:" in run.stderr and "less than or equal to" in run.stderr
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
+@pytest.mark.parametrize("kind", ["a regular file", "a dangling link"])
+@pytest.mark.parametrize("command", [["ls"], ["status"], ["down"], ["up", "FILE", "-d"]])
+def test_a_state_home_that_is_no_directory_is_a_usage_error(tmp_path: Path, kind: str, command: list[str]):
+    topology = tmp_path / "t.yaml"
+    topology.write_text("version: 1\nname: t\nhardware: cpu\nroles:\n  s: {kind: command, command: [sleep, '9'], "
+                        "port: 18001}\n")
+    command = [str(topology) if c == "FILE" else c for c in command]
+    home = tmp_path / "home"
+    if kind == "a regular file":
+        home.write_text("")
+    else:
+        home.symlink_to(tmp_path / "nowhere")
+    run = muse(*command, env={**os.environ, "MUSE_LAUNCH_HOME": str(home)})
+    assert run.returncode == 2, run.stdout + run.stderr
+    what = "not a directory" if kind == "a regular file" else "a link to nothing"
+    assert run.stderr.splitlines() == [f"error: MUSE_LAUNCH_HOME={home} is {what}",
+                                       "  fix: point MUSE_LAUNCH_HOME at a directory (or at a path that does not "
+                                       "exist yet)"], run.stderr
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
+def test_export_into_an_existing_file_is_refused(tmp_path: Path):
+    target = tmp_path / "manifests.yaml"
+    target.write_text("mine\n")
+    run = muse("export", "topologies/epd-b300.yaml", "-o", target)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"error: {target}: is a file, not a directory" in run.stderr
+    assert "fix: give -o a new or an empty directory" in run.stderr
+    assert target.read_text() == "mine\n"
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
+def test_a_time_zone_a_day_from_utc_is_a_usage_error(home: Path):
+    import subprocess
+    import sys
+
+    run_dir = deployment_with_log(b"")
+    state = json.loads(run_dir.state_file.read_text())
+    state["roles"][0].update(state="ready", ready_at="2026-01-01T00:00:00.000+00:00")
+    run_dir.state_file.write_text(json.dumps(state))
+    run = subprocess.run([sys.executable, "-m", "muse_launch", "status", "demo"], capture_output=True, text=True,
+                         env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "TZ": "UTC+27"}, timeout=60)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "error: the local time zone (TZ='UTC+27') is a day or more from UTC" in run.stderr
+    assert "fix: set TZ to a real zone" in run.stderr
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
+@pytest.mark.parametrize("field, value", [("ready_at", 12), ("started_at", "noon"), ("url", 8000),
+                                          ("url", "gopher://x")])
+@pytest.mark.parametrize("command", ["status", "logs", "smoke"])
+def test_a_state_whose_times_or_urls_have_the_wrong_type_is_damaged(home: Path, field, value, command):
+    run_dir = deployment_with_log(b"")
+    state = json.loads(run_dir.state_file.read_text())
+    state["roles"][0].update({"state": "ready", field: value})
+    run_dir.state_file.write_text(json.dumps(state))
+    run = muse(command, "demo")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"{run_dir.state_file} is damaged (roles.0.{field}:" in run.stderr, run.stderr
+    assert "fix: `muse-launch down demo`" in run.stderr
