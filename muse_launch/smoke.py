@@ -7,9 +7,10 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import httpx
 
@@ -17,7 +18,7 @@ from muse_launch.bounded_json import load_answer
 from muse_launch.printable import one_line
 
 if TYPE_CHECKING:
-    from muse_launch.run.state import DeploymentRecord
+    from muse_launch.run.state import DeploymentRecord, RoleRecord
 
 SMOKE_FAILURE_CHARS = 800  # a failure is shown at length; a success in one line
 PLACEHOLDER_MODELS = {"", "unknown", "default"}  # what a router lists for a worker it knows no name of
@@ -156,11 +157,25 @@ def attempt(check: str, request: Callable[[], SmokeResult]) -> SmokeResult:
                            total=time.perf_counter() - start)
 
 
+class FrontAuth(httpx.Auth):
+    """The router's own key (`Authorization: Bearer`) on requests to the router, and to no one else."""
+
+    def __init__(self, base: str, headers: dict[str, str]):
+        self.base = base.rstrip("/") + "/"
+        self.headers = headers
+
+    def auth_flow(self, request: httpx.Request):
+        if str(request.url).startswith(self.base):
+            request.headers.update(self.headers)
+        yield request
+
+
 def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, workers: tuple[str, ...] = (),
-              declared: tuple[str, ...] = ()) -> list[SmokeResult]:
+              declared: tuple[str, ...] = (), headers: dict[str, str] | None = None) -> list[SmokeResult]:
     """The checks in order: the model the deployment reports (list_models), a streamed chat, then
-    reasoning and a tool call."""
-    with httpx.Client(timeout=timeout, verify=False) as client:  # role URLs are plain HTTP: no CA bundle
+    reasoning and a tool call. `headers`: what the front router wants on each request (its API key)."""
+    # role URLs are plain HTTP: no CA bundle
+    with httpx.Client(timeout=timeout, verify=False, auth=FrontAuth(base, headers or {})) as client:
         model, listed = list_models(client, base, workers, declared)
         if model is None:
             return [listed]
@@ -196,6 +211,22 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
     return SmokeResult("tool call", ok, detail, total=total)
 
 
+def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The router's API key as state.json gives it (`${env:NAME}`, resolved here in this environment, as `up`
+    resolved it), and what is missing to send it: (headers, problem)."""
+    from muse_launch.engines import router
+    from muse_launch.topology.load import ENV_REF
+
+    if front.api_key is None:
+        return {}, None
+    unset = [name for name in ENV_REF.findall(front.api_key) if name not in environ]
+    if unset:
+        return {}, (f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set here: "
+                    f"export {unset[0]}=... as for `up`, then smoke again")
+    key = ENV_REF.sub(lambda m: environ[m.group(1)], front.api_key)
+    return router.auth_headers([router.API_KEY, key]), None
+
+
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
     from muse_launch.engines import ENGINES
@@ -222,7 +253,10 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
     declared = tuple(name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME)))
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
-    results = run_smoke(base, reasoning, tools, timeout, behind, declared)
+    headers, no_key = front_headers(front, os.environ)
+    if no_key:
+        echo(f"  note: {no_key}")
+    results = run_smoke(base, reasoning, tools, timeout, behind, declared, headers)
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"

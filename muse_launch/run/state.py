@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from muse_launch.addresses import connect_host
+from muse_launch.engines.argv import last_value
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, replace_file
@@ -102,6 +103,9 @@ class RoleRecord:
     wiring: tuple[tuple[str, int, int], ...] = ()
     cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
     reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
+    # A router's API key as the file gives it (`${env:NAME}`, resolved by whoever needs it, never the value of
+    # a secret): what `smoke` sends; None for a role that takes none (engines/router.py API_KEY).
+    api_key: str | None = None
 
     @property
     def restarts_text(self) -> str:
@@ -146,7 +150,7 @@ class RoleRecord:
             **(self.process.to_json() if self.process else {"create_time": None}), cgroup=self.cgroup,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
             stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
-            wiring_counts=[list(w) for w in self.wiring],
+            wiring_counts=[list(w) for w in self.wiring], api_key=self.api_key,
         )
         return out
 
@@ -160,7 +164,7 @@ class RoleRecord:
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
                    d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
                    tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"),
-                   d.get("restarts_reset_after"))
+                   d.get("restarts_reset_after"), d.get("api_key"))
 
 
 @dataclass(frozen=True)
@@ -210,9 +214,10 @@ class DeploymentRecord:
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
-                   versions: Mapping[str, str | None] | None = None) -> DeploymentRecord:
+                   versions: Mapping[str, str | None] | None = None,
+                   sources: Mapping[str, str] | None = None) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
-    `${env:...}`."""
+    `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept so)."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
 
     wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
@@ -220,11 +225,24 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
                    argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()),
-                   reset_after=s.restart.reset_after)
+                   reset_after=s.restart.reset_after, api_key=_api_key(s, redact, sources or {}))
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
     return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks)
+
+
+def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:
+    """A router's key as written: `${env:NAME}` where it came from the environment; a key written in the file
+    as it is (it is no secret there); None where the reference is lost (shown redacted: `smoke` goes without)."""
+    from muse_launch.engines import ROUTER_ENGINES, router
+
+    key = last_value(spec.argv, router.API_KEY) if spec.engine in ROUTER_ENGINES else None
+    if key is None:
+        return None
+    joined = f"{router.API_KEY}="  # `--api-key=${env:K}` as one argument
+    written = sources.get(key) or sources.get(joined + key, "").removeprefix(joined)
+    return written or (key if redact(key) == key else None)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:

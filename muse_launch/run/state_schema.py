@@ -107,6 +107,7 @@ class RoleModel(_Strict):
     engine: str = ""
     wiring_counts: List[Tuple[str, int, int]] = []
     cgroup: Optional[str] = None
+    api_key: Optional[str] = None
 
     @field_validator("started_at", "ready_at")
     @classmethod

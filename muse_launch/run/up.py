@@ -10,9 +10,9 @@ import signal
 import sys
 import time
 import traceback
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import httpx
 from rich.console import Console
@@ -50,6 +50,7 @@ class UpOptions:
     only: str | None = None
     start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
+    secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -141,7 +142,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
             os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
             forget_rotated(run_dir.log(spec.name))
-        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
+        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions),
+                                options.secret_sources)
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
             return _detach(plan, record, run_dir, options, console, lock, policy.start_after)

@@ -145,3 +145,16 @@ def test_brackets_inside_strings_do_not_count_as_depth(tmp_path):
                                                  *PLAN.specs[1:])), "demo.yaml", str)
     write_state(run_dir, record)
     assert read_state(run_dir) == record
+
+
+@pytest.mark.parametrize("args", [("--api-key", "sekrit-key-1"), ("--api-key=sekrit-key-1",)])
+def test_a_routers_key_is_kept_as_its_reference_never_its_value(tmp_path, args):
+    router = replace(PLAN.specs[1], args=args)
+    plan = replace(PLAN, specs=(PLAN.specs[0], router))
+    sources = {"sekrit-key-1": "${env:K}", "--api-key=sekrit-key-1": "--api-key=${env:K}"}
+    record = planned_record(plan, "demo.yaml", lambda s: s.replace("sekrit-key-1", "***"), sources=sources)
+    assert record.role("router").api_key == "${env:K}" and record.role("prefill").api_key is None
+    run_dir = RunDir(tmp_path / "demo")
+    write_state(run_dir, record)
+    assert "sekrit" not in run_dir.state_file.read_text()
+    assert read_state(run_dir).role("router").api_key == "${env:K}"
