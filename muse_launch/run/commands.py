@@ -211,7 +211,8 @@ def logs(
         raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
     chosen = roles or known
     console = _console()
-    printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw)
+    # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (run/masks.py).
+    printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
     follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
     for role in chosen:
         for text in last_lines(run_dir.log(role), lines):

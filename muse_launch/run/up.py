@@ -134,7 +134,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         refuse_leftovers(run_dir)
-        if busy := busy_ports(plan):
+        if busy := busy_ports(plan, redact):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
         if gpus:
@@ -212,7 +212,8 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                 if outcome is Outcome.READY:
                     _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
                     progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
-                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal,
+                                          mask=options.redact)
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
                     outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)

@@ -122,3 +122,52 @@ def test_a_state_whose_times_or_urls_have_the_wrong_type_is_damaged(home: Path, 
     assert run.returncode == 1, run.stdout + run.stderr
     assert f"{run_dir.state_file} is damaged (roles.0.{field}:" in run.stderr, run.stderr
     assert "fix: `muse-launch down demo`" in run.stderr
+
+
+PLAN_SECRET = "probe-secret-Tq72"
+
+
+@pytest.mark.faults("18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
+                    "validate --json, export")
+@pytest.mark.parametrize("fmt", ["text", "json", "shell", "docker"])
+def test_a_secret_probe_path_or_host_is_never_rendered(tmp_path: Path, fmt: str):
+    path = tmp_path / "s.yaml"
+    path.write_text("version: 1\nname: s\nhardware: cpu\nroles:\n  s:\n    kind: command\n"
+                    "    command: [sleep, '9']\n    host: '${env:HOST_SECRET}'\n    port: 18031\n"
+                    "    ready: {http: '/health/${env:PROBE_SECRET}'}\n")
+    env = {**os.environ, "PROBE_SECRET": PLAN_SECRET, "HOST_SECRET": "host-secret-Zr4.example"}
+    for argv in (["plan", path, "--format", fmt], ["validate", "--json", path]):
+        run = muse(*argv, env=env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        out = run.stdout + run.stderr
+        assert PLAN_SECRET not in out and "host-secret-Zr4" not in out, out
+    if fmt != "docker":  # docker lines carry no probe
+        assert "/health/***" in muse("plan", path, "--format", fmt, env=env).stdout
+
+
+@pytest.mark.faults("18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
+                    "validate --json, export")
+def test_export_refuses_a_secret_probe_path_writing_nothing(tmp_path: Path):
+    import yaml
+
+    data = yaml.safe_load(Path("topologies/epd-b300.yaml").read_text())
+    data["roles"]["encoder"]["ready"] = {"http": "/health/${env:PROBE_SECRET}"}
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(data))
+    run = muse("export", path, "-o", tmp_path / "out", env={**os.environ, "PROBE_SECRET": PLAN_SECRET})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "roles.encoder.ready: the probe path takes ${env:PROBE_SECRET}" in run.stderr
+    assert "fix: write the path in the file" in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_command_line_is_shown_without_secret_looking_flags_values():
+    from muse_launch.run.masks import command_line, no_arguments
+
+    argv = ["python", "s.py", "--api-key", "K1", "--port", "1", "--token=K2", "--max-total-tokens", "4096",
+            "--tokenizer-path", "/m", "--hf-token", "K3", "--disable-auth", "--x", "1",
+            "--control-plane-api-keys", "a:b:admin:K4"]
+    shown = command_line(argv)
+    assert shown == ("python s.py --api-key *** --port 1 --token=*** --max-total-tokens 4096 --tokenizer-path /m "
+                     "--hf-token *** --disable-auth --x 1 --control-plane-api-keys ***")
+    assert command_line(argv, no_arguments) == ""  # with the digests lost: the program's name, by the caller
