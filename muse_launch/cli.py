@@ -73,8 +73,8 @@ def validate(
             typer.echo(loaded.redact(note), err=True)
     failed = any(f.severity is Severity.ERROR or strict for f in findings)
     if as_json:
-        typer.echo(json.dumps(redact_all({"file": str(file), "ok": not failed,
-                                          "findings": [f.to_dict(loaded) for f in findings]}, loaded.redact), indent=2))
+        report = {"file": str(file), "ok": not failed, "findings": [f.to_dict(loaded) for f in findings]}
+        typer.echo(json.dumps(redact_all(report, loaded.redact), indent=2))
     else:
         for f in findings:
             typer.echo(loaded.redact(f.format(loaded)), err=True)
@@ -113,7 +113,7 @@ def plan(
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
     }
-    # Every rendering, comments, URLs and probe paths too, with `${env:...}` values hidden once more as a whole.
+    # Every rendering (comments, URLs, probe paths too) with `${env:...}` values hidden once more as a whole.
     rendered = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology)
     head, _, rest = (rendered if fmt is PlanFormat.json else loaded_plan.redact(rendered)).partition("\n")
     comment = "# " if fmt is PlanFormat.shell else ""

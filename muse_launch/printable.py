@@ -15,6 +15,6 @@ def escaped(text: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """A model's answer or a server's error body as one printable line: whitespace runs become one space, other
-    control characters are shown escaped."""
+    """A model's answer or a server's error body as one printable line: whitespace runs become one space,
+    other control characters are shown escaped."""
     return escaped(" ".join(text.replace("\x0b", " ").replace("\x0c", " ").split()))

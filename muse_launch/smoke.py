@@ -221,8 +221,8 @@ def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[s
         return {}, None
     unset = [name for name in ENV_REF.findall(front.api_key) if name not in environ]
     if unset:
-        return {}, (f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set here: "
-                    f"export {unset[0]}=... as for `up`, then smoke again")
+        return {}, (f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set "
+                    f"here: export {unset[0]}=... as for `up`, then smoke again")
     key = ENV_REF.sub(lambda m: environ[m.group(1)], front.api_key)
     return router.auth_headers([router.API_KEY, key]), None
 

@@ -157,8 +157,9 @@ def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names
         for path in _probe_paths(ready):
             if (found := SECRET_MARK_RE.search(path)) is not None:
                 problems.append(f"{_where(loaded, name)}: roles.{name}.ready: the probe path takes "
-                                f"${{env:{found.group(1)}}}, and a Kubernetes httpGet path cannot read a Secret "
-                                f"(it would stand in the manifest in clear); fix: write the path in the file")
+                                f"${{env:{found.group(1)}}}, and a Kubernetes httpGet path cannot read a "
+                                "Secret (it would stand in the manifest in clear); fix: write the path in "
+                                "the file")
         for obj in (names.workload(name), names.group_service(name), names.pod(name, 99, True)):
             if len(obj) > 63 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", obj):
                 problems.append(f"{_where(loaded, name)}: roles.{name}: {obj!r} is not a valid Kubernetes "

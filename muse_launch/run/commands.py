@@ -91,8 +91,8 @@ def up(
                                sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start,
-                        secret_sources=loaded.loaded.secret_sources)
+    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only,
+                        start=loaded.loaded.topology.start, secret_sources=loaded.loaded.secret_sources)
     skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
     gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))

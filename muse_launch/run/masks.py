@@ -66,8 +66,8 @@ class Masks:
 # A flag whose value is a secret, whoever's process it is (another user's deployment holding a port we want):
 # --api-key, --hf-token, --password, --control-plane-api-keys, --auth-header, --client-secret...
 # Not --max-total-tokens, --tokenizer-path, --disable-auth-check style names that carry no secret.
-SECRET_FLAG = re.compile(r"^--?[\w.-]*(key|token(?!s|izer)|secret|passw(or)?d|auth(?!or)|credential|cookie|bearer)"
-                         r"[\w.-]*$", re.I)
+SECRET_FLAG = re.compile(r"^--?[\w.-]*(key|token(?!s|izer)|secret|passw(or)?d|auth(?!or)|credential|cookie"
+                         r"|bearer)[\w.-]*$", re.I)
 
 
 def command_line(argv: Iterable[str], mask: Callable[[str], str] = lambda arg: arg) -> str:

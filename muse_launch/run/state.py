@@ -27,7 +27,8 @@ WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
 def state_home() -> Path:
-    """MUSE_LAUNCH_HOME, else ~/.local/state/muse-launch: a directory, or nothing yet (made on the first `up`)."""
+    """MUSE_LAUNCH_HOME, else ~/.local/state/muse-launch: a directory, or nothing yet (made by the first
+    `up`)."""
     given = os.environ.get("MUSE_LAUNCH_HOME")
     home = Path(given or Path.home() / ".local" / "state" / "muse-launch")
     what = "a link to nothing" if home.is_symlink() and not home.exists() else \
@@ -217,7 +218,8 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
                    versions: Mapping[str, str | None] | None = None,
                    sources: Mapping[str, str] | None = None) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
-    `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept so)."""
+    `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
+    so)."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
 
     wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
@@ -234,7 +236,8 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
 
 def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:
     """A router's key as written: `${env:NAME}` where it came from the environment; a key written in the file
-    as it is (it is no secret there); None where the reference is lost (shown redacted: `smoke` goes without)."""
+    as it is (it is no secret there); None where the reference is lost (shown redacted: `smoke` goes
+    without)."""
     from muse_launch.engines import ROUTER_ENGINES, router
 
     key = last_value(spec.argv, router.API_KEY) if spec.engine in ROUTER_ENGINES else None

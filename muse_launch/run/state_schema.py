@@ -1,5 +1,5 @@
-"""state.json read back as untrusted input: anyone who can write the run directory (or a crash, a full disk, an
-older muse-launch) may have left anything there. Its size and nesting are bounded before it is parsed, and
+"""state.json read back as untrusted input: anyone who can write the run directory (or a crash, a full disk,
+an older muse-launch) may have left anything there. Its size and nesting are bounded before it is parsed, and
 what parses must fit a strict model: every type exact (no "1" for 1, no true for 1), signals ones `down` may
 send, stop waves naming the roles and nothing else, cgroups the deployment's own, times ISO 8601 with a
 zone, URLs http(s). Whatever does not fit is `StateDamaged`, and `down` falls back to the deployment's marker

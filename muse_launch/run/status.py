@@ -95,7 +95,8 @@ def since(iso: str | None) -> str:
         moment = datetime.fromisoformat(iso).astimezone()
     except (ValueError, OverflowError):  # the local zone's offset is a day or more: TZ=UTC+27
         raise UsageError(f"the local time zone (TZ={os.environ.get('TZ', '')!r}) is a day or more from UTC; "
-                         "times cannot be shown in it", fix="set TZ to a real zone: TZ=UTC, TZ=Europe/Berlin") from None
+                         "times cannot be shown in it",
+                         fix="set TZ to a real zone: TZ=UTC, TZ=Europe/Berlin") from None
     age = int((datetime.now(moment.tzinfo) - moment).total_seconds())
     return f"{moment:%H:%M:%S} ({age // 3600}h{age // 60 % 60:02d}m)" if age >= 3600 else \
         f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"

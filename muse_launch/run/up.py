@@ -212,8 +212,8 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                 if outcome is Outcome.READY:
                     _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
                     progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
-                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal,
-                                          mask=options.redact)
+                    printer = RolePrinter(console.file, [s.name for s in plan.specs],
+                                          colour=console.is_terminal, mask=options.redact)
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
                     outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
@@ -401,7 +401,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
     supervisor_pid: list[int] = []
     interrupted: list[int] = []
 
-    def leave(signum: int, frame) -> None:  # Ctrl-C, kill, a closed terminal: this `up` stops waiting, no more
+    def leave(signum: int, frame) -> None:  # Ctrl-C, kill, a closed terminal: this `up` only stops waiting
         interrupted.append(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

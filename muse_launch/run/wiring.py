@@ -54,8 +54,9 @@ class WiringCheck:
         except (httpx.HTTPError, ValueError) as e:
             return WiringResult(self.wires, f"GET {self.list_url}: {type(e).__name__}")
         if listed is None:
-            refused = " (it wants a key: give the router --api-key in its args)" if answer.status_code == 401 \
-                and not self.headers else " (the router refuses its own --api-key)" if answer.status_code == 401 else ""
+            refused = "" if answer.status_code != 401 else \
+                " (the router refuses the --api-key it was given)" if self.headers else \
+                " (it wants a key: give the router --api-key in its args)"
             return WiringResult(self.wires, f"GET {self.list_url} answered {answer.status_code}{refused}")
         missing = tuple(w for w in self.wires if not listed.get(w.url.rstrip("/"), False))
         return WiringResult(missing, "wired" if not missing else "missing " + ", ".join(w.url for w in missing))

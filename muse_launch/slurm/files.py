@@ -76,7 +76,7 @@ class SlurmFiles:
         return read_nofollow(path, root=self.run_dir.home).decode()
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
-        """An object, or None where the file is gone or damaged (bounded before parsing: run/state_schema.py)."""
+        """An object, or None where the file is gone or damaged (bounded before parsing: bounded_json.py)."""
         from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
 
         try:

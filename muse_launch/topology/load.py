@@ -34,7 +34,7 @@ class LoadedTopology:
     secrets: frozenset[str] = frozenset()
     # each whole value that held ${env:...}, as substituted -> as written with *** for each reference
     secret_values: Mapping[str, str] = field(default_factory=dict)
-    # the same values -> as written, `${env:NAME}` and all: what a later command resolves in its own environment
+    # the same values -> as written, `${env:NAME}` and all: what a later command resolves in its environment
     secret_sources: Mapping[str, str] = field(default_factory=dict)
 
     def line_of(self, path: Path_) -> int | None:

@@ -53,7 +53,8 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.faults("18.4 a damaged state.json: down stops everything by marker and cgroup; status/ls/logs say so")
+@pytest.mark.faults("18.4 a damaged state.json: down stops everything by marker and cgroup; "
+                    "status/ls/logs say so")
 @pytest.mark.parametrize("damage", [*DAMAGE, "100,000 nested brackets"])
 @pytest.mark.parametrize("supervisor", ["alive", "dead"])
 def test_down_stops_a_deployment_whose_state_is_damaged(deployment, damage, supervisor):

@@ -73,7 +73,8 @@ def test_a_killed_up_detach_leaves_its_supervisor_running(deployment, tmp_path, 
     expected = signal.SIGHUP if how == "terminal closed" else signal.Signals[how]
     assert client.returncode == 128 + expected, output
     if how != "terminal closed":
-        assert f"{expected.name}: stopped waiting; deployment {deployment.name} is left running" in output, output
+        left = f"{expected.name}: stopped waiting; deployment {deployment.name} is left running"
+        assert left in output, output
         assert f"(pid {supervisor})" in output and f"down {deployment.name}` stops it" in output, output
         assert "Traceback" not in output
 

@@ -27,8 +27,9 @@ def test_a_router_with_an_api_key_is_wired_and_smoked(deployment, monkeypatch):
         {
             "prefill": {"kind": "prefill", "port": prefill, "bootstrap_port": boot, "ready": probe},
             "decode": {"kind": "decode", "port": decode, "ready": probe},
-            "router": {"kind": "router", "launcher": [ROUTER, "launch"], "port": router, "metrics_port": metrics,
-                       "prefill": ["prefill"], "decode": ["decode"], "args": ["--api-key", "${env:ROUTER_KEY}"],
+            "router": {"kind": "router", "launcher": [ROUTER, "launch"], "port": router,
+                       "metrics_port": metrics, "prefill": ["prefill"], "decode": ["decode"],
+                       "args": ["--api-key", "${env:ROUTER_KEY}"],
                        "ready": {"http": "/readiness", "interval": 0.05, "timeout": 30}},
         },
         model=str(Path(STAND_IN).parent), launcher=[sys.executable, STAND_IN],
@@ -46,7 +47,7 @@ def test_a_router_with_an_api_key_is_wired_and_smoked(deployment, monkeypatch):
     assert "ok   models" in smoke.stdout, smoke.stdout  # not "HTTP 401": the stand-ins serve no chat after it
     assert "401" not in smoke.stdout, smoke.stdout
 
-    written = (deployment.run_dir / "state.json").read_text() + (deployment.run_dir / "supervisor.log").read_text()
+    written = "".join((deployment.run_dir / f).read_text() for f in ("state.json", "supervisor.log"))
     assert KEY not in up.stdout + up.stderr + status.stdout + smoke.stdout + written
     down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 
 SECRET = "pk-4Rt7-holder-secret"
 LISTEN = ("import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[3])))\n"
-          "print('connecting with key', sys.argv[2], 'and', sys.argv[2] + '!', flush=True); time.sleep(600)\n")
+          "print('connecting with key', sys.argv[2], 'and', sys.argv[2] + '!', flush=True)\n"
+          "time.sleep(600)\n")
 
 
 @pytest.mark.faults("18.6 secrets: a busy port's holder and a role's own log line shown without the secret")

@@ -36,13 +36,14 @@ def deployment_with_log(text: bytes) -> RunDir:
 HOSTILE = b"title \x1b]0;owned\x07 red \x1b[31mX\x1b[0m cr\rOVER nul\x00 bell\x07 c1\xc2\x9b2J\ttab\n"
 
 
-@pytest.mark.faults("18.10 logs shows a role's escape sequences and carriage returns escaped; --raw keeps them")
+@pytest.mark.faults("18.10 logs shows a role's escape sequences and carriage returns escaped; "
+                    "--raw keeps them")
 def test_logs_escapes_what_would_move_the_terminal():
     deployment_with_log(HOSTILE)
     shown = muse("logs", "demo")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout == ("server | title \\x1b]0;owned\\x07 red \\x1b[31mX\\x1b[0m cr\\rOVER nul\\x00 bell\\x07 "
-                            "c1\\x9b2J\ttab\n")
+    assert shown.stdout == ("server | title \\x1b]0;owned\\x07 red \\x1b[31mX\\x1b[0m cr\\rOVER nul\\x00 "
+                            "bell\\x07 c1\\x9b2J\ttab\n")
     raw = muse("logs", "demo", "--raw")
     assert raw.stdout == "server | " + HOSTILE.decode(), raw.stdout
 
@@ -51,7 +52,8 @@ FOUR_HUNDRED_DIGITS = "9" * 400
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
-@pytest.mark.parametrize("size", [f"'{FOUR_HUNDRED_DIGITS}'", f"{FOUR_HUNDRED_DIGITS}MiB", f"'{FOUR_HUNDRED_DIGITS}.5 GB'"])
+@pytest.mark.parametrize("size", [f"'{FOUR_HUNDRED_DIGITS}'", f"{FOUR_HUNDRED_DIGITS}MiB",
+                                  f"'{FOUR_HUNDRED_DIGITS}.5 GB'"])
 def test_a_log_size_of_400_digits_is_a_file_error(tmp_path: Path, size: str):
     path = tmp_path / "big.yaml"
     path.write_text(f"version: 1\nname: big\nhardware: cpu\nlogs: {{max_size: {size}}}\n"
@@ -66,8 +68,8 @@ def test_a_log_size_of_400_digits_is_a_file_error(tmp_path: Path, size: str):
 @pytest.mark.parametrize("command", [["ls"], ["status"], ["down"], ["up", "FILE", "-d"]])
 def test_a_state_home_that_is_no_directory_is_a_usage_error(tmp_path: Path, kind: str, command: list[str]):
     topology = tmp_path / "t.yaml"
-    topology.write_text("version: 1\nname: t\nhardware: cpu\nroles:\n  s: {kind: command, command: [sleep, '9'], "
-                        "port: 18001}\n")
+    topology.write_text("version: 1\nname: t\nhardware: cpu\nroles:\n"
+                        "  s: {kind: command, command: [sleep, '9'], port: 18001}\n")
     command = [str(topology) if c == "FILE" else c for c in command]
     home = tmp_path / "home"
     if kind == "a regular file":
@@ -77,9 +79,9 @@ def test_a_state_home_that_is_no_directory_is_a_usage_error(tmp_path: Path, kind
     run = muse(*command, env={**os.environ, "MUSE_LAUNCH_HOME": str(home)})
     assert run.returncode == 2, run.stdout + run.stderr
     what = "not a directory" if kind == "a regular file" else "a link to nothing"
-    assert run.stderr.splitlines() == [f"error: MUSE_LAUNCH_HOME={home} is {what}",
-                                       "  fix: point MUSE_LAUNCH_HOME at a directory (or at a path that does not "
-                                       "exist yet)"], run.stderr
+    assert run.stderr.splitlines() == [
+        f"error: MUSE_LAUNCH_HOME={home} is {what}",
+        "  fix: point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)"], run.stderr
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
@@ -102,8 +104,9 @@ def test_a_time_zone_a_day_from_utc_is_a_usage_error(home: Path):
     state = json.loads(run_dir.state_file.read_text())
     state["roles"][0].update(state="ready", ready_at="2026-01-01T00:00:00.000+00:00")
     run_dir.state_file.write_text(json.dumps(state))
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "status", "demo"], capture_output=True, text=True,
-                         env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "TZ": "UTC+27"}, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "muse_launch", "status", "demo"], capture_output=True,
+                         text=True, timeout=60,
+                         env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "TZ": "UTC+27"})
     assert run.returncode == 2, run.stdout + run.stderr
     assert "error: the local time zone (TZ='UTC+27') is a day or more from UTC" in run.stderr
     assert "fix: set TZ to a real zone" in run.stderr
@@ -168,6 +171,6 @@ def test_a_command_line_is_shown_without_secret_looking_flags_values():
             "--tokenizer-path", "/m", "--hf-token", "K3", "--disable-auth", "--x", "1",
             "--control-plane-api-keys", "a:b:admin:K4"]
     shown = command_line(argv)
-    assert shown == ("python s.py --api-key *** --port 1 --token=*** --max-total-tokens 4096 --tokenizer-path /m "
-                     "--hf-token *** --disable-auth --x 1 --control-plane-api-keys ***")
+    assert shown == ("python s.py --api-key *** --port 1 --token=*** --max-total-tokens 4096 "
+                     "--tokenizer-path /m --hf-token *** --disable-auth --x 1 --control-plane-api-keys ***")
     assert command_line(argv, no_arguments) == ""  # with the digests lost: the program's name, by the caller

@@ -190,8 +190,9 @@ def test_an_answer_is_printed_as_one_line_without_terminal_escapes() -> None:
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: a server answering smoke with deeply nested JSON")
-@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000, b'{"data": ' * 50_000 + b"1" + b"}" * 50_000,
-                                 b"[1]"], ids=["array", "object", "not an object"])
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000,
+                                 b'{"data": ' * 50_000 + b"1" + b"}" * 50_000, b"[1]"],
+                         ids=["array", "object", "not an object"])
 def test_a_deeply_nested_answer_fails_the_check_not_the_command(home: Path, router: FakeRouter, raw) -> None:
     router.raw = raw
     deployment(router.server_address[1])
