@@ -9,12 +9,15 @@ from urllib.parse import urlsplit
 
 from ..plan.spec import Probe, ProbeKind
 from . import vllm
-from .argv import has_flag, opt, values_after
+from .argv import has_flag, last_value, opt, values_after
 from .base import Context, Instance, Rendered
 
 PREFILL, DECODE, WORKER_URLS = "--prefill", "--decode", "--worker-urls"
 WIRING = {PREFILL: "prefill", DECODE: "decode", WORKER_URLS: "workers"}  # rendered from references
 HOST, PORT = "--host", "--port"
+# Given a key, sglang-router and smg answer 401 on /workers and on inference without `Authorization: Bearer
+# KEY` (/health and /readiness stay open); vllm-router answers its worker list either way.
+API_KEY = "--api-key"
 METRICS_PORT, METRICS_HOST = "--prometheus-port", "--prometheus-host"
 SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendered after `args`: the key wins
 PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
@@ -42,6 +45,13 @@ class RouterFacts:
     # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are in);
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
+
+
+def auth_headers(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """What a request to the router's worker list or inference must carry, given the command line it runs
+    with (its key in clear: from the plan in memory or the live process, never from state.json)."""
+    key = last_value(argv, API_KEY)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def listed_workers(answer: object) -> dict[str, bool]:

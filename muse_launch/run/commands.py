@@ -91,7 +91,8 @@ def up(
                                sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
     if not rehearse:
         refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
+    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only,
+                        start=loaded.loaded.topology.start, secret_sources=loaded.loaded.secret_sources)
     skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
     gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))
@@ -187,6 +188,8 @@ def logs(
     roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
+    raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
+                             "carriage returns reach the terminal (shown escaped by default)"),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
@@ -208,7 +211,8 @@ def logs(
         raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
     chosen = roles or known
     console = _console()
-    printer = RolePrinter(console.file, chosen, colour=console.is_terminal)
+    # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (run/masks.py).
+    printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
     follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
     for role in chosen:
         for text in last_lines(run_dir.log(role), lines):

@@ -26,6 +26,7 @@ import psutil
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
 from muse_launch.run.files import PlantedLink, open_nofollow
+from muse_launch.run.masks import command_line
 from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
 from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
 
@@ -69,7 +70,7 @@ def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lam
     try:
         if isinstance(proc, ProcessRef):
             proc = psutil.Process(proc.pid)
-        command = " ".join(map(mask, proc.cmdline())).strip() or proc.name()
+        command = command_line(proc.cmdline(), mask) or proc.name()
     except psutil.Error:
         command = "?"
     return f"pid {proc.pid} ({command[:100]})"
