@@ -1,0 +1,102 @@
+"""`muse-launch top [NAME]`: a live view of a running deployment from its roles' own metrics (docs/top.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+MIN_INTERVAL = 0.2
+
+
+def top(
+    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)"),
+    once: bool = typer.Option(False, "--once", help="read twice, one interval apart, print one view and exit"),
+    as_json: bool = typer.Option(False, "--json", help="the view as JSON (with --once: one object; else one "
+                                 "line per interval)"),
+    interval: float = typer.Option(1.0, "--interval", min=MIN_INTERVAL, help="seconds between reads"),
+) -> None:
+    """Per role: state, health, restarts, running and queued requests, KV cache, tokens/s, TTFT; each router's
+    load per worker. Read from the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.state import read_state, resolve_name
+    from muse_launch.run.status import health_now, observed
+
+    from .collect import read_all, snapshot
+
+    run_dir = resolve_name(name)
+
+    def record_now():
+        record = read_state(run_dir)
+        if record is None:
+            raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                                 fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+        return observed(record)
+
+    with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
+        state: dict = {"before": None}
+
+        def frame() -> dict:
+            record = record_now()
+            readings = read_all(record, client, pool)
+            snap = snapshot(record, readings, state["before"], health_now(record, run_dir, client), interval)
+            state["before"] = readings
+            return snap
+
+        def tick(started: float) -> None:
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+        try:
+            last = time.monotonic()
+            snap = frame()
+            if once:
+                tick(last)
+                _print(frame(), as_json)
+                return
+            if as_json or not sys.stdout.isatty():
+                while True:
+                    _print(snap, as_json)
+                    tick(last)
+                    last = time.monotonic()
+                    snap = frame()
+            _live(snap, frame, tick, last)
+        except KeyboardInterrupt:
+            raise typer.Exit(0)
+
+
+def _print(snap: dict, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        typer.echo(json.dumps(snap))
+        return
+    from rich.console import Console
+
+    from .view import render
+
+    Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
+
+
+def _live(snap: dict, frame, tick, last: float) -> None:
+    """Full screen, redrawn every interval; the terminal as it was once it ends."""
+    import time
+
+    from rich.live import Live
+
+    from .view import render
+
+    with Live(render(snap), screen=True, auto_refresh=False) as live:
+        while True:
+            tick(last)
+            last = time.monotonic()
+            live.update(render(frame()), refresh=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(top)
