@@ -19,8 +19,14 @@ Redact = Callable[[str], str]
 WIRE, KV, DIST, AFTER = "wire", "kv", "dist", "after"  # edge styles
 MERMAID_ARROWS = {WIRE: "-->", KV: "-.->", DIST: "-.-", AFTER: "-.->"}
 DOT_STYLES = {WIRE: "solid", KV: "dashed", DIST: "dotted", AFTER: "dotted"}
-KIND_COLOURS = {"router": "#fde2c8", "prefill": "#d6e8fa", "decode": "#d9f2d9", "encoder": "#efe0f7",
-                "worker": "#e8e8e8", "command": "#f5f5dc"}
+KIND_COLOURS = {
+    "router": "#fde2c8",
+    "prefill": "#d6e8fa",
+    "decode": "#d9f2d9",
+    "encoder": "#efe0f7",
+    "worker": "#e8e8e8",
+    "command": "#f5f5dc",
+}
 # Characters a mermaid label keeps as they are; every other one is written as an entity code (#NN;).
 _MERMAID_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;/_-@=+*()")
 
@@ -68,8 +74,9 @@ def build_graph(plan: Plan, redact: Redact = lambda s: s, start: str | None = No
         if spec.node and spec.node not in node_names.setdefault(spec.host, []):
             node_names[spec.host].append(spec.node)
     for i, spec in enumerate(plan.specs):
-        nodes[spec.name] = Node(f"n{i}", spec.name, spec.kind,
-                                [redact(line) for line in _node_lines(spec, wave[spec.name])])
+        nodes[spec.name] = Node(
+            f"n{i}", spec.name, spec.kind, [redact(line) for line in _node_lines(spec, wave[spec.name])]
+        )
         if spec.host not in groups:
             names = node_names.get(spec.host)
             title = f"node {', '.join(names)} ({spec.host})" if names else f"host {spec.host}"
@@ -79,8 +86,13 @@ def build_graph(plan: Plan, redact: Redact = lambda s: s, start: str | None = No
     for e in edges:
         e.label = redact(e.label)
     waves = f"{len(plan.waves)} start wave" + ("s" if len(plan.waves) != 1 else "")
-    policy = "; start: waves" if start == "waves" else \
-        f"; start: overlap ({sglang.NAME} >= {sglang.LATE_ENCODERS_SINCE})" if overlapping else ""
+    policy = (
+        "; start: waves"
+        if start == "waves"
+        else f"; start: overlap ({sglang.NAME} >= {sglang.LATE_ENCODERS_SINCE})"
+        if overlapping
+        else ""
+    )
     title = f"{plan.name}: {len(plan.specs)} processes in {waves}{policy}"
     return Graph(redact(title), list(groups.values()), nodes, edges)
 
@@ -105,8 +117,12 @@ def _edges(plan: Plan, overlapping: set[tuple[str, str]]) -> list[Edge]:
             prefills, decodes = _router_wires(spec, by_url, add, covered)
             for p in prefills:  # the router pairs them: each prefill hands its KV cache to each decode
                 for d in decodes:
-                    add(p.name, d.name, f"KV {ENGINES[p.engine].transfer_backend(p.args)}"
-                        + _side_channel(d), KV)
+                    add(
+                        p.name,
+                        d.name,
+                        f"KV {ENGINES[p.engine].transfer_backend(p.args)}" + _side_channel(d),
+                        KV,
+                    )
         for dep in spec.depends_on:
             dep_spec = plan.spec(dep) if dep in names else None
             if dep_spec is not None and dep_spec.kind == "encoder" and spec.kind != "router":
@@ -124,8 +140,11 @@ def _router_wires(spec: LaunchSpec, by_url: dict[str, LaunchSpec], add, covered)
     prefills, decodes = [], []
     for url, port in router.prefills(spec.args):
         if target := by_url.get(url.rstrip("/")):
-            add(spec.name, target.name, f"prefill, bootstrap {port}" if port and port != "none"
-                else "prefill, no bootstrap port")
+            add(
+                spec.name,
+                target.name,
+                f"prefill, bootstrap {port}" if port and port != "none" else "prefill, no bootstrap port",
+            )
             prefills.append(target)
             covered.add((spec.name, target.name))
     for url in router.decodes(spec.args):
@@ -164,21 +183,26 @@ def _dist_init_edges(plan: Plan) -> list[Edge]:
             continue
         port = ranks[0].ports.get("dist_init")
         for other in ranks[1:]:
-            out.append(Edge(other.name, ranks[0].name, f"joins dist-init {port}" if port else "joins rank 0", DIST))
+            out.append(
+                Edge(other.name, ranks[0].name, f"joins dist-init {port}" if port else "joins rank 0", DIST)
+            )
     return out
 
 
 def _overlapping(plan: Plan, start: str | None) -> set[tuple[str, str]]:
-    """(role, dependency) pairs that start together under `start: overlap` (their engines allow a late peer)."""
+    """(role, dependency) pairs that start together under `start: overlap` (engines allowing a late peer)."""
     if start == "waves":
         return set()
     from .run.start_policy import OVERLAP, choose
 
     chosen = choose(plan, OVERLAP, {})
-    return {(s.name, d) for s in plan.specs for d in s.depends_on if d not in chosen.start_after.get(s.name, ())}
+    return {
+        (s.name, d) for s in plan.specs for d in s.depends_on if d not in chosen.start_after.get(s.name, ())
+    }
 
 
 # ---- mermaid --------------------------------------------------------------------------------------
+
 
 def mermaid_text(text: str) -> str:
     """`text` for the inside of a quoted mermaid label: every character outside a plain set becomes its
@@ -209,6 +233,7 @@ def to_mermaid(graph: Graph) -> str:
 
 # ---- dot ------------------------------------------------------------------------------------------
 
+
 def dot_text(text: str) -> str:
     """`text` for the inside of a double-quoted DOT string: backslash and quote escaped, control characters
     (a newline in an argument) as spaces, so nothing in it can end the string or become an escape."""
@@ -217,10 +242,12 @@ def dot_text(text: str) -> str:
 
 
 def to_dot(graph: Graph) -> str:
-    out = [f'digraph "{dot_text(graph.title)}" {{', '  graph [rankdir=LR, fontname="Helvetica", labelloc=t, '
-           f'label="{dot_text(graph.title)}"];',
-           '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
-           '  edge [fontname="Helvetica", fontsize=10];']
+    out = [
+        f'digraph "{dot_text(graph.title)}" {{',
+        f'  graph [rankdir=LR, fontname="Helvetica", labelloc=t, label="{dot_text(graph.title)}"];',
+        '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=11];',
+        '  edge [fontname="Helvetica", fontsize=10];',
+    ]
     for i, group in enumerate(graph.groups):
         out.append(f"  subgraph cluster_{i} {{")
         out.append(f'    label="{dot_text(group.title)}"; style=rounded; color="#888888";')

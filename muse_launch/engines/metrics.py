@@ -25,13 +25,23 @@ class EngineMetrics:
     needs_flag: str | None = None  # the flag without which the engine serves no /metrics
 
 
-SGLANG = EngineMetrics(running="sglang:num_running_reqs", queued="sglang:num_queue_reqs",
-                       kv_usage="sglang:token_usage", prompt_tokens="sglang:prompt_tokens_total",
-                       generation_tokens="sglang:generation_tokens_total",
-                       ttft="sglang:time_to_first_token_seconds", needs_flag="--enable-metrics")
-VLLM = EngineMetrics(running="vllm:num_requests_running", queued="vllm:num_requests_waiting",
-                     kv_usage="vllm:kv_cache_usage_perc", prompt_tokens="vllm:prompt_tokens_total",
-                     generation_tokens="vllm:generation_tokens_total", ttft="vllm:time_to_first_token_seconds")
+SGLANG = EngineMetrics(
+    running="sglang:num_running_reqs",
+    queued="sglang:num_queue_reqs",
+    kv_usage="sglang:token_usage",
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    ttft="sglang:time_to_first_token_seconds",
+    needs_flag="--enable-metrics",
+)
+VLLM = EngineMetrics(
+    running="vllm:num_requests_running",
+    queued="vllm:num_requests_waiting",
+    kv_usage="vllm:kv_cache_usage_perc",
+    prompt_tokens="vllm:prompt_tokens_total",
+    generation_tokens="vllm:generation_tokens_total",
+    ttft="vllm:time_to_first_token_seconds",
+)
 ENGINE_METRICS = {"sglang": SGLANG, "vllm": VLLM}
 
 
@@ -43,8 +53,12 @@ class RouterMetrics:
     requests: str | None = None  # counter: requests the router took
 
 
-SMG = RouterMetrics(worker_label="worker", load=("smg_worker_requests_active",), health="smg_worker_health",
-                    requests="smg_router_requests_total")
+SMG = RouterMetrics(
+    worker_label="worker",
+    load=("smg_worker_requests_active",),
+    health="smg_worker_health",
+    requests="smg_router_requests_total",
+)
 ROUTER_METRICS = {
     "sglang-router": SMG,
     "smg": SMG,

@@ -30,12 +30,38 @@ if TYPE_CHECKING:
 
 GENERATION_PATHS = ("/v1/chat/completions", "/v1/completions", "/generate")
 KV_CAPACITY_TOKENS = 1 << 20  # the `max_total_num_tokens` its /server_info reports
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # vLLM's
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)  # vLLM's
 _Key = getattr(web, "RequestKey", None)  # aiohttp >= 3.13 (a plain string before)
-_STARTED = _Key("muse_sim_metrics_started", float) if _Key else "muse_sim_metrics_started"  # arrival, monotonic
+_STARTED = (
+    _Key("muse_sim_metrics_started", float) if _Key else "muse_sim_metrics_started"
+)  # arrival, monotonic
 _FIRST_BYTE = _Key("muse_sim_metrics_first_byte", bool) if _Key else "muse_sim_metrics_first_byte"
-_request_tokens: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("muse_sim_tokens", default=None)
+_request_tokens: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "muse_sim_tokens", default=None
+)
 
 
 @dataclass
@@ -100,8 +126,12 @@ def install(app: web.Application, engine: SimEngine) -> None:
             metrics.ttft.observe(time.monotonic() - started)
 
     async def serve(request: web.Request) -> web.Response:
-        return web.Response(text=exposition(engine), content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Type-Options": "nosniff"})
+        return web.Response(
+            text=exposition(engine),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     app.middlewares.append(track)
     app.on_response_prepare.append(first_byte)
@@ -130,12 +160,17 @@ def exposition(engine: SimEngine) -> str:
         out.extend((f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {_number(value)}"))
 
     metric(names.running, "gauge", "The number of running requests.", m.running)
-    metric(names.queued, "gauge", "The number of requests in the waiting queue.",
-           getattr(engine, "requests_waiting", 0))
+    metric(
+        names.queued,
+        "gauge",
+        "The number of requests in the waiting queue.",
+        getattr(engine, "requests_waiting", 0),
+    )
     metric(names.kv_usage, "gauge", "The KV cache in use, 0 to 1.", m.resident_tokens / KV_CAPACITY_TOKENS)
-    for name, doc, value in ((names.prompt_tokens, "Number of prefill tokens processed.", m.prompt_tokens),
-                             (names.generation_tokens, "Number of generation tokens processed.",
-                              m.generation_tokens)):
+    for name, doc, value in (
+        (names.prompt_tokens, "Number of prefill tokens processed.", m.prompt_tokens),
+        (names.generation_tokens, "Number of generation tokens processed.", m.generation_tokens),
+    ):
         metric(name, "counter", doc, value)
     ttft = names.ttft
     out.extend((f"# HELP {ttft} Histogram of time to first token in seconds.", f"# TYPE {ttft} histogram"))
@@ -143,6 +178,11 @@ def exposition(engine: SimEngine) -> str:
         out.append(f'{ttft}_bucket{{{labels},le="{_number(bound)}"}} {_number(count)}')
     out.append(f"{ttft}_sum{{{labels}}} {_number(m.ttft.total)}")
     out.append(f"{ttft}_count{{{labels}}} {_number(m.ttft.count)}")
-    out.extend(("# HELP muse_sim_requests_total Requests the simulated engine answered.",
-                "# TYPE muse_sim_requests_total counter", f"muse_sim_requests_total {engine.requests_served}"))
+    out.extend(
+        (
+            "# HELP muse_sim_requests_total Requests the simulated engine answered.",
+            "# TYPE muse_sim_requests_total counter",
+            f"muse_sim_requests_total {engine.requests_served}",
+        )
+    )
     return "\n".join(out) + "\n"

@@ -38,8 +38,11 @@ def metrics_url(role: RoleRecord) -> tuple[str | None, str | None]:
     """Where the role's metrics are, or why it has none."""
     if role.engine in ROUTER_ENGINES:
         port = role.ports.get("metrics")
-        return (f"http://{_host(role.probe_host)}:{port}{METRICS_PATH}", None) if port else \
-            (None, "no metrics port")
+        return (
+            (f"http://{_host(role.probe_host)}:{port}{METRICS_PATH}", None)
+            if port
+            else (None, "no metrics port")
+        )
     if role.engine not in ENGINE_METRICS:
         return None, f"{role.engine or role.kind} exposes no metrics"
     port = role.ports.get("http")
@@ -67,7 +70,9 @@ def read_role(role: RoleRecord, client: httpx.Client, clock=time.monotonic) -> R
         return Reading(clock(), url, error=f"metrics: {exc}")
     parsed = parse(text)
     if role.engine in ROUTER_METRICS:
-        return Reading(clock(), url, values=_router_values(parsed, role.engine), workers=_workers(parsed, role.engine))
+        return Reading(
+            clock(), url, values=_router_values(parsed, role.engine), workers=_workers(parsed, role.engine)
+        )
     return Reading(clock(), url, values=_engine_values(parsed, role.engine))
 
 
@@ -83,11 +88,15 @@ def _mean(parsed: Parsed, name: str) -> float | None:
 
 def _engine_values(parsed: Parsed, engine: str) -> dict[str, float | None]:
     names = ENGINE_METRICS[engine]
-    return {"running": _sum(parsed, names.running), "queued": _sum(parsed, names.queued),
-            "kv_cache_usage": _mean(parsed, names.kv_usage),  # one sample per DP engine or rank: their mean
-            "prompt_tokens": _sum(parsed, names.prompt_tokens),
-            "generation_tokens": _sum(parsed, names.generation_tokens),
-            "ttft_sum": _sum(parsed, f"{names.ttft}_sum"), "ttft_count": _sum(parsed, f"{names.ttft}_count")}
+    return {
+        "running": _sum(parsed, names.running),
+        "queued": _sum(parsed, names.queued),
+        "kv_cache_usage": _mean(parsed, names.kv_usage),  # one sample per DP engine or rank: their mean
+        "prompt_tokens": _sum(parsed, names.prompt_tokens),
+        "generation_tokens": _sum(parsed, names.generation_tokens),
+        "ttft_sum": _sum(parsed, f"{names.ttft}_sum"),
+        "ttft_count": _sum(parsed, f"{names.ttft}_count"),
+    }
 
 
 def _router_values(parsed: Parsed, engine: str) -> dict[str, float | None]:
@@ -139,21 +148,34 @@ def role_row(role: RoleRecord, now: Reading, before: Reading | None, health: str
     count_now, count_before = v.get("ttft_count"), (before.values.get("ttft_count") if before else None)
     idle = count_now is not None and count_before is not None and count_now == count_before
     row: dict[str, Any] = {
-        "name": role.name, "kind": role.kind, "engine": role.engine, "state": role.state.value,
+        "name": role.name,
+        "kind": role.kind,
+        "engine": role.engine,
+        "state": role.state.value,
         "health": None if health is None else "ok" if health == "ok" else "failing",
-        "health_detail": health, "restarts": role.restarts, "url": role.url, "metrics_url": now.url,
+        "health_detail": health,
+        "restarts": role.restarts,
+        "url": role.url,
+        "metrics_url": now.url,
         "metrics_unavailable": now.error,
     }
     if role.engine in ROUTER_ENGINES:
         loads = [w.get("load") for w in now.workers.values() if w.get("load") is not None]
-        row.update(requests_per_s=_rate(now, before, "requests"), in_flight=_int(sum(loads)) if loads else None)
+        row.update(
+            requests_per_s=_rate(now, before, "requests"), in_flight=_int(sum(loads)) if loads else None
+        )
         return row
-    row.update(running=_int(v.get("running")), queued=_int(v.get("queued")), kv_cache_usage=v.get("kv_cache_usage"),
-               prompt_tokens_per_s=_rate(now, before, "prompt_tokens"),
-               generation_tokens_per_s=_rate(now, before, "generation_tokens"),
-               ttft_s=_ttft(now, before), ttft_idle=idle,
-               prompt_tokens_total=_int(v.get("prompt_tokens")),
-               generation_tokens_total=_int(v.get("generation_tokens")))
+    row.update(
+        running=_int(v.get("running")),
+        queued=_int(v.get("queued")),
+        kv_cache_usage=v.get("kv_cache_usage"),
+        prompt_tokens_per_s=_rate(now, before, "prompt_tokens"),
+        generation_tokens_per_s=_rate(now, before, "generation_tokens"),
+        ttft_s=_ttft(now, before),
+        ttft_idle=idle,
+        prompt_tokens_total=_int(v.get("prompt_tokens")),
+        generation_tokens_total=_int(v.get("generation_tokens")),
+    )
     return row
 
 
@@ -161,8 +183,9 @@ def _int(value: float | None) -> int | None:
     return None if value is None else int(value)
 
 
-def router_loads(record: DeploymentRecord, readings: Mapping[str, Reading],
-                 before: Mapping[str, Reading] | None = None) -> list[dict[str, Any]]:
+def router_loads(
+    record: DeploymentRecord, readings: Mapping[str, Reading], before: Mapping[str, Reading] | None = None
+) -> list[dict[str, Any]]:
     """Each router's load per worker, the worker named by its role where its URL is one of ours."""
     by_url = {r.url.rstrip("/"): r.name for r in record.roles if r.url}
     out = []
@@ -170,20 +193,41 @@ def router_loads(record: DeploymentRecord, readings: Mapping[str, Reading],
         if role.engine not in ROUTER_ENGINES:
             continue
         reading = readings[role.name]
-        workers = [{"url": url, "role": by_url.get(url), "load": _int(w.get("load")),
-                    "healthy": None if w.get("healthy") is None else w.get("healthy") == 1}
-                   for url, w in reading.workers.items()]
-        out.append({"router": role.name, "metrics_unavailable": reading.error, "workers": workers,
-                    "requests_per_s": _rate(reading, (before or {}).get(role.name), "requests")})
+        workers = [
+            {
+                "url": url,
+                "role": by_url.get(url),
+                "load": _int(w.get("load")),
+                "healthy": None if w.get("healthy") is None else w.get("healthy") == 1,
+            }
+            for url, w in reading.workers.items()
+        ]
+        out.append(
+            {
+                "router": role.name,
+                "metrics_unavailable": reading.error,
+                "workers": workers,
+                "requests_per_s": _rate(reading, (before or {}).get(role.name), "requests"),
+            }
+        )
     return out
 
 
-def snapshot(record: DeploymentRecord, now: Mapping[str, Reading], before: Mapping[str, Reading] | None,
-             health: Mapping[str, str | None], interval: float) -> dict[str, Any]:
+def snapshot(
+    record: DeploymentRecord,
+    now: Mapping[str, Reading],
+    before: Mapping[str, Reading] | None,
+    health: Mapping[str, str | None],
+    interval: float,
+) -> dict[str, Any]:
     """The whole of `top --json`: the deployment, its roles and its routers' view of their workers."""
     return {
-        "name": record.name, "state": record.state.value, "interval_s": interval,
+        "name": record.name,
+        "state": record.state.value,
+        "interval_s": interval,
         "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "roles": [role_row(r, now[r.name], (before or {}).get(r.name), health.get(r.name)) for r in record.roles],
+        "roles": [
+            role_row(r, now[r.name], (before or {}).get(r.name), health.get(r.name)) for r in record.roles
+        ],
         "routers": router_loads(record, now, before),
     }

@@ -11,14 +11,19 @@ MIN_INTERVAL = 0.2
 
 
 def top(
-    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)"),
-    once: bool = typer.Option(False, "--once", help="read twice, one interval apart, print one view and exit"),
-    as_json: bool = typer.Option(False, "--json", help="the view as JSON (with --once: one object; else one "
-                                 "line per interval)"),
+    name: Optional[str] = typer.Argument(
+        None, help="deployment name or topology file (default: the one running)"
+    ),
+    once: bool = typer.Option(
+        False, "--once", help="read twice, one interval apart, print one view and exit"
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="the view as JSON (with --once: one object; else one line per interval)"
+    ),
     interval: float = typer.Option(1.0, "--interval", min=MIN_INTERVAL, help="seconds between reads"),
 ) -> None:
     """Per role: state, health, restarts, running and queued requests, KV cache, tokens/s, TTFT; each router's
-    load per worker. Read from the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
+    load per worker. From the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -35,8 +40,10 @@ def top(
     def record_now():
         record = read_state(run_dir)
         if record is None:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
-                                 fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
+            )
         return observed(record)
 
     with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:

@@ -76,8 +76,11 @@ def parse(text: str) -> Parsed:
 def _keep(out: Parsed, families: Iterable) -> None:
     for family in families:
         for s in family.samples:
-            if len(out.samples) >= MAX_SAMPLES or not isinstance(s.value, (int, float)) \
-                    or not math.isfinite(s.value):
+            if (
+                len(out.samples) >= MAX_SAMPLES
+                or not isinstance(s.value, (int, float))
+                or not math.isfinite(s.value)
+            ):
                 out.dropped += 1
                 continue
             out.samples.append(Sample(str(s.name), dict(s.labels), float(s.value)))

@@ -32,10 +32,18 @@ def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
         _num(row.get("running"), unavailable=missing or row.get("running") is None),
         _num(row.get("queued"), unavailable=missing or row.get("queued") is None),
         _num(None if kv is None else kv * 100, "{:.1f}%", unavailable=True),
-        _rate(row.get("prompt_tokens_per_s"), missing or (row.get("prompt_tokens_total") is None), first_read),
-        _rate(row.get("generation_tokens_per_s"), missing or (row.get("generation_tokens_total") is None),
-              first_read),
-        Text(f"{ttft * 1000:.0f} ms") if ttft is not None else Text("-", style="dim") if row.get("ttft_idle")
+        _rate(
+            row.get("prompt_tokens_per_s"), missing or (row.get("prompt_tokens_total") is None), first_read
+        ),
+        _rate(
+            row.get("generation_tokens_per_s"),
+            missing or (row.get("generation_tokens_total") is None),
+            first_read,
+        ),
+        Text(f"{ttft * 1000:.0f} ms")
+        if ttft is not None
+        else Text("-", style="dim")
+        if row.get("ttft_idle")
         else NA,
     ]
 
@@ -49,21 +57,36 @@ def _rate(value: float | None, unavailable: bool, first_read: bool) -> Text | st
 
 
 def role_table(snap: Mapping[str, Any]) -> Table:
-    table = Table(title=f"{snap['name']}: {snap['state']}  (every {snap['interval_s']:g}s; Ctrl-C quits)",
-                  title_justify="left")
-    for column, justify in (("role", "left"), ("kind", "left"), ("state", "left"), ("health", "left"),
-                            ("restarts", "right"), ("running", "right"), ("queued", "right"), ("KV cache", "right"),
-                            ("prompt tok/s", "right"), ("gen tok/s", "right"), ("TTFT", "right"),
-                            ("metrics", "left")):
+    table = Table(
+        title=f"{snap['name']}: {snap['state']}  (every {snap['interval_s']:g}s; Ctrl-C quits)",
+        title_justify="left",
+    )
+    for column, justify in (
+        ("role", "left"),
+        ("kind", "left"),
+        ("state", "left"),
+        ("health", "left"),
+        ("restarts", "right"),
+        ("running", "right"),
+        ("queued", "right"),
+        ("KV cache", "right"),
+        ("prompt tok/s", "right"),
+        ("gen tok/s", "right"),
+        ("TTFT", "right"),
+        ("metrics", "left"),
+    ):
         table.add_column(column, justify=justify, no_wrap=column != "metrics")
     for row in snap["roles"]:
         state = row["state"]
         style = STATE_STYLES.get(RoleState(state), "") if state in RoleState._value2member_map_ else ""
         health = row["health"]
         table.add_row(
-            row["name"], row["kind"], Text(state, style=style),
+            row["name"],
+            row["kind"],
+            Text(state, style=style),
             Text(health or "-", style="green" if health == "ok" else "red" if health else "dim"),
-            str(row["restarts"]), *_role_cells(row),
+            str(row["restarts"]),
+            *_role_cells(row),
             Text(row["metrics_unavailable"] or "ok", style="yellow" if row["metrics_unavailable"] else "dim"),
         )
     return table
@@ -83,9 +106,12 @@ def router_tables(snap: Mapping[str, Any]) -> list[Table]:
             table.add_row(Text("the router lists no worker in its metrics", style="dim"), "", NA, NA)
         for w in router["workers"]:
             healthy = w["healthy"]
-            table.add_row(w["url"], w["role"] or Text("not in this deployment", style="yellow"),
-                          NA if w["load"] is None else str(w["load"]),
-                          NA if healthy is None else Text("yes", style="green") if healthy else Text("no", style="red"))
+            table.add_row(
+                w["url"],
+                w["role"] or Text("not in this deployment", style="yellow"),
+                NA if w["load"] is None else str(w["load"]),
+                NA if healthy is None else Text("yes", style="green") if healthy else Text("no", style="red"),
+            )
         out.append(table)
     return out
 

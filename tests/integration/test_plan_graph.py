@@ -96,7 +96,7 @@ def test_hostile_values_stay_text_in_dot():
 
 
 def test_docs_pictures_match_what_plan_prints_now():
-    """docs/pictures.md's mermaid block and docs/epd-b300.svg are what `plan` makes of topologies/epd-b300.yaml."""
+    """docs/pictures.md's mermaid block and docs/epd-b300.svg are what `plan` makes of epd-b300.yaml."""
     page = (REPO / "docs/pictures.md").read_text()
     block = page.split("```mermaid\n", 1)[1].split("\n```", 1)[0]
     epd = str(REPO / "topologies/epd-b300.yaml")
@@ -104,5 +104,6 @@ def test_docs_pictures_match_what_plan_prints_now():
     fresh = dot_svg(muse("plan", epd, "--format", "dot").stdout).stdout
     kept = (REPO / "docs/epd-b300.svg").read_text()
     texts = lambda svg: [t.text for t in ET.fromstring(svg).iter(f"{SVG}text")]  # noqa: E731  (layout may vary)
-    assert texts(kept) == texts(fresh), "regenerate: muse-launch plan topologies/epd-b300.yaml --format dot | " \
-                                        "dot -Tsvg > docs/epd-b300.svg"
+    assert texts(kept) == texts(fresh), (
+        "regenerate: muse-launch plan topologies/epd-b300.yaml --format dot | dot -Tsvg > docs/epd-b300.svg"
+    )

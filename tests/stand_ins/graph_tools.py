@@ -21,13 +21,16 @@ def tools_dir() -> Path:
 
 
 def mermaid_parse(text: str) -> dict:
-    """What mermaid's parser understood of `text`: {"ok", "vertices", "edges", "subgraphs"} or {"ok": False, "error"}."""
+    """What mermaid's parser understood of `text`: {"ok", "vertices", "edges", "subgraphs"}, or
+    {"ok": False, "error"}."""
     script = tools_dir() / "parse_mermaid.mjs"
     node = shutil.which("node")
-    assert node and script.is_file() and (tools_dir() / "node_modules/mermaid").is_dir(), \
+    assert node and script.is_file() and (tools_dir() / "node_modules/mermaid").is_dir(), (
         f"mermaid's parser is not installed: run `{INSTALL}`"
-    ran = subprocess.run([node, str(script)], input=text, capture_output=True, text=True, timeout=120,
-                         cwd=tools_dir())
+    )
+    ran = subprocess.run(
+        [node, str(script)], input=text, capture_output=True, text=True, timeout=120, cwd=tools_dir()
+    )
     assert ran.stdout.strip(), ran.stderr
     return json.loads(ran.stdout.strip().splitlines()[-1])
 
@@ -49,16 +52,49 @@ HOSTILE = 'x"];\nn9["pwn"] --> n0 %% end\\n #quot; <b>b</b> `md` {a|b} [c] (d) \
 
 def hostile_plan() -> Plan:
     specs = (
-        LaunchSpec(name=f"prefill{HOSTILE}", role="prefill", kind="prefill", engine="sglang", launcher=("sglang",),
-                   args=("--disaggregation-transfer-backend", HOSTILE, "--host", "127.0.0.1", "--port", "30001"),
-                   gpus=(0,), node=f"node{HOSTILE}", host="127.0.0.1", ports={"http": 30001, "bootstrap": 8998}),
-        LaunchSpec(name="decode", role="decode", kind="decode", engine="sglang", launcher=("sglang",),
-                   args=("--encoder-transfer-backend", HOSTILE), host=HOSTILE, ports={"http": 30002},
-                   depends_on=("enc",)),
-        LaunchSpec(name="enc", role="enc", kind="encoder", engine="sglang", launcher=("sglang",), args=(),
-                   host="127.0.0.1", ports={"http": 30010}),
-        LaunchSpec(name="router", role="router", kind="router", engine="sglang-router", launcher=("r",),
-                   args=("--prefill", "http://127.0.0.1:30001", HOSTILE, "--decode", f"http://{HOSTILE}:30002"),
-                   host="127.0.0.1", ports={"http": 8000}, depends_on=(f"prefill{HOSTILE}", "decode")),
+        LaunchSpec(
+            name=f"prefill{HOSTILE}",
+            role="prefill",
+            kind="prefill",
+            engine="sglang",
+            launcher=("sglang",),
+            args=("--disaggregation-transfer-backend", HOSTILE, "--host", "127.0.0.1", "--port", "30001"),
+            gpus=(0,),
+            node=f"node{HOSTILE}",
+            host="127.0.0.1",
+            ports={"http": 30001, "bootstrap": 8998},
+        ),
+        LaunchSpec(
+            name="decode",
+            role="decode",
+            kind="decode",
+            engine="sglang",
+            launcher=("sglang",),
+            args=("--encoder-transfer-backend", HOSTILE),
+            host=HOSTILE,
+            ports={"http": 30002},
+            depends_on=("enc",),
+        ),
+        LaunchSpec(
+            name="enc",
+            role="enc",
+            kind="encoder",
+            engine="sglang",
+            launcher=("sglang",),
+            args=(),
+            host="127.0.0.1",
+            ports={"http": 30010},
+        ),
+        LaunchSpec(
+            name="router",
+            role="router",
+            kind="router",
+            engine="sglang-router",
+            launcher=("r",),
+            args=("--prefill", "http://127.0.0.1:30001", HOSTILE, "--decode", f"http://{HOSTILE}:30002"),
+            host="127.0.0.1",
+            ports={"http": 8000},
+            depends_on=(f"prefill{HOSTILE}", "decode"),
+        ),
     )
     return Plan(f"name{HOSTILE}", specs, (("enc", f"prefill{HOSTILE}"), ("decode",), ("router",)))

@@ -1,4 +1,4 @@
-"""GET /metrics of the simulated engine: SGLang's and vLLM's own names, in the text format, from live counters."""
+"""GET /metrics of the simulated engine: SGLang's and vLLM's own names, in text format, from its counters."""
 
 from __future__ import annotations
 
@@ -90,8 +90,14 @@ def test_vllm_names_and_its_engine_label(tmp_path):
 
     text = run("vllm", [M], tmp_path, fn)
     parsed = parse(text)
-    for name in (VLLM.running, VLLM.queued, VLLM.kv_usage, VLLM.prompt_tokens, VLLM.generation_tokens,
-                 f"{VLLM.ttft}_count"):
+    for name in (
+        VLLM.running,
+        VLLM.queued,
+        VLLM.kv_usage,
+        VLLM.prompt_tokens,
+        VLLM.generation_tokens,
+        f"{VLLM.ttft}_count",
+    ):
         assert parsed.by_label(name, "engine").keys() == {"0"}, name
     assert parsed.values(VLLM.generation_tokens)[0] > 0
     assert f"# TYPE {VLLM.prompt_tokens} counter" in text

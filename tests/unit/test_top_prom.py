@@ -59,12 +59,22 @@ def test_overlong_lines_are_skipped():
 
 def test_samples_past_the_cap_are_dropped(monkeypatch):
     monkeypatch.setattr(prom, "MAX_SAMPLES", 10)
-    parsed = parse("".join(f"s{{i=\"{i}\"}} {i}\n" for i in range(50)))
+    parsed = parse("".join(f's{{i="{i}"}} {i}\n' for i in range(50)))
     assert len(parsed.samples) == 10 and parsed.dropped == 40
 
 
-@pytest.mark.parametrize("text", ["", "\n\n", "\x00\x01\x02 garbage \xff", "# only comments\n", "{" * 10000,
-                                  "a 1 2 3 4\n", 'a{' + 'l="v",' * 5000 + '} 1\n'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\n\n",
+        "\x00\x01\x02 garbage \xff",
+        "# only comments\n",
+        "{" * 10000,
+        "a 1 2 3 4\n",
+        "a{" + 'l="v",' * 5000 + "} 1\n",
+    ],
+)
 def test_garbage_never_raises(text):
     parse(text)
 
@@ -127,8 +137,15 @@ def test_fetch_reads_a_good_answer(server):
         assert parse(fetch(client, _url(server))).values("sglang:num_running_reqs") == [3.0]
 
 
-@pytest.mark.parametrize("mode, said", [("404", "HTTP 404"), ("huge", "answer over 4 MiB"),
-                                        ("drip", "slower than 0.8s"), ("gzip", "compressed")])
+@pytest.mark.parametrize(
+    "mode, said",
+    [
+        ("404", "HTTP 404"),
+        ("huge", "answer over 4 MiB"),
+        ("drip", "slower than 0.8s"),
+        ("gzip", "compressed"),
+    ],
+)
 def test_fetch_bounds_a_hostile_answer(server, mode, said):
     server.mode = mode
     started = time.monotonic()
