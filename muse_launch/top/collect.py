@@ -20,7 +20,12 @@ from muse_launch.run.state import DeploymentRecord, RoleRecord
 
 from .prom import FetchError, Parsed, fetch, parse
 
-COUNTERS = ("prompt_tokens", "generation_tokens", "ttft_sum", "ttft_count")
+# The sample names read of each engine and router: the rest of an answer is skipped unparsed.
+WANTED = {
+    **{e: frozenset((m.running, m.queued, m.kv_usage, m.prompt_tokens, m.generation_tokens, f"{m.ttft}_sum",
+                     f"{m.ttft}_count")) for e, m in ENGINE_METRICS.items()},
+    **{r: frozenset(n for n in (*m.load, m.health, m.requests) if n) for r, m in ROUTER_METRICS.items()},
+}
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ def read_role(role: RoleRecord, client: httpx.Client, clock=time.monotonic) -> R
         if str(exc) == "HTTP 404" and hint:
             return Reading(clock(), url, error=f"no /metrics: {role.engine} serves it with {hint}")
         return Reading(clock(), url, error=f"metrics: {exc}")
-    parsed = parse(text)
+    parsed = parse(text, WANTED.get(role.engine))
     if role.engine in ROUTER_METRICS:
         return Reading(
             clock(), url, values=_router_values(parsed, role.engine), workers=_workers(parsed, role.engine)

@@ -1,8 +1,8 @@
 """Reading a server's Prometheus metrics, bounded: its answer is hostile (any size, any pace, any bytes).
 
 `fetch` reads at most MAX_BYTES within a deadline; `parse` turns the text format into samples with
-prometheus_client's own parser, line by line where the whole text does not parse, so one bad line costs
-that line only; non-finite values and samples past MAX_SAMPLES are dropped.
+prometheus_client's own parser (of the metric names asked for only), line by line where the whole text does
+not parse, so one bad line costs that line only; non-finite values and samples past MAX_SAMPLES are dropped.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 import httpx
 
@@ -49,11 +49,20 @@ class FetchError(Exception):
     """Why no metrics came back: said in a few words, shown in place of the numbers."""
 
 
-def parse(text: str) -> Parsed:
+def _name(line: str) -> str:
+    """The metric name a sample line starts with (what precedes its labels or value)."""
+    return line.split("{", 1)[0].split(None, 1)[0] if line.strip() else ""
+
+
+def parse(text: str, wanted: Collection[str] | None = None) -> Parsed:
+    """The samples of `text`; with `wanted`, only those of these names (the rest is skipped unparsed: a
+    vLLM answer holds thousands of histogram buckets that top never reads)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out = Parsed()
     lines = text.splitlines()
+    if wanted is not None:
+        lines = [line for line in lines if not line.startswith("#") and _name(line) in wanted]
     long_lines = [i for i, line in enumerate(lines) if len(line) > MAX_LINE]
     if long_lines:
         out.bad_lines += len(long_lines)

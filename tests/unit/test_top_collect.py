@@ -126,3 +126,41 @@ def test_router_workers_are_named_by_role_and_a_stranger_is_kept():
         "router"
     ] == "router"
     assert snap["roles"][1]["requests_per_s"] is None and snap["roles"][1]["in_flight"] == 4
+
+
+def test_the_table_says_n_a_for_none_and_shows_zero_as_zero():
+    from rich.console import Console
+
+    from muse_launch.top.view import render
+
+    zero = reading(
+        2.0,
+        running=0,
+        queued=0,
+        kv_cache_usage=0.0,
+        prompt_tokens=0,
+        generation_tokens=0,
+        ttft_sum=0.0,
+        ttft_count=0,
+    )
+    lacking = Reading(
+        2.0, "http://127.0.0.1:30003/metrics", error="no /metrics: sglang serves it with --enable-metrics"
+    )
+    record = DeploymentRecord("d", "f.yaml", (), (role("idle"), role("dark", ports={"http": 30003})))
+    snap = snapshot(
+        record,
+        {"idle": zero, "dark": lacking},
+        {"idle": reading(1.0, prompt_tokens=0, generation_tokens=0, ttft_sum=0.0, ttft_count=0)},
+        {"idle": "ok", "dark": "ok"},
+        1.0,
+    )
+    console = Console(width=220, record=True)
+    console.print(render(snap))
+    lines = {
+        line.split("\u2502")[1].strip(): [c.strip() for c in line.split("\u2502")[1:-1]]
+        for line in console.export_text().splitlines()
+        if line.count("\u2502") > 10
+    }
+    assert lines["idle"][5:11] == ["0", "0", "0.0%", "0.0", "0.0", "-"]  # known zeros, and no new first token
+    assert lines["dark"][5:11] == ["n/a"] * 6
+    assert lines["dark"][11].startswith("no /metrics: sglang serves it with")

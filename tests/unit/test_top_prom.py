@@ -161,3 +161,11 @@ def test_fetch_of_a_closed_port_says_refused():
         port = s.getsockname()[1]
     with httpx.Client() as client, pytest.raises(FetchError, match="refused"):
         fetch(client, f"http://127.0.0.1:{port}/metrics")
+
+
+def test_only_the_names_asked_for_are_parsed_and_a_bad_line_elsewhere_costs_nothing():
+    text = GOOD + 'other_histogram_bucket{le="0.1"} 4\nnot even {{ a line\n'
+    parsed = parse(text, {"sglang:num_running_reqs", "vllm:num_requests_running"})
+    assert {s.name for s in parsed.samples} == {"sglang:num_running_reqs", "vllm:num_requests_running"}
+    assert parsed.bad_lines == 0
+    assert parse('sglang:num_running_reqs{x="1} 3\n', {"sglang:num_running_reqs"}).bad_lines == 1
