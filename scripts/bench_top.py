@@ -12,9 +12,34 @@ import time
 from muse_launch.top.collect import WANTED
 from muse_launch.top.prom import parse
 
-BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
-HISTOGRAMS = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
-              "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds")
+BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+)
+HISTOGRAMS = (
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+)
 
 
 def exposition(engines: int) -> str:
@@ -47,7 +72,7 @@ def main() -> None:
     text = exposition(args.engines)
     every = timed(text, args.rounds)
     wanted = timed(text, args.rounds, WANTED["vllm"])
-    broken = timed("vllm:num_requests_running{x=\"1} 3\n" + text, args.rounds, WANTED["vllm"])
+    broken = timed('vllm:num_requests_running{x="1} 3\n' + text, args.rounds, WANTED["vllm"])
     samples = len(parse(text).samples)
     print(f"answer: {len(text) / 1024:.0f} KiB, {samples} samples ({args.engines} DP engines)")
     print(f"parse, every sample:          {every * 1000:7.2f} ms")
