@@ -64,7 +64,7 @@ def read_role(role: RoleRecord, client: httpx.Client, clock=time.monotonic) -> R
     url, why = metrics_url(role)
     if url is None:
         return Reading(clock(), None, error=why)
-    if not role.live or role.process is None:
+    if not role.live:  # (on SLURM a live role has no process of this host's)
         return Reading(clock(), url, error=f"not running ({role.state.value})")
     try:
         text = fetch(client, url)

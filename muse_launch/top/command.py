@@ -32,10 +32,12 @@ def top(
     from muse_launch.errors import RuntimeFailure
     from muse_launch.run.state import read_state, resolve_name
     from muse_launch.run.status import health_now, observed
+    from muse_launch.slurm.commands import is_slurm, observed_any
 
     from .collect import read_all, snapshot
 
     run_dir = resolve_name(name)
+    on_slurm = is_slurm(run_dir)
 
     def record_now():
         record = read_state(run_dir)
@@ -44,7 +46,7 @@ def top(
                 f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
                 fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
             )
-        return observed(record)
+        return observed_any(record, observed)  # on SLURM: its roles as SLURM sees them
 
     with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
         state: dict = {"before": None}
@@ -52,7 +54,8 @@ def top(
         def frame() -> dict:
             record = record_now()
             readings = read_all(record, client, pool)
-            snap = snapshot(record, readings, state["before"], health_now(record, run_dir, client), interval)
+            health = health_now(record, run_dir, client, local=not on_slurm)  # SLURM: no pids here to look at
+            snap = snapshot(record, readings, state["before"], health, interval)
             state["before"] = readings
             return snap
 
