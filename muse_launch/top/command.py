@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -24,60 +24,57 @@ def top(
 ) -> None:
     """Per role: state, health, restarts, running and queued requests, KV cache, tokens/s, TTFT; each router's
     load per worker. From the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
+    import itertools
+
+    from muse_launch.run.state import resolve_name
+
+    frames = _frames(resolve_name(name), interval)
+    try:
+        snap = next(frames)
+        if once:
+            _print(next(frames), as_json)
+        elif as_json or not sys.stdout.isatty():
+            for snap in itertools.chain([snap], frames):
+                _print(snap, as_json)
+        else:
+            _live(snap, frames)
+    except KeyboardInterrupt:
+        raise typer.Exit(0)
+    finally:
+        frames.close()
+
+
+def _frames(run_dir, interval: float) -> Iterator[dict]:
+    """A snapshot (collect.snapshot) now, then one every `interval` seconds, with the rates since the last."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
 
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.state import read_state, resolve_name
+    from muse_launch.run.state import read_state
     from muse_launch.run.status import health_now, observed
     from muse_launch.slurm.commands import is_slurm, observed_any
 
     from .collect import read_all, snapshot
 
-    run_dir = resolve_name(name)
     on_slurm = is_slurm(run_dir)
-
-    def record_now():
-        record = read_state(run_dir)
-        if record is None:
-            raise RuntimeFailure(
-                f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
-                fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
-            )
-        return observed_any(record, observed)  # on SLURM: its roles as SLURM sees them
-
+    before = None
     with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
-        state: dict = {"before": None}
-
-        def frame() -> dict:
-            record = record_now()
+        while True:
+            started = time.monotonic()
+            record = read_state(run_dir)
+            if record is None:
+                raise RuntimeFailure(
+                    f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                    fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
+                )
+            record = observed_any(record, observed)  # on SLURM: its roles as SLURM sees them
             readings = read_all(record, client, pool)
             health = health_now(record, run_dir, client, local=not on_slurm)  # SLURM: no pids here to look at
-            snap = snapshot(record, readings, state["before"], health, interval)
-            state["before"] = readings
-            return snap
-
-        def tick(started: float) -> None:
+            yield snapshot(record, readings, before, health, interval)
+            before = readings
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
-
-        try:
-            last = time.monotonic()
-            snap = frame()
-            if once:
-                tick(last)
-                _print(frame(), as_json)
-                return
-            if as_json or not sys.stdout.isatty():
-                while True:
-                    _print(snap, as_json)
-                    tick(last)
-                    last = time.monotonic()
-                    snap = frame()
-            _live(snap, frame, tick, last)
-        except KeyboardInterrupt:
-            raise typer.Exit(0)
 
 
 def _print(snap: dict, as_json: bool) -> None:
@@ -93,19 +90,15 @@ def _print(snap: dict, as_json: bool) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
 
 
-def _live(snap: dict, frame, tick, last: float) -> None:
-    """Full screen, redrawn every interval; the terminal as it was once it ends."""
-    import time
-
+def _live(snap: dict, frames: Iterator[dict]) -> None:
+    """Full screen, redrawn at each snapshot; the terminal as it was once it ends."""
     from rich.live import Live
 
     from .view import render
 
     with Live(render(snap), screen=True, auto_refresh=False) as live:
-        while True:
-            tick(last)
-            last = time.monotonic()
-            live.update(render(frame()), refresh=True)
+        for snap in frames:
+            live.update(render(snap), refresh=True)
 
 
 def register(app: typer.Typer) -> None:
