@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -45,6 +46,8 @@ def test_top_reads_vllms_own_metrics_and_the_routers_worker_load(vllm_setup, tmp
         status = json.loads(_cli(env, "status", "agg-vllm-cpu", "--json").stdout)
         router_url = next(r["url"] for r in status["roles"] if r["kind"] == "router")
 
+        errors: list[str] = []
+
         def load() -> None:
             body = {
                 "model": SERVED_MODEL,
@@ -52,18 +55,28 @@ def test_top_reads_vllms_own_metrics_and_the_routers_worker_load(vllm_setup, tmp
                 "max_tokens": 16,
             }
             with httpx.Client(timeout=120) as client:
-                for _ in range(40):
+                for _ in range(400):
                     if stop.is_set():
                         return
-                    client.post(f"{router_url}/v1/chat/completions", json=body).raise_for_status()
+                    try:
+                        client.post(f"{router_url}/v1/chat/completions", json=body).raise_for_status()
+                    except httpx.HTTPError as exc:
+                        errors.append(repr(exc))
 
         threads = [threading.Thread(target=load, daemon=True) for _ in range(2)]
         for t in threads:
             t.start()
-        top = _cli(env, "top", "agg-vllm-cpu", "--once", "--json", "--interval", "3")
+        deadline = time.monotonic() + 240  # a loaded 2-core machine: poll until a window saw tokens
+        while True:
+            top = _cli(env, "top", "agg-vllm-cpu", "--once", "--json", "--interval", "2")
+            assert top.returncode == 0, top.stderr
+            worker = json.loads(top.stdout)["roles"][0]
+            if (worker["generation_tokens_per_s"] or 0) > 0 or time.monotonic() > deadline:
+                break
         stop.set()
         for t in threads:
             t.join(180)
+        assert not errors, errors[:3]
         assert top.returncode == 0, top.stderr
         snap = json.loads(top.stdout)
         worker, router = snap["roles"]
