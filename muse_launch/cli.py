@@ -40,6 +40,8 @@ class PlanFormat(str, Enum):
     shell = "shell"
     docker = "docker"
     sbatch = "sbatch"
+    mermaid = "mermaid"
+    dot = "dot"
 
 
 @app.command()
@@ -88,14 +90,14 @@ def validate(
 @app.command()
 def plan(
     file: Path = typer.Argument(..., help="topology file"),
-    fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch"),
+    fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch | mermaid | dot"),
     rehearse: bool = typer.Option(False, "--rehearse", help="the plan `up --rehearse` would run"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
     """Show each role's exact argv, env, GPUs, ports and probe, in start order."""
     import json
 
-    from . import render_text
+    from . import render_graph, render_text
     from .core import load_plan
 
     loaded_plan = load_plan(file, set_, rehearse=rehearse)
@@ -112,6 +114,8 @@ def plan(
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
+        PlanFormat.mermaid: lambda p, r, t: render_graph.plan_mermaid(p, r, t.start),
+        PlanFormat.dot: lambda p, r, t: render_graph.plan_dot(p, r, t.start),
     }
     # Every rendering (comments, URLs, probe paths too) with `${env:...}` values hidden once more as a whole.
     rendered = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology)
@@ -172,7 +176,8 @@ def init(
 # Modules that add commands: each exposes register(app) and imports typer only at module level (its
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
-COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command")
+COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command",
+                   "muse_launch.top.command")
 _registered: list[str] = []
 
 

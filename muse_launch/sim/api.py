@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from . import metrics
 from . import textgen as tg
 from .config import SGLANG_VERSION, VLLM_VERSION
 
@@ -69,7 +70,7 @@ class Api:
         r.add_get("/v1/models", self.h_models)
         r.add_get("/version", self.h_version)
         r.add_get("/get_load", self.h_load)
-        r.add_get("/metrics", self.h_metrics)
+        metrics.install(app, self.engine)  # GET /metrics, and the counters behind it
         r.add_post("/flush_cache", _flush_cache)
         gen = Generation(self)
         r.add_post("/v1/chat/completions", gen.h_chat)
@@ -165,21 +166,6 @@ class Api:
     async def h_load(self, request: web.Request) -> web.Response:
         return web.json_response([{"dp_rank": 0, "num_reqs": self.engine.requests_running,
                                    "num_waiting_reqs": 0, "num_tokens": 0}])
-
-    async def h_metrics(self, request: web.Request) -> web.Response:
-        c, e = self.cfg, self.engine
-        name = c.served_model_name
-        if c.engine == "vllm":
-            lines = [f'vllm:num_requests_running{{engine="0",model_name="{name}"}} '
-                     f'{e.requests_running}',
-                     f'vllm:num_requests_waiting{{engine="0",model_name="{name}"}} 0',
-                     f'vllm:kv_cache_usage_perc{{engine="0",model_name="{name}"}} 0.0']
-        else:
-            lines = [f'sglang:num_running_reqs{{model_name="{name}"}} {e.requests_running}',
-                     f'sglang:num_queue_reqs{{model_name="{name}"}} 0',
-                     f'sglang:token_usage{{model_name="{name}"}} 0.0']
-        lines.append(f"muse_sim_requests_total {e.requests_served}")
-        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     # ----------------------------------------------------------- errors and admission
     def error(self, status: int, message: str, param: str | None = None,

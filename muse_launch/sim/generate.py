@@ -59,6 +59,7 @@ class Generation:
         finally:
             self.engine.requests_running -= 1
         self.engine.requests_served += 1
+        self.engine.metrics.count(prompt_tokens, out.completion_tokens)
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -94,6 +95,7 @@ class Generation:
         ps, finish, n = tg.realize_text(tg.completion_text(prompt_tokens, c.served_model_name,
                                                            c.engine), max_tokens)
         self.engine.requests_served += 1
+        self.engine.metrics.count(prompt_tokens, n)
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -138,6 +140,7 @@ class Generation:
             ps, finish, n = tg.realize_text(tg.completion_text(len(ids), c.served_model_name,
                                                                c.engine), mt)
             results.append((rid, ids, ps, finish, n))
+            self.engine.metrics.count(len(ids), n)
         self.engine.requests_served += 1
         if body.get("stream"):
             rid, ids, ps, finish, n = results[0]

@@ -1,0 +1,105 @@
+"""`muse-launch top [NAME]`: a live view of a running deployment from its roles' own metrics (docs/top.md)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterator, Optional
+
+import typer
+
+MIN_INTERVAL = 0.2
+
+
+def top(
+    name: Optional[str] = typer.Argument(
+        None, help="deployment name or topology file (default: the one running)"
+    ),
+    once: bool = typer.Option(
+        False, "--once", help="read twice, one interval apart, print one view and exit"
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="the view as JSON (with --once: one object; else one line per interval)"
+    ),
+    interval: float = typer.Option(1.0, "--interval", min=MIN_INTERVAL, help="seconds between reads"),
+) -> None:
+    """Per role: state, health, restarts, running and queued requests, KV cache, tokens/s, TTFT; each router's
+    load per worker. From the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
+    import itertools
+
+    from muse_launch.run.state import resolve_name
+
+    frames = _frames(resolve_name(name), interval)
+    try:
+        snap = next(frames)
+        if once:
+            _print(next(frames), as_json)
+        elif as_json or not sys.stdout.isatty():
+            for snap in itertools.chain([snap], frames):
+                _print(snap, as_json)
+        else:
+            _live(snap, frames)
+    except KeyboardInterrupt:
+        raise typer.Exit(0)
+    finally:
+        frames.close()
+
+
+def _frames(run_dir, interval: float) -> Iterator[dict]:
+    """A snapshot (collect.snapshot) now, then one every `interval` seconds, with the rates since the last."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.run.state import read_state
+    from muse_launch.run.status import health_now, observed
+    from muse_launch.slurm.commands import is_slurm, observed_any
+
+    from .collect import read_all, snapshot
+
+    on_slurm = is_slurm(run_dir)
+    before = None
+    with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
+        while True:
+            started = time.monotonic()
+            record = read_state(run_dir)
+            if record is None:
+                raise RuntimeFailure(
+                    f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                    fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
+                )
+            record = observed_any(record, observed)  # on SLURM: its roles as SLURM sees them
+            readings = read_all(record, client, pool)
+            health = health_now(record, run_dir, client, local=not on_slurm)  # SLURM: no pids here to look at
+            yield snapshot(record, readings, before, health, interval)
+            before = readings
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def _print(snap: dict, as_json: bool) -> None:
+    import json
+
+    if as_json:
+        typer.echo(json.dumps(snap))
+        return
+    from rich.console import Console
+
+    from .view import render
+
+    Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
+
+
+def _live(snap: dict, frames: Iterator[dict]) -> None:
+    """Full screen, redrawn at each snapshot; the terminal as it was once it ends."""
+    from rich.live import Live
+
+    from .view import render
+
+    with Live(render(snap), screen=True, auto_refresh=False) as live:
+        for snap in frames:
+            live.update(render(snap), refresh=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(top)

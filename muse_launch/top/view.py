@@ -1,0 +1,120 @@
+"""`top` on a terminal: the snapshot (collect.snapshot) as rich tables. "n/a": the backend does not give
+that number (the reason is in the last column); "-": nothing to show this interval (no new request)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.progress import STATE_STYLES
+
+NA = Text("n/a", style="dim")
+
+
+def _num(value: float | None, fmt: str = "{:.0f}", unavailable: bool = False) -> Text | str:
+    if value is None:
+        return NA if unavailable else Text("-", style="dim")
+    return fmt.format(value)
+
+
+def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
+    missing = row.get("metrics_unavailable") is not None
+    if "requests_per_s" in row:  # a router: its load per worker and req/s are in its own table
+        return [NA] * 6
+    first_read = row.get("prompt_tokens_total") is not None and row["prompt_tokens_per_s"] is None
+    kv = row.get("kv_cache_usage")
+    ttft = row.get("ttft_s")
+    return [
+        _num(row.get("running"), unavailable=missing or row.get("running") is None),
+        _num(row.get("queued"), unavailable=missing or row.get("queued") is None),
+        _num(None if kv is None else kv * 100, "{:.1f}%", unavailable=True),
+        _rate(
+            row.get("prompt_tokens_per_s"), missing or (row.get("prompt_tokens_total") is None), first_read
+        ),
+        _rate(
+            row.get("generation_tokens_per_s"),
+            missing or (row.get("generation_tokens_total") is None),
+            first_read,
+        ),
+        Text(f"{ttft * 1000:.0f} ms")
+        if ttft is not None
+        else Text("-", style="dim")
+        if row.get("ttft_idle")
+        else NA,
+    ]
+
+
+def _rate(value: float | None, unavailable: bool, first_read: bool) -> Text | str:
+    if unavailable:
+        return NA
+    if value is None:
+        return Text("..." if first_read else "-", style="dim")
+    return f"{value:.1f}"
+
+
+def role_table(snap: Mapping[str, Any]) -> Table:
+    table = Table(
+        title=f"{snap['name']}: {snap['state']}  (every {snap['interval_s']:g}s; Ctrl-C quits)",
+        title_justify="left",
+    )
+    for column, justify in (
+        ("role", "left"),
+        ("kind", "left"),
+        ("state", "left"),
+        ("health", "left"),
+        ("restarts", "right"),
+        ("running", "right"),
+        ("queued", "right"),
+        ("KV cache", "right"),
+        ("prompt tok/s", "right"),
+        ("gen tok/s", "right"),
+        ("TTFT", "right"),
+        ("metrics", "left"),
+    ):
+        table.add_column(column, justify=justify, no_wrap=column != "metrics")
+    for row in snap["roles"]:
+        state = row["state"]
+        style = STATE_STYLES.get(RoleState(state), "") if state in RoleState._value2member_map_ else ""
+        health = row["health"]
+        table.add_row(
+            row["name"],
+            row["kind"],
+            Text(state, style=style),
+            Text(health or "-", style="green" if health == "ok" else "red" if health else "dim"),
+            str(row["restarts"]),
+            *_role_cells(row),
+            Text(row["metrics_unavailable"] or "ok", style="yellow" if row["metrics_unavailable"] else "dim"),
+        )
+    return table
+
+
+def router_tables(snap: Mapping[str, Any]) -> list[Table]:
+    out = []
+    for router in snap["routers"]:
+        rate = router.get("requests_per_s")
+        rate_text = "n/a req/s" if rate is None else f"{rate:.1f} req/s"
+        table = Table(title=f"router {router['router']}: {rate_text}; load per worker", title_justify="left")
+        for column in ("worker", "role", "in flight", "healthy"):
+            table.add_column(column, justify="right" if column == "in flight" else "left")
+        if router["metrics_unavailable"]:
+            table.add_row(Text(router["metrics_unavailable"], style="yellow"), "", NA, NA)
+        elif not router["workers"]:
+            table.add_row(Text("the router lists no worker in its metrics", style="dim"), "", NA, NA)
+        for w in router["workers"]:
+            healthy = w["healthy"]
+            table.add_row(
+                w["url"],
+                w["role"] or Text("not in this deployment", style="yellow"),
+                NA if w["load"] is None else str(w["load"]),
+                NA if healthy is None else Text("yes", style="green") if healthy else Text("no", style="red"),
+            )
+        out.append(table)
+    return out
+
+
+def render(snap: Mapping[str, Any]) -> Group:
+    return Group(role_table(snap), *router_tables(snap))
