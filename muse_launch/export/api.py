@@ -22,9 +22,9 @@ class Exported:
 
 
 def build(path: str | Path, flavour: str = "lws", namespace: str = "default", images: Mapping[str, str] = {},
-          sets: Iterable[str] = ()) -> Exported:
-    """Plan, render and validate, writing nothing."""
-    plan = export_plan(path, FLAVOURS[flavour], namespace, sets)
+          sets: Iterable[str] = (), rehearse: str | None = None) -> Exported:
+    """Plan, render and validate, writing nothing. `rehearse`: see export_plan."""
+    plan = export_plan(path, FLAVOURS[flavour], namespace, sets, rehearse)
     files = tuple(render(plan, images))
     docs = [(f.path, doc) for f in files for doc in yaml.safe_load_all(f.text()) if doc is not None]
     problems = check_documents(docs, [f.path for f in files])
@@ -32,9 +32,9 @@ def build(path: str | Path, flavour: str = "lws", namespace: str = "default", im
 
 
 def export(path: str | Path, out: Path, flavour: str = "lws", namespace: str = "default",
-           images: Mapping[str, str] = {}, sets: Iterable[str] = ()) -> Exported:
+           images: Mapping[str, str] = {}, sets: Iterable[str] = (), rehearse: str | None = None) -> Exported:
     """Write the manifests into `out`, unless one fails validation (then nothing is written)."""
-    done = build(path, flavour, namespace, images, sets)
+    done = build(path, flavour, namespace, images, sets, rehearse)
     if done.problems:
         return done
     out.mkdir(parents=True, exist_ok=True)
