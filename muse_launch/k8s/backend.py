@@ -349,7 +349,9 @@ def service_url(cluster: Cluster, namespace: str, service: str, port: int) -> st
     slices = client.DiscoveryV1Api(cluster.api).list_namespaced_endpoint_slice(
         namespace, label_selector=f"kubernetes.io/service-name={service}", _request_timeout=30).items
     for s in slices:
-        target = next((p.port for p in s.ports or [] if p.port), port)
+        # the Service's port named http (its targetPort here), else the one the plan gives the router
+        target = next((p.port for p in s.ports or [] if p.name == "http"),
+                      next((p.port for p in s.ports or [] if p.port == port), port))
         for endpoint in s.endpoints or []:
             if endpoint.conditions is None or endpoint.conditions.ready:
                 return f"http://{endpoint.addresses[0]}:{target}"
