@@ -33,6 +33,7 @@ import base64
 import ctypes
 import datetime
 import http.server
+import json
 import os
 import re
 import shutil
@@ -98,6 +99,7 @@ class Container:
         self.uid, self.name, self.ns = pod.metadata.uid, pod.metadata.name, pod.metadata.namespace
         self.spec = pod.spec.containers[0]
         self.ip, self.log = ip, log
+        self.info = log.parent.parent.parent / "pods" / self.ns / f"{self.name}.json"
         self.popen: subprocess.Popen | None = None
         self.argv: list[str] = []
         self.env: dict[str, str] = {}
@@ -126,6 +128,10 @@ class Container:
                 return
         self.started_at = now()
         self.started = self.ready = False
+        # What it runs, for whoever inspects this node (its env stays in the process: it may hold secrets).
+        self.info.parent.mkdir(parents=True, exist_ok=True)
+        self.info.write_text(json.dumps({"pid": self.popen.pid, "argv": self.argv, "ip": self.ip,
+                                         "started_at": self.started_at}))
 
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
@@ -412,6 +418,8 @@ class Agent:
             c.signal(signal.SIGKILL)
             if c.popen is not None:
                 c.popen.wait(timeout=5)
+        if c is not None:
+            c.info.unlink(missing_ok=True)
         self.containers.pop(pod.metadata.uid, None)
         if (ip := self.ips.pop(pod.metadata.uid, None)) is not None:
             self.free.append(ip)
@@ -435,6 +443,7 @@ class Agent:
         c.signal(signal.SIGKILL)
         if c.popen is not None:
             c.popen.wait(timeout=5)
+        c.info.unlink(missing_ok=True)
 
     def stop_all(self) -> None:
         for c in self.containers.values():

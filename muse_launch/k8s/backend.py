@@ -23,6 +23,7 @@ FLAVOURS = ("lws", "rbg")
 POLL = 0.5
 UNSCHEDULABLE_SECONDS = 10.0  # the scheduler's refusal has stood this long: it will not place the pod
 DOWN_TIMEOUT = 120.0  # past each pod's grace period
+START_MARGIN = 300.0
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ class KubernetesBackend:
             write_state(run_dir, planned_record(export.plan, str(file), redact))
             records.write(run_dir, rec)
             self._apply(cluster, rec, done.files)
-            outcome = self._await(cluster, rec, export.plan.name, started)
+            # as long as the slowest role's probe may take, and a margin for scheduling and image pulls
+            limit = max((s.probe.timeout for s in export.plan.specs), default=0.0) + START_MARGIN
+            outcome = self._await(cluster, rec, export.plan.name, started, limit)
         finally:
             cluster.close()
         return self._after(run_dir, rec, export, outcome, started, options)
@@ -166,7 +169,7 @@ class KubernetesBackend:
                                  fix=f"kubectl create namespace {namespace}") from None
 
     # ---- waiting ----
-    def _await(self, cluster: Cluster, rec: K8sRecord, name: str, started: float) -> str:
+    def _await(self, cluster: Cluster, rec: K8sRecord, name: str, started: float, limit: float) -> str:
         """'ready', 'failed' or 'interrupted', saying each role's change as it happens."""
         shown: dict[str, str] = {}
         unschedulable_since: dict[str, float] = {}
@@ -181,6 +184,9 @@ class KubernetesBackend:
                 if view.ready:
                     return "ready"
                 failed = self._failure(cluster, rec, view, unschedulable_since)
+                if not failed and time.monotonic() - started > limit:
+                    waiting = ", ".join(self._progress(r) for r in view.roles if r.state != "ready")
+                    failed = [f"error: {name}: not ready after {limit:.0f}s: {waiting or 'the workloads'}"]
                 if failed:
                     for line in failed:
                         self.say(line)

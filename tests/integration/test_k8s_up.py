@@ -45,34 +45,70 @@ def agent_children(k8s_cluster) -> list[str]:
             and p.status() != psutil.STATUS_ZOMBIE]
 
 
+def pod_processes(k8s_cluster) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """What the agent runs for each pod (its nodes/pods/NS/POD.json): argv as started, and the process's env."""
+    out = {}
+    for info in (k8s_cluster.dir / "nodes" / "pods").glob("*/*.json"):
+        data = json.loads(info.read_text())
+        out[info.stem] = (data["argv"], psutil.Process(data["pid"]).environ())
+    return out
+
+
+def assert_commands_are_the_plans(plan, roles: list[dict], k8s_cluster) -> None:
+    """Each pod runs the plan's argv, with the variables LWS / RBG injected expanded back to the plan's values
+    (its DNS names, ranks and group size), and its wildcard bind at the pod's own address."""
+    running = pod_processes(k8s_cluster)
+    specs = {s.name: s for s in plan.specs}
+    for role in roles:
+        argv, _ = running[role["pod"]]
+        want = [role["ip"] if a == "0.0.0.0" else a for a in specs[role["name"]].argv]
+        assert argv == want, role["name"]
+
+
 def pods(cluster, namespace: str = "default") -> list[str]:
     return [p.metadata.name for p in cluster.core().list_namespaced_pod(namespace).items]
 
 
-CASES = [("epd-b300", "rbg", 4), ("h200-bf16-2node", "lws", 2), ("epd-b300", "lws", 4)]
+# Both flavours; one and several nodes per role; sglang and vLLM; replicas; the real routers (sglang's, vLLM's).
+CASES = [
+    ("topologies/epd-b300.yaml", "rbg", []),
+    ("topologies/epd-b300.yaml", "lws", []),
+    ("topologies/h200-bf16-2node.yaml", "lws", []),
+    ("topologies/h200-bf16-2node.yaml", "rbg", []),
+    ("topologies/pd-b300-low-latency.yaml", "rbg", []),
+    ("topologies/vllm-multinode-tp-pp-b200.yaml", "rbg", []),
+    ("topologies/vllm-pd-b200.yaml", "lws", ["--image", "router=example.org/vllm-router:0.1.17"]),
+    ("tests/data/export/pd-replicas.yaml", "rbg", ["--image", "example.org/muse:1"]),
+]
 
 
-@pytest.mark.parametrize("name,flavour,count", CASES, ids=[f"{n}-{f}" for n, f, _ in CASES])
-def test_up_smoke_down(name, flavour, count, ml, k8s_cluster):
+@pytest.mark.parametrize("path,flavour,extra", CASES, ids=[f"{Path(p).stem}-{f}" for p, f, _ in CASES])
+def test_up_smoke_down(path, flavour, extra, ml, k8s_cluster):
+    from muse_launch.export.names import FLAVOURS
+    from muse_launch.export.transform import export_plan
+
+    plan = export_plan(ROOT / path, FLAVOURS[flavour], "default", rehearse="python3").plan
+    name, count = plan.name, len(plan.specs)
     cluster = core(k8s_cluster)
     try:
-        up = ml("up", f"topologies/{name}.yaml", "--on", "k8s", "--rehearse", "--to", flavour, "-d")
+        up = ml("up", path, "--on", "k8s", "--rehearse", "--to", flavour, *extra, "-d")
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"{name}: ready in" in up.stdout
-        assert "pending (no pod yet)" in up.stdout and ": ready on gpu-node-" in up.stdout  # live progress
+        assert ": ready on gpu-node-" in up.stdout and "s] " in up.stdout  # live progress, role by role
 
         status = ml("status", name, "--json")
         data = json.loads(status.stdout)
         assert data["on"] == "k8s" and data["ready"] and data["flavour"] == flavour, status.stdout
         assert len(data["roles"]) == count and all(r["state"] == "ready" for r in data["roles"])
         assert all(r["node"].startswith("gpu-node-") and r["ip"].startswith("10.244.") for r in data["roles"])
+        assert_commands_are_the_plans(plan, data["roles"], k8s_cluster)
 
         ls = ml("ls")
         assert name in ls.stdout and f"{count}/{count} ready" in ls.stdout, ls.stdout
 
         logs = ml("logs", name, "-n", "5")
         assert logs.returncode == 0, logs.stderr
-        assert "[muse-sim sglang" in logs.stdout and "ready: GET /health" in logs.stdout, logs.stdout
+        assert "[muse-sim " in logs.stdout and "ready: GET /health" in logs.stdout, logs.stdout
 
         smoke = ml("smoke", name)
         assert smoke.returncode == 0, smoke.stdout + smoke.stderr
@@ -128,8 +164,11 @@ def test_a_missing_secret_is_named_and_nothing_starts_until_it_exists(ml, k8s_cl
         v1.create_namespaced_secret("default", {"metadata": {"name": "pd-secrets-secrets"}, "stringData": SECRETS})
         up = ml(*args)
         assert up.returncode == 0, up.stdout + up.stderr
-        for value in SECRETS.values():  # a secret's value is nowhere in what `up` printed or recorded
+        for value in SECRETS.values():  # a secret's value is nowhere in what `up` printed
             assert value not in up.stdout + up.stderr
+        running = pod_processes(k8s_cluster)  # the pods got the Secret's values, by reference
+        argv, env = next(v for k, v in running.items() if k.startswith("pd-secrets-prefill"))
+        assert env["HF_TOKEN"] == SECRETS["HF_TOKEN"] and f"muse-{SECRETS['MODEL_ALIAS']}" in argv
         smoke = ml("smoke", "pd-secrets")
         assert smoke.returncode == 0 and "muse-alias-5678" in smoke.stdout, smoke.stdout  # read from the Secret
         assert ml("down", "pd-secrets").returncode == 0
@@ -139,4 +178,20 @@ def test_a_missing_secret_is_named_and_nothing_starts_until_it_exists(ml, k8s_cl
             v1.delete_namespaced_secret("pd-secrets-secrets", "default")
         except Exception:  # noqa: BLE001  not created: the test failed before
             pass
+        cluster.close()
+
+
+def test_a_crash_looping_pod_is_named_with_its_log_tail(ml, k8s_cluster):
+    cluster = core(k8s_cluster)
+    try:
+        up = ml("up", "tests/data/k8s/crash-loop.yaml", "--on", "k8s", "--rehearse", "--image", "example.org/tool:1",
+                "-d")
+        assert up.returncode == 1, up.stdout + up.stderr
+        assert "error: pod crash-loop-tool-" in up.stdout and "crash-loops" in up.stdout, up.stdout
+        assert "boom: the tool gives up" in up.stdout, up.stdout  # its log, read through the API server
+        assert "deleting what was applied" in up.stdout
+        assert not [p for p in pods(cluster) if p.startswith("crash-loop")]
+        assert agent_children(k8s_cluster) == []
+    finally:
+        ml("down", "crash-loop")
         cluster.close()
