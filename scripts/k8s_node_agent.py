@@ -60,7 +60,7 @@ BACKOFF = (1.0, 2.0, 5.0, 10.0)
 
 
 def now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def expand(text: str, defined: dict[str, str]) -> str:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlencode
 
 from muse_launch.export.validate import KUSTOMIZATION, Problem, dotted, pod_templates

@@ -7,9 +7,10 @@ one-host and SLURM runtimes are called."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.run.state import RunDir
