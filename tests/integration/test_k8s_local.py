@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,24 @@ def test_a_directory_it_did_not_make_is_refused(tmp_path: Path):
     done = run("start", str(tmp_path / "c"))
     assert done.returncode == 1 and "is not empty and is not a k8s-local directory" in done.stderr
     assert (tmp_path / "c" / "mine.txt").read_text() == "keep"
+
+
+def muse(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "MUSE_LAUNCH_HOME": str(tmp_path / "home")}
+    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=SCRIPT.parents[1])
+
+
+def test_up_on_k8s_without_a_cluster_says_where_it_looked(tmp_path: Path):
+    done = muse(tmp_path, "up", "topologies/epd-b300.yaml", "--on", "k8s", "--rehearse", "-d")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: no kubeconfig at {tmp_path / 'no-kubeconfig'}" in done.stderr
+    assert "fix: set KUBECONFIG" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "home" / "epd-b300" / "k8s").exists()
+
+
+def test_up_on_k8s_refuses_an_unknown_flavour_and_one_host_flags(tmp_path: Path):
+    bad = muse(tmp_path, "up", "topologies/epd-b300.yaml", "--on", "k8s", "--rehearse", "--to", "helm")
+    assert bad.returncode == 2 and "error: --to helm: one of lws, rbg" in bad.stderr, bad.stderr
+    only = muse(tmp_path, "up", "topologies/epd-b300.yaml", "--on", "k8s", "--rehearse", "--only", "router")
+    assert only.returncode == 2 and "--only: not with --on k8s" in only.stderr, only.stderr
