@@ -29,6 +29,16 @@ def is_k8s(run_dir: RunDir) -> bool:
     return rec is not None and rec.down_at is None
 
 
+def refuse_if_on_k8s(name: str) -> None:
+    from muse_launch.errors import RuntimeFailure
+
+    run_dir = RunDir.of(name)
+    if is_k8s(run_dir):
+        rec = records.read(run_dir)
+        raise RuntimeFailure(f"deployment {name!r} is up on Kubernetes ({rec.server}, namespace {rec.namespace})",
+                             fix=f"`muse-launch down {name}` first")
+
+
 def up_on_k8s(file: Path, say: Callable[[str], None], redact: Callable[[str], str], images: list[str],
               one_host_only: dict[str, object], **options) -> int:
     from .backend import K8sOptions, KubernetesBackend
@@ -77,10 +87,14 @@ def k8s_status(run_dir: RunDir, as_json: bool, watch: bool) -> str | Table | Non
     return table
 
 
-def k8s_logs(run_dir: RunDir, roles: list[str], lines: int, line: Callable[[str, str], None]) -> bool:
+def k8s_logs(run_dir: RunDir, roles: list[str], lines: int, line: Callable[[str, str], None],
+             follow: bool = False) -> bool:
     """False for a deployment that is not on Kubernetes."""
     if not is_k8s(run_dir):
         return False
+    if follow:
+        raise UsageError("logs --follow: not yet for a deployment on Kubernetes",
+                         fix="`muse-launch logs NAME` prints the last lines; `kubectl logs -f POD` follows one pod")
     from .backend import KubernetesBackend
 
     rec = records.read(run_dir)

@@ -96,6 +96,9 @@ def up(
         raise typer.Exit(up_on_k8s(file, say, loaded.redact, image, {"--only": only, "--keep": keep},
                                    flavour=to, context=context, namespace=namespace, sets=tuple(set_),
                                    rehearse=rehearse, detach=detach))
+    from muse_launch.k8s.commands import refuse_if_on_k8s
+
+    refuse_if_on_k8s(loaded.plan.name)  # one name, one deployment: on this host, SLURM or Kubernetes
     if on is not None:
         from muse_launch.slurm.commands import up_on
 
@@ -229,7 +232,7 @@ def logs(
 
     console = _console()
     printer = RolePrinter(console.file, roles or [r.name for r in record.roles], colour=console.is_terminal)
-    if k8s_logs(run_dir, roles, lines, printer.line):  # through the API server (pods/log)
+    if k8s_logs(run_dir, roles, lines, printer.line, follow):  # through the API server (pods/log)
         printer.flush()
         return
     known = [r.name for r in record.roles]

@@ -103,6 +103,9 @@ def test_up_smoke_down(path, flavour, extra, ml, k8s_cluster):
         assert all(r["node"].startswith("gpu-node-") and r["ip"].startswith("10.244.") for r in data["roles"])
         assert_commands_are_the_plans(plan, data["roles"], k8s_cluster)
 
+        here = ml("up", path, "--rehearse", "-d")  # the same name on this host: refused while it is up there
+        assert here.returncode == 1 and f"deployment {name!r} is up on Kubernetes" in here.stderr, here.stderr
+
         ls = ml("ls")
         assert name in ls.stdout and f"{count}/{count} ready" in ls.stdout, ls.stdout
 
