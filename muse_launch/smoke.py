@@ -229,14 +229,19 @@ def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[s
 
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
+    from muse_launch.run.status import observed
+
+    return smoke_record(observed(record), timeout, echo)  # roles that died unwatched show as failed
+
+
+def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
+    """The checks through the record's front role, as its URLs say (on Kubernetes: the pods' addresses)."""
     from muse_launch.engines import ENGINES
     from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
     from muse_launch.run.explain import explain_addresses
     from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.status import observed
 
-    record = observed(record)  # roles that died with no supervisor watching show as failed
     if record.state is DeploymentState.STOPPED:
         raise RuntimeFailure(f"deployment {record.name!r} is not running: no role of it is alive",
                              fix=f"muse-launch up {record.source} -d")

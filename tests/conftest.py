@@ -8,6 +8,7 @@ import pytest
 pytest.register_assert_rewrite("harness")
 
 from harness import deployment  # noqa: E402,F401  the `deployment` fixture
+from k8s_cluster import k8s_cluster  # noqa: E402,F401  the `k8s_cluster` fixture (one control plane per session)
 
 _FAULTS: list[tuple[str, bool, tuple[int, int] | None]] = []  # scenario, failed, (processes, ports) left
 

@@ -22,9 +22,9 @@ class Exported:
 
 
 def build(path: str | Path, flavour: str = "lws", namespace: str = "default", images: Mapping[str, str] = {},
-          sets: Iterable[str] = ()) -> Exported:
-    """Plan, render and validate, writing nothing."""
-    plan = export_plan(path, FLAVOURS[flavour], namespace, sets)
+          sets: Iterable[str] = (), rehearse: str | None = None) -> Exported:
+    """Plan, render and validate, writing nothing. `rehearse`: see export_plan."""
+    plan = export_plan(path, FLAVOURS[flavour], namespace, sets, rehearse)
     files = tuple(render(plan, images))
     for f in files:  # a secret is a secretKeyRef or $(NAME) read from one; an internal mark is never written
         if (left := SECRET_MARK_RE.search(f.text())) is not None:
@@ -39,9 +39,9 @@ def build(path: str | Path, flavour: str = "lws", namespace: str = "default", im
 
 
 def export(path: str | Path, out: Path, flavour: str = "lws", namespace: str = "default",
-           images: Mapping[str, str] = {}, sets: Iterable[str] = ()) -> Exported:
+           images: Mapping[str, str] = {}, sets: Iterable[str] = (), rehearse: str | None = None) -> Exported:
     """Write the manifests into `out`, unless one fails validation (then nothing is written)."""
-    done = build(path, flavour, namespace, images, sets)
+    done = build(path, flavour, namespace, images, sets, rehearse)
     if done.problems:
         return done
     if out.exists() and not out.is_dir() or out.is_symlink() and not out.exists():

@@ -25,12 +25,17 @@ def export_command(
     namespace: str = typer.Option("default", "--namespace", "-n", help="namespace (the wiring's DNS names include it)"),
     set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     check: Optional[Path] = typer.Option(None, "--check", help="validate the manifests in DIR instead (hand edits)"),
+    server: bool = typer.Option(False, "--server", help="with --check: ask the cluster's API server (a server-side "
+                                "dry run with strict field validation, its webhooks, each pod template as a pod)"),
+    context: Optional[str] = typer.Option(None, "--context", help="with --server: the kubeconfig context"),
 ) -> None:
     """Write Kubernetes manifests (LeaderWorkerSet or RoleBasedGroup) that run the topology's plan."""
     if check is not None:
         if file is not None or output is not None:
             raise UsageError("--check DIR validates a directory: give no FILE or -o with it")
-        raise typer.Exit(_check(check))
+        raise typer.Exit(_check_server(check, namespace, context) if server else _check(check))
+    if server or context:
+        raise UsageError("--server and --context go with --check DIR")
     if file is None or output is None:
         raise UsageError("give a topology FILE and -o DIR (or --check DIR)")
     from . import FLAVOURS, export
@@ -64,6 +69,37 @@ def export_command(
         typer.echo(f"secrets: the pods read {', '.join(done.export.secrets)} from Secret {names.secret}; create it "
                    f"first: kubectl -n {names.namespace} create secret generic {names.secret} "
                    + " ".join(f"--from-literal={n}=..." for n in done.export.secrets))
+
+
+def _check_server(directory: Path, namespace: str, context: str | None) -> int:
+    from muse_launch.k8s.apply import server_problems
+    from muse_launch.k8s.client import connect
+
+    from .validate import read_dir
+
+    if not directory.is_dir():
+        raise UsageError(f"--check {directory}: not a directory")
+    docs, unreadable = read_dir(directory)
+    for problem in unreadable:
+        typer.echo(problem.format(directory), err=True)
+    if unreadable:
+        typer.echo(f"{directory}: FAILED: a file does not read as YAML", err=True)
+        return 2
+    cluster = connect(context)
+    try:
+        problems = server_problems(cluster, docs, namespace)
+    finally:
+        cluster.close()
+    for problem in problems:
+        typer.echo(problem.format(directory), err=True)
+    where = f"the API server at {cluster.server} (context {cluster.context}, dry run)"
+    if problems:
+        typer.echo(f"{directory}: FAILED ({len(problems)} problem{'s' if len(problems) != 1 else ''}; {where})",
+                   err=True)
+        return 1
+    objects = sum(1 for _, doc in docs if not (isinstance(doc, dict) and doc.get("kind") == "Kustomization"))
+    typer.echo(f"{directory}: ok ({objects} objects accepted by {where})")
+    return 0
 
 
 def _check(directory: Path) -> int:

@@ -79,14 +79,14 @@ def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
 
 
 def _labels(names: Names, role: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "muse-launch", "app.kubernetes.io/instance": names.deployment,
+    return {"app.kubernetes.io/name": "muse-launch", "app.kubernetes.io/instance": names.instance,
             "app.kubernetes.io/component": dns_label(role)}
 
 
 def _meta(names: Names, name: str, role: str | None = None, **annotations: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": names.namespace}
     meta["labels"] = _labels(names, role) if role else {"app.kubernetes.io/name": "muse-launch",
-                                                        "app.kubernetes.io/instance": names.deployment}
+                                                        "app.kubernetes.io/instance": names.instance}
     if annotations:
         meta["annotations"] = {f"muse-launch/{k.replace('_', '-')}": v for k, v in annotations.items()}
     return meta
@@ -215,9 +215,9 @@ def _rbg_file(export: ExportPlan, image: Mapping[str, str], header: str) -> Mani
             entries.append({"apiVersion": "v1", "kind": "Service",
                             "metadata": _meta(names, names.entry_service(group.role), group.role),
                             "spec": {"selector": _labels(names, group.role), "ports": _service_ports(group.leader)}})
-    rbg = {"apiVersion": RBG_API, "kind": "RoleBasedGroup", "metadata": _meta(names, names.deployment),
+    rbg = {"apiVersion": RBG_API, "kind": "RoleBasedGroup", "metadata": _meta(names, names.instance),
            "spec": {"roles": roles}}
-    return Manifest(f"{names.deployment}.yaml", (rbg, *entries), header)
+    return Manifest(f"{names.instance}.yaml", (rbg, *entries), header)
 
 
 def _kustomization(export: ExportPlan, files: list[str]) -> Manifest:

@@ -4,9 +4,14 @@ LeaderWorkerSet: one LWS per role; its pods are `<lws>-<group>` (leader) and `<l
 (workers) under the LWS's headless Service `<lws>`, so the leader of group 0 is
 `<lws>-0.<lws>.<namespace>`: exactly the LWS_LEADER_ADDRESS LWS injects.
 
-RoleBasedGroup (v1alpha2): one RBG, a headless Service `s-<rbg>-<role>` per role that RBG creates;
+RoleBasedGroup (v1alpha2): one RBG named `<deployment>-rbg`, a headless Service `s-<rbg>-<role>` per role that
+RBG creates;
 a standalone instance's pod is `<rbg>-<role>-<i>`, a leader-worker instance's pods are
 `<rbg>-<role>-<i>-<component>`, and RBG_LWP_LEADER_ADDRESS is `<instance>-0.<service>.<namespace>`.
+
+Both flavours of one topology can live in one namespace: the RBG's `-rbg` keeps its pods, Services and
+`app.kubernetes.io/instance` label apart from the LeaderWorkerSets' (`<deployment>-<role>-0` would be both's
+first pod). They share the Secret `<deployment>-secrets`: the same topology reads the same values.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ class Names:
     deployment: str  # dns_label of the topology's name
     namespace: str
 
+    @property
+    def instance(self) -> str:
+        """What every object of this export is named after, and its `app.kubernetes.io/instance` label."""
+        return self.deployment if self.flavour is LWS else f"{self.deployment}-rbg"
+
     def workload(self, role: str) -> str:
         """The LWS or Deployment of a role (LWS flavour); the role's name inside the RBG (RBG flavour)."""
         return f"{self.deployment}-{dns_label(role)}" if self.flavour is LWS else dns_label(role)
@@ -49,18 +59,18 @@ class Names:
         """The headless Service that gives the role's pods their DNS names."""
         if self.flavour is LWS:
             return self.workload(role)
-        return f"s-{self.deployment}-{dns_label(role)}"
+        return f"s-{self.instance}-{dns_label(role)}"
 
     def entry_service(self, role: str) -> str:
         """A router's ClusterIP Service: where clients send requests."""
-        return f"{self.deployment}-{dns_label(role)}"
+        return f"{self.instance}-{dns_label(role)}"
 
     def pod(self, role: str, index: int, group: bool) -> str:
         """Pod `index` of instance 0 of a role; `group`: a leader-worker group (several nodes)."""
         if self.flavour is LWS:
             base = f"{self.workload(role)}-0"
             return base if index == 0 else f"{base}-{index}"
-        instance = f"{self.deployment}-{dns_label(role)}-0"
+        instance = f"{self.instance}-{dns_label(role)}-0"
         return f"{instance}-{index}" if group else instance
 
     def address(self, role: str, index: int = 0, group: bool = False) -> str:

@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 from ..errors import CheckFailed, TopologyError, UserError
 from ..plan.build import PlanError, build_plan
 from ..plan.build import expand as role_instances
+from ..plan.rehearse import simulated
 from ..plan.spec import LaunchSpec, Plan
 from ..checks import Severity, run_checks
 from ..topology.hardware import PROFILES
@@ -91,7 +92,10 @@ def load_for_export(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedT
     return loaded, tuple(names)
 
 
-def export_plan(path: str | Path, flavour: Flavour, namespace: str, sets: Iterable[str] = ()) -> ExportPlan:
+def export_plan(path: str | Path, flavour: Flavour, namespace: str, sets: Iterable[str] = (),
+                rehearse: str | None = None) -> ExportPlan:
+    """`rehearse`: a python that runs muse_launch, to run the simulated engine in place of each GPU engine
+    (`up --on k8s --rehearse` on nodes that run pods as local processes)."""
     loaded, secrets = load_for_export(path, sets)
     _check(loaded, "")
     topology = split_replicas(loaded.topology)
@@ -101,6 +105,8 @@ def export_plan(path: str | Path, flavour: Flavour, namespace: str, sets: Iterab
     again = LoadedTopology(moved, loaded.source, loaded.lines, loaded.secrets)
     findings, plan = _check(again, "with each address replaced by its Kubernetes DNS name: ")
     assert plan is not None
+    if rehearse:
+        plan = simulated(plan, rehearse)
     groups = tuple(_groups(moved, plan, names))
     warnings = tuple(f.format(again) for f in findings if f.severity is Severity.WARNING)
     return ExportPlan(names, loaded, moved, plan, groups, secrets, warnings)

@@ -53,9 +53,14 @@ def _relocated(spec: LaunchSpec, addresses: Mapping[str, str]) -> LaunchSpec:
 def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
     """`python` runs `-m muse_launch.sim`; passed in so that planning stays pure."""
     addresses = loopback_addresses(plan, topology)
+    return simulated(replace(plan, specs=tuple(_relocated(s, addresses) for s in plan.specs)), python)
+
+
+def simulated(plan: Plan, python: str) -> Plan:
+    """Every GPU engine as the simulated engine, with the same arguments; the router kept offline. Addresses stay
+    as they are (a rehearsal on Kubernetes keeps the cluster's DNS names)."""
     specs = []
     for spec in plan.specs:
-        spec = _relocated(spec, addresses)
         if spec.engine in WORKER_ENGINES:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
             launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")

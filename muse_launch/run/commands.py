@@ -60,11 +60,16 @@ def up(
     skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
     engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
                                       "the installed engine's own parser first (not with --rehearse)"),
-    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
+    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node; "
+                                     "k8s: apply the exported manifests to a cluster (docs/kubernetes.md)"),
     partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
     account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
     time_limit: Optional[str] = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
     sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
+    to: str = typer.Option("lws", "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"),
+    context: Optional[str] = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
+    namespace: str = typer.Option("default", "--namespace", "-n", help="--on k8s: the namespace"),
+    image: List[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.checks import engine as engine_check_
@@ -83,6 +88,17 @@ def up(
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
     if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
+    if on == "k8s":
+        from muse_launch.k8s.commands import up_on_k8s
+
+        console = _console()
+        say = lambda text: console.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+        raise typer.Exit(up_on_k8s(file, say, loaded.redact, image, {"--only": only, "--keep": keep},
+                                   flavour=to, context=context, namespace=namespace, sets=tuple(set_),
+                                   rehearse=rehearse, detach=detach))
+    from muse_launch.k8s.commands import refuse_if_on_k8s
+
+    refuse_if_on_k8s(loaded.plan.name)  # one name, one deployment: on this host, SLURM or Kubernetes
     if on is not None:
         from muse_launch.slurm.commands import up_on
 
@@ -122,6 +138,13 @@ def down(
     from muse_launch.slurm.commands import down_any
 
     run_dir = resolve_name(name)
+    from muse_launch.k8s.commands import down_on_k8s, is_k8s
+
+    if is_k8s(run_dir):
+        report = down_on_k8s(run_dir, grace, typer.echo)
+        for line in format_report(report):
+            typer.echo(line)
+        raise typer.Exit(0 if report.clean else 1)
     # By its state, or by its marker where the state is damaged (bring_down reads it once it holds the lock).
     report = down_any(run_dir, grace, partial(bring_down, gpus=read_gpu_view))
     for line in format_report(report):
@@ -146,6 +169,7 @@ def status(
     from muse_launch.host.gpus import read_gpu_view
     from muse_launch.host.versions import deployment_versions
     from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
+    from muse_launch.k8s.commands import k8s_status
     from muse_launch.slurm.commands import slurm_status
 
     run_dir, first = _deployment(name)
@@ -154,6 +178,8 @@ def status(
     versions = dict(first.versions) or deployment_versions(first.roles)
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
+            if k8s := k8s_status(run_dir, as_json, watch):
+                return k8s
             if slurm := slurm_status(run_dir, client, as_json, watch):
                 return slurm
             record = observed(_deployment(run_dir.name)[1])
@@ -205,6 +231,13 @@ def logs(
         roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
         name = None
     run_dir, record = _deployment(name)
+    from muse_launch.k8s.commands import k8s_logs
+
+    console = _console()
+    printer = RolePrinter(console.file, roles or [r.name for r in record.roles], colour=console.is_terminal)
+    if k8s_logs(run_dir, roles, lines, printer.line, follow):  # through the API server (pods/log)
+        printer.flush()
+        return
     known = [r.name for r in record.roles]
     unknown = [r for r in roles if r not in known]
     if unknown:
@@ -239,9 +272,12 @@ def smoke(
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
-    from muse_launch.smoke import smoke_deployment
+    from muse_launch.k8s.commands import k8s_smoke_record
+    from muse_launch.smoke import smoke_deployment, smoke_record
 
-    _, record = _deployment(name)
+    run_dir, record = _deployment(name)
+    if on_k8s := k8s_smoke_record(run_dir, record):
+        raise typer.Exit(smoke_record(on_k8s, timeout, typer.echo))
     raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
@@ -257,10 +293,13 @@ def ls() -> None:
     if not running and not damaged:
         typer.echo("no deployment is running")
         return
+    from muse_launch.k8s.commands import is_k8s
+    from muse_launch.run.state import RunDir
     from muse_launch.slurm.commands import observed_any
 
     table = Table("name", "state", "roles", "supervisor", "file")
-    for record in (observed_any(r, observed) for r in running):
+    # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
+    for record in (r if is_k8s(RunDir.of(r.name)) else observed_any(r, observed) for r in running):
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)

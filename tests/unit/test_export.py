@@ -307,3 +307,68 @@ def test_a_topology_that_fails_its_checks_is_not_exported(name: str, code: int, 
     assert done.returncode == code, done.stderr
     assert f"tests/data/bad/{name}.yaml:" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _exported_objects(path: Path, flavour: str) -> list[dict]:
+    try:
+        done = build(path, flavour)
+    except ExportError:
+        done = build(path, flavour, images={"router": "example.org/router:1"})
+    return [o for f in done.files for o in f.objects if o["kind"] != "Kustomization"]
+
+
+def _pod_names(objects: list[dict]) -> set[str]:
+    """The pods the controllers make of one group / instance each, as LWS and RBG name them."""
+    out = set()
+    for o in objects:
+        name, spec = o["metadata"]["name"], o.get("spec", {})
+        if o["kind"] == "LeaderWorkerSet":
+            out |= {f"{name}-0"} | {f"{name}-0-{i}" for i in range(1, spec["leaderWorkerTemplate"]["size"])}
+        elif o["kind"] == "RoleBasedGroup":
+            for role in spec["roles"]:
+                base = f"{name}-{role['name']}-0"
+                size = (role.get("leaderWorkerPattern") or {}).get("size")
+                out |= {f"{base}-{i}" for i in range(size)} if size else {base}
+                out.add(f"s-{name}-{role['name']}")  # the headless Service RBG makes
+        elif o["kind"] == "Deployment":
+            out.add(name)
+    return out
+
+
+def _selectors(objects: list[dict]) -> list[dict[str, str]]:
+    out = []
+    for o in objects:
+        spec = o.get("spec", {})
+        if o["kind"] == "Service" and spec.get("selector"):
+            out.append(spec["selector"])
+        if o["kind"] == "Deployment":
+            out.append(spec["selector"]["matchLabels"])
+    return out
+
+
+def _pod_labels(objects: list[dict]) -> list[dict[str, str]]:
+    from muse_launch.export.validate import pod_templates
+
+    out = []
+    for o in objects:
+        if o["kind"] in ("LeaderWorkerSet", "RoleBasedGroup"):
+            labels = [t["metadata"]["labels"] for _, t in pod_templates(o) if "metadata" in t]
+            extra = {"leaderworkerset.sigs.k8s.io/name": o["metadata"]["name"]} if o["kind"] == "LeaderWorkerSet" else {}
+            out += [{**lab, **extra} for lab in labels]
+        elif o["kind"] == "Deployment":
+            out.append(o["spec"]["template"]["metadata"]["labels"])
+    return out
+
+
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=[p.stem for p in TOPOLOGIES])
+def test_lws_and_rbg_exports_of_one_file_do_not_collide(path: Path):
+    """Both flavours in one namespace: no object or pod has the other's name, and no Service or Deployment
+    of one selects a pod of the other."""
+    lws, rbg = _exported_objects(path, "lws"), _exported_objects(path, "rbg")
+    named = lambda objs: {(o["kind"], o["metadata"]["name"]) for o in objs}  # noqa: E731
+    assert not named(lws) & named(rbg)
+    assert not _pod_names(lws) & _pod_names(rbg)
+    for mine, theirs in ((lws, rbg), (rbg, lws)):
+        for selector in _selectors(mine):
+            for labels in _pod_labels(theirs):
+                assert any(labels.get(k) != v for k, v in selector.items()), (selector, labels)
