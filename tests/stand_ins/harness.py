@@ -102,7 +102,7 @@ class Deployment:
                 marked = (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
                           and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir))
                 ours = marked or os.getsid(proc.pid) in self.sessions or proc.pid in contained
-                if ours and proc.status() != psutil.STATUS_ZOMBIE:
+                if ours and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -139,6 +139,15 @@ class Deployment:
             cgroups.remove(path)
 
 
+def described(proc: psutil.Process) -> str:
+    """pid, status, parent and command line of a process, read now (a later repr shows what it became)."""
+    try:
+        with proc.oneshot():
+            return f"pid {proc.pid} ({proc.status()}, parent {proc.ppid()}): {' '.join(proc.cmdline())[:300]}"
+    except psutil.Error as exc:
+        return f"pid {proc.pid} ({type(exc).__name__} while reading it)"
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -163,7 +172,7 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Deployment:
     home.mkdir()
     d = Deployment(home, request.node.name.replace("_", "-").lower()[:40].strip("-"))
     yield d
-    leftovers = d.alive()
+    leftovers = [described(p) for p in d.alive()]  # as found: the kill below turns them into zombies
     ports = d.ports_held()
     request.node.user_properties.append(("left", (len(leftovers), len(ports))))
     d.kill_leftovers()
