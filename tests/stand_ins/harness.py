@@ -148,7 +148,15 @@ def described(proc: psutil.Process) -> str:
         return f"pid {proc.pid} ({type(exc).__name__} while reading it)"
 
 
+# The shortest deadline any wait gets: on a loaded 2-core machine (CI shares one with other jobs) a CLI call
+# takes seconds and a restart cycle tens of them. A condition that comes true returns at once; only a
+# failure waits this long.
+LOADED_FLOOR = 60.0
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """The condition's first true value, polled every `interval`; fails after max(timeout, LOADED_FLOOR) s."""
+    timeout = max(timeout, LOADED_FLOOR)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():
