@@ -18,7 +18,9 @@ role writes in one check interval; ROLE.log.1 may hold up to that much past `max
 
 Readers (`logs`, `logs -f`, `up`'s log stream, the `ready: {log: ...}` probe) read at most
 READ_CHUNK bytes at a time whatever the backlog, and notice rotation: the log shrank below their
-offset, or ROLE.log.1 is a new file (then they read the rest of ROLE.log.1 first). With `keep: 0` there
+offset, or ROLE.log.1 is a new file (then they read the rest of ROLE.log.1 first). The rotation runs
+under an exclusive flock of the log and a follower (logs.LogFollower) looks under a shared one, so it
+never sees one half done (the log truncated before the new ROLE.log.1 is in place). With `keep: 0` there
 is no ROLE.log.1: a log truncated and written past a reader's offset between two of its looks is read
 from that offset, the lines before it missed.
 """
