@@ -103,7 +103,7 @@ def test_ctrl_c_during_startup_stops_everything(deployment):
     up = deployment.start("up", topology)
     wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
     up.send_signal(signal.SIGINT)
-    output, _ = up.communicate(timeout=30)
+    output, _ = up.communicate(timeout=120)
     assert up.returncode == 130, output
     assert "SIGINT: stopping everything" in output
     status = deployment.status()

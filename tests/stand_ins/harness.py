@@ -66,7 +66,7 @@ class Deployment:
         path.write_text(yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles}))
         return path
 
-    def cli(self, *args: Any, timeout: float = 60) -> subprocess.CompletedProcess:
+    def cli(self, *args: Any, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
                               capture_output=True, text=True, timeout=timeout)
 
