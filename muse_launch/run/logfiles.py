@@ -115,6 +115,8 @@ def rotate(path: Path, keep: int, force: bool = False) -> bool:
         except BlockingIOError:
             if not force:
                 return False
+        except OSError:  # a file system without locks (ENOLCK): rotated all the same
+            pass
         if keep > 0:
             for n in range(keep, 1, -1):
                 if os.path.lexists(rotated(path, n - 1)):

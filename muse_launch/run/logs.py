@@ -33,10 +33,18 @@ def _locked_look(path: Path) -> tuple[tuple[int, int] | None, int]:
     except OSError:
         return file_id(rotated(path)), 0
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
+        _shared_lock(fd)
         return file_id(rotated(path)), os.fstat(fd).st_size
     finally:
         os.close(fd)
+
+
+def _shared_lock(fd: int) -> None:
+    """Blocks while a rotation holds the log (milliseconds; Ctrl-C still interrupts it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:  # a file system without locks (ENOLCK): read as before, unlocked
+        pass
 
 
 def _rest_of(path: Path, offset: int) -> int | None:
@@ -135,7 +143,7 @@ class LogFollower:
         except OSError:  # not there (yet), or a planted link: nothing of ours to show
             return []
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # rotate() holds it exclusively: never a rotation half done
+            _shared_lock(fd)  # rotate() holds it exclusively: never a rotation half done
             now_rotated = file_id(rotated(tail.path))
             size = os.fstat(fd).st_size
             if now_rotated != tail.rotated_id or size < tail.offset:
