@@ -216,6 +216,9 @@ def run(argv: list[str] | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: click handles usage errors (exit 2) and Ctrl-C (130); errors.explain the rest."""
+    from .signals import reset_inherited
+
+    reset_inherited()  # Ctrl-C stops it, whatever its parent ignored or blocked (signals.py)
     code = run(argv)
     for stream in (sys.stdout, sys.stderr):
         try:

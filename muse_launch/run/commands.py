@@ -220,7 +220,7 @@ def logs(
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
 
-    from muse_launch.errors import UsageError
+    from muse_launch.errors import INTERRUPTED, UsageError
     from muse_launch.run.lifecycle import DeploymentState
     from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
     from muse_launch.run.state import RunDir, is_locked, read_state, running_deployments
@@ -247,13 +247,13 @@ def logs(
     # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (run/masks.py).
     printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
     follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
-    for role in chosen:
-        for text in last_lines(run_dir.log(role), lines):
-            printer.line(role, text)
-    printer.flush()
-    if not follow:
-        return
-    try:
+    try:  # Ctrl-C as soon as the last lines are out ends `logs -f` as it does later: exit status 0
+        for role in chosen:
+            for text in last_lines(run_dir.log(role), lines):
+                printer.line(role, text)
+        printer.flush()
+        if not follow:
+            return
         while True:
             if not follower.print_new(printer):
                 continue  # a backlog: read on at once
@@ -263,7 +263,7 @@ def logs(
                 return
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
-        raise typer.Exit(0)
+        raise typer.Exit(0 if follow else INTERRUPTED)
 
 
 def smoke(

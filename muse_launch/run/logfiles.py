@@ -18,13 +18,16 @@ role writes in one check interval; ROLE.log.1 may hold up to that much past `max
 
 Readers (`logs`, `logs -f`, `up`'s log stream, the `ready: {log: ...}` probe) read at most
 READ_CHUNK bytes at a time whatever the backlog, and notice rotation: the log shrank below their
-offset, or ROLE.log.1 is a new file (then they read the rest of ROLE.log.1 first). With `keep: 0` there
+offset, or ROLE.log.1 is a new file (then they read the rest of ROLE.log.1 first). The rotation runs
+under an exclusive flock of the log and a follower (logs.LogFollower) looks under a shared one, so it
+never sees one half done (the log truncated before the new ROLE.log.1 is in place). With `keep: 0` there
 is no ROLE.log.1: a log truncated and written past a reader's offset between two of its looks is read
 from that offset, the lines before it missed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from muse_launch.topology.defaults import LOG_MAX_KEEP
 READ_CHUNK = 64 * 1024  # the most any reader holds of a log at once; a longer line is split at it
 LOG_CHECK_SECONDS = 0.25  # how often the supervisor looks at each log's size
 COPY_CHUNK = 8 * 1024 * 1024  # sendfile's step while copying a log to ROLE.log.1
+MAX_DEFERRED = 8  # looks in a row a follower's lock may put a rotation off (then it rotates regardless)
 
 
 def rotated(path: Path, n: int = 1) -> Path:
@@ -95,13 +99,24 @@ class LineSplitter:
         self.partial = b""
 
 
-def rotate(path: Path, keep: int) -> None:
-    """Copy-truncate (see the module's docstring): the newest `keep` rotated files are kept."""
+def rotate(path: Path, keep: int, force: bool = False) -> bool:
+    """Copy-truncate (see the module's docstring): the newest `keep` rotated files are kept. Done under an
+    exclusive flock of the log, so that a follower (logs.LogFollower, which looks under a shared one) never
+    sees it half done: the log truncated before ROLE.log.1 is in place, or ROLE.log.1 moved to .2. False,
+    nothing done, while a follower holds it (its look takes microseconds; the next tick tries again),
+    unless `force`: a follower that stopped while holding it does not stop the cap."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return
+        return True
     try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not force:
+                return False
+        except OSError:  # a file system without locks (ENOLCK): rotated all the same
+            pass
         if keep > 0:
             for n in range(keep, 1, -1):
                 if os.path.lexists(rotated(path, n - 1)):
@@ -127,7 +142,8 @@ def rotate(path: Path, keep: int) -> None:
         else:
             os.ftruncate(fd, 0)
     finally:
-        os.close(fd)
+        os.close(fd)  # and with it the lock
+    return True
 
 
 @dataclass
@@ -136,6 +152,7 @@ class LogCaps:
 
     logs: dict[str, tuple[Path, LogPolicy]]
     checked_at: float = field(default=float("-inf"))
+    deferred: dict[Path, int] = field(default_factory=dict)  # looks in a row a follower's lock put one off
 
     @classmethod
     def of(cls, specs: Iterable, log_of) -> LogCaps:
@@ -149,6 +166,10 @@ class LogCaps:
         for path, policy in self.logs.values():
             try:
                 if os.lstat(path).st_size > policy.max_size:
-                    rotate(path, policy.keep)
+                    force = self.deferred.get(path, 0) >= MAX_DEFERRED
+                    if rotate(path, policy.keep, force):
+                        self.deferred.pop(path, None)
+                    else:
+                        self.deferred[path] = self.deferred.get(path, 0) + 1
             except OSError:  # gone, or the disk is full: the next look tries again
                 continue

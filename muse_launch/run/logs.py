@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Callable, TextIO
 
 from muse_launch.printable import escaped
 from muse_launch.run.files import open_nofollow
-from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
+from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
@@ -20,6 +21,44 @@ def open_log(path: Path):
     """A role's log (HOME/NAME/logs/ROLE.log) for reading, following no link below the home: a planted
     one raises files.PlantedLink (an OSError) rather than showing another file."""
     return os.fdopen(open_nofollow(path, os.O_RDONLY, root=path.parents[2]), "rb")
+
+
+def open_log_fd(path: Path) -> int:
+    return open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # a planted link raises files.PlantedLink
+
+
+def _locked_look(path: Path) -> tuple[tuple[int, int] | None, int]:
+    """ROLE.log.1's identity and the log's size, read together (never in the middle of a rotation)."""
+    try:
+        fd = open_log_fd(path)
+    except OSError:
+        return file_id(rotated(path)), 0
+    try:
+        _shared_lock(fd)
+        return file_id(rotated(path)), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _shared_lock(fd: int) -> None:
+    """Blocks while a rotation holds the log (milliseconds; Ctrl-C still interrupts it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:  # a file system without locks (ENOLCK): read as before, unlocked
+        pass
+
+
+def _rest_of(path: Path, offset: int) -> int | None:
+    """ROLE.log.1 open at `offset`, when it holds more than that (else None: nothing of it is unread)."""
+    try:
+        fd = open_log_fd(path)
+    except OSError:
+        return None
+    if os.fstat(fd).st_size <= offset:
+        os.close(fd)
+        return None
+    os.lseek(fd, offset, os.SEEK_SET)
+    return fd
 
 
 def last_lines(path: Path, n: int) -> list[str]:
@@ -79,7 +118,7 @@ class _Tail:
     offset: int
     lines: LineSplitter = field(default_factory=LineSplitter)
     rotated_id: tuple[int, int] | None = None  # ROLE.log.1 as last seen: a new one means a rotation
-    draining: Path | None = None  # a rotated file whose unread end is read before the log itself
+    draining: int | None = None  # ROLE.log.1 open at its unread end, read before the log itself
 
 
 class LogFollower:
@@ -90,8 +129,8 @@ class LogFollower:
     def __init__(self, logs: dict[str, Path], from_end: bool):
         self.tails = {}
         for role, path in logs.items():
-            _, size = read_chunk(path, 0, 0)
-            self.tails[role] = _Tail(path, size if from_end else 0, rotated_id=file_id(rotated(path)))
+            rotated_id, size = _locked_look(path)
+            self.tails[role] = _Tail(path, size if from_end else 0, rotated_id=rotated_id)
 
     def read_new(self) -> list[tuple[str, str]]:
         out = []
@@ -101,22 +140,35 @@ class LogFollower:
 
     @staticmethod
     def _read(tail: _Tail) -> list[bytes]:
-        if tail.draining is not None:
-            chunk, size = read_chunk(tail.draining, tail.offset)
+        if tail.draining is not None:  # ROLE.log.1 held open: a later rotation does not swap it under us
+            chunk = os.read(tail.draining, READ_CHUNK)
             if chunk:
-                tail.offset += len(chunk)
                 return tail.lines.feed(chunk)
+            os.close(tail.draining)
             tail.draining, tail.offset = None, 0
-        now_rotated = file_id(rotated(tail.path))
-        chunk, size = read_chunk(tail.path, tail.offset)
-        if now_rotated != tail.rotated_id or size < tail.offset:
-            tail.rotated_id = now_rotated
-            # Rotated: what we had not read yet is at the same offset of ROLE.log.1; truncated: start over.
-            if now_rotated is not None and read_chunk(rotated(tail.path), 0, 0)[1] > tail.offset:
-                tail.draining = rotated(tail.path)
-            else:
-                tail.offset = 0
-                tail.lines.reset()
+        try:
+            fd = open_log_fd(tail.path)
+        except OSError:  # not there (yet), or a planted link: nothing of ours to show
+            return []
+        try:
+            _shared_lock(fd)  # rotate() holds it exclusively: never a rotation half done
+            now_rotated = file_id(rotated(tail.path))
+            size = os.fstat(fd).st_size
+            if now_rotated != tail.rotated_id or size < tail.offset:
+                # Rotated: what we had not read is at the same offset of ROLE.log.1; truncated: start over.
+                renewed = now_rotated is not None and now_rotated != tail.rotated_id
+                tail.rotated_id = now_rotated
+                tail.draining = _rest_of(rotated(tail.path), tail.offset) if renewed else None
+                if tail.draining is None:
+                    tail.offset = 0
+                    if not renewed:  # truncated (a new `up`): a partial line of before never ends
+                        tail.lines.reset()
+            chunk = b""
+            if tail.draining is None and size > tail.offset:
+                chunk = os.pread(fd, min(READ_CHUNK, size - tail.offset), tail.offset)
+        finally:
+            os.close(fd)
+        if tail.draining is not None:
             return LogFollower._read(tail)
         tail.offset += len(chunk)
         return tail.lines.feed(chunk)

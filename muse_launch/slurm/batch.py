@@ -32,6 +32,7 @@ from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.state import DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
+from muse_launch.signals import reset_inherited
 
 from . import cluster
 from .files import HEARTBEAT_SECONDS, SlurmFiles
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("topology")
     args = parser.parse_args(argv)
+    reset_inherited()  # the roles it starts get the stop signals at their defaults (muse_launch/signals.py)
     files = SlurmFiles(RunDir(Path(args.run_dir)))
     code = 1
     stopped: dict = {}

@@ -9,7 +9,10 @@ plan's indices are positions in that list (index 0: the node's first allocated G
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+from muse_launch.signals import reset_inherited
 
 VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
@@ -27,6 +30,9 @@ def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[0] != "--gpus" or argv[2] != "--":
         sys.exit("usage: python -m muse_launch.slurm.step --gpus 0,1 -- PROGRAM ARG...")
     positions = [int(g) for g in argv[1].split(",") if g]
+    reset_inherited()
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # ignored by this interpreter, not by the role it becomes
+        signal.signal(sig, signal.SIG_DFL)
     os.execvpe(argv[3], argv[3:], narrowed(dict(os.environ), positions))
 
 

@@ -147,7 +147,7 @@ def supervise_and_stop(d, ns: int, file, fault: str, up: subprocess.Popen | None
     assert down.returncode == 0, down.stdout + down.stderr
     assert "Traceback" not in down.stdout + down.stderr and "stopped" in down.stdout
     if up is not None:
-        out, _ = up.communicate(timeout=30)
+        out, _ = up.communicate(timeout=120)
         assert out.count(WARNING) == 1, out  # one warning, however many writes failed
         assert "Traceback" not in out
     assert not port_open(steady_port) and not port_open(flaky_port)

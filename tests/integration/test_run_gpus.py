@@ -44,7 +44,7 @@ def gpu_role(port: int, *flags: str, **role) -> dict:
 
 def test_up_refuses_a_gpu_held_by_another_process_before_anything_starts(deployment, gpu_view):
     (port,) = free_ports(1)
-    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "serve.py"])
+    foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "serve.py"])
     try:
         view([GpuHolder(foreign.pid, int(100.6 * GIB))]).save(gpu_view)
         result = deployment.cli("up", deployment.write({"worker": gpu_role(port)}, hardware="h200"), "--detach")
@@ -52,7 +52,7 @@ def test_up_refuses_a_gpu_held_by_another_process_before_anything_starts(deploym
         foreign.kill()
         foreign.wait()
     assert result.returncode == 1, result.stdout + result.stderr
-    held = f"GPU 0: 100.6 of 139.8 GiB held by pid {foreign.pid} ({sys.executable} -c import time; time.sleep(60) " \
+    held = f"GPU 0: 100.6 of 139.8 GiB held by pid {foreign.pid} ({sys.executable} -c import time; time.sleep(600) " \
            f"serve.py); 38.6 GiB is free, and worker needs 69.9 GiB (mem_fraction 0.5)"
     assert held in result.stderr
     assert f"    fix: stop pid {foreign.pid} (" in result.stderr and "mem_fraction to 0.27 or less" in result.stderr
@@ -112,7 +112,7 @@ def test_status_shows_a_roles_gpu_memory_and_down_returns_once_it_is_free(deploy
 
 def test_doctor_writes_the_view_it_read_and_replays_it(deployment, gpu_view, tmp_path, monkeypatch):
     port, busy = free_ports(2)
-    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    marked = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         view([GpuHolder(marked.pid, 10 * GIB, "python3 serve.py")]).save(gpu_view)
         file = deployment.write({"worker": gpu_role(port, "--also-listen", busy)}, hardware="h200")

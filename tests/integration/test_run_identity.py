@@ -193,7 +193,7 @@ def test_without_cgroups_down_says_containment_is_best_effort(deployment, monkey
 def test_a_sigstopped_role_is_unhealthy_and_down_resumes_it_to_stop(deployment, monkeypatch, contained):
     use_cgroups(monkeypatch, contained)
     port, other = free_ports(2)
-    up_detached(deployment, {"server": stand_in(port, stop={"grace": 30}), "other": stand_in(other)})
+    up_detached(deployment, {"server": stand_in(port, stop={"grace": 300}), "other": stand_in(other)})
     pid = deployment.role("server")["pid"]
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -209,11 +209,9 @@ def test_a_sigstopped_role_is_unhealthy_and_down_resumes_it_to_stop(deployment, 
         table = deployment.cli("status", deployment.name)
         assert "unhealthy" in table.stdout and "SIGSTOP" in table.stdout, table.stdout
 
-        started = time.monotonic()
-        down = deployment.cli("down", deployment.name)
+        down = deployment.cli("down", deployment.name, timeout=240)  # well under its 300 s grace
         assert down.returncode == 0, down.stdout + down.stderr
         assert "had to SIGKILL" not in down.stdout, down.stdout  # SIGCONT let it act on its SIGTERM
-        assert time.monotonic() - started < 30  # not its whole grace
         assert gone(pid)
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -20,6 +20,21 @@ pytestmark = pytest.mark.integration
 MiB = 1024 * 1024
 
 
+LOADED = 60  # seconds: a generous bound for what takes well under one on a quiet machine
+
+
+def stop_on_ctrl_c(follow: subprocess.Popen) -> None:
+    """Ctrl-C to `logs -f`: it must exit at once (status 0), whatever it was doing; killed if it does not."""
+    follow.send_signal(signal.SIGINT)
+    try:
+        follow.communicate(timeout=LOADED)  # reads on: a `logs -f` blocked on a full pipe can exit
+    except subprocess.TimeoutExpired:
+        follow.kill()
+        follow.communicate()
+        pytest.fail(f"logs -f did not exit within {LOADED} s of SIGINT")
+    assert follow.returncode == 0, f"logs -f exited {follow.returncode} on SIGINT"
+
+
 def on_disk(log) -> int:
     return sum(p.stat().st_size for p in log.parent.glob(log.name + "*") if p.is_file())
 
@@ -92,7 +107,7 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
         got = 0
         fd = follow.stdout.fileno()
         written = 26 * 1000 * len(line) + 40 * MiB  # each line comes back with its prefix: at least as much
-        while got < written and select.select([fd], [], [], 10)[0]:
+        while got < written and select.select([fd], [], [], LOADED)[0]:
             chunk = os.read(fd, MiB)
             if not chunk:
                 break
@@ -101,9 +116,7 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
         peak = peak_rss_mib(follow.pid)
         assert peak < 100, f"logs -f peaked at {peak:.0f} MiB"
     finally:
-        follow.send_signal(signal.SIGINT)
-        follow.stdout.close()
-        follow.wait()
+        stop_on_ctrl_c(follow)
     tail = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-n", "3"], cwd=REPO,
                             env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     first = tail.stdout.read(1)  # it has read the end of the log; its output (over a pipe's 64 KiB) waits for us
@@ -137,8 +150,7 @@ def test_logs_follow_reads_on_across_a_rotation(deployment):
                 lines.append(text[:9] if text[:9].isdigit() else text)
     finally:
         watchdog.cancel()
-        follow.send_signal(signal.SIGINT)
-        follow.communicate(timeout=10)
+        stop_on_ctrl_c(follow)
     assert lines[:-1] == [f"{n:09d}" for n in range(16 * 650)]  # none lost, none twice, in order
     assert (deployment.run_dir / "logs" / "noisy.log.1").exists()
     assert deployment.cli("down", deployment.name).returncode == 0

@@ -32,7 +32,7 @@ def test_a_probe_answered_by_another_deployments_listener_is_not_ready(deploymen
         assert won.returncode == 0, won.stdout + won.stderr
         winner_pid = winner.role("server")["pid"]
         go.touch()
-        out, _ = up.communicate(timeout=30)
+        out, _ = up.communicate(timeout=120)
         assert up.returncode == 1, out
         assert f"port {port} answers, but the listener is pid {winner_pid} (" in out, out
         assert "not role prefill" in out, out

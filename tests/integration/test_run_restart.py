@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 
 import httpx
 import pytest
@@ -16,14 +17,16 @@ def test_a_role_crashing_after_ready_is_restarted_on_the_same_port(deployment, t
     crashed_once = tmp_path / "crashed"
     topology = deployment.write({
         "base": stand_in(base),
-        # Ready 2 s after each start: "restarting" lasts the 1 s backoff and those 2 s, long enough to see.
-        "flaky": stand_in(port, "--ready-after", 2.0, "--crash-after-ready", 1.0, "--crash-once", crashed_once,
+        # Ready 6 s after each start: "restarting" lasts the 1 s backoff and those 6 s, long enough for a
+        # `status` (a CLI call: seconds on a loaded machine) to see it.
+        "flaky": stand_in(port, "--ready-after", 6.0, "--crash-after-ready", 1.0, "--crash-once", crashed_once,
                           after=["base"],
                           restart={"policy": "on-failure", "max": 2}),
     })
     up = deployment.cli("up", topology, "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
-    first_pid = deployment.role("flaky")["pid"]
+    # From up's own lines, not a `status` call that could come after the crash 1 s past ready.
+    first_pid = int(re.search(r"flaky\s+starting\s+pid (\d+)", up.stdout)[1])
 
     # Between the crash and the restart (a 1 s backoff): the role restarting, the deployment degraded.
     status = wait_for(lambda: (s := deployment.status())["roles"][1]["state"] == "restarting" and s, timeout=10,
@@ -77,22 +80,23 @@ def test_the_restart_count_resets_after_a_period_of_health(deployment, tmp_path)
     tokens.mkdir()
     topology = deployment.write({
         "flaky": stand_in(port, "--crash-tokens", tokens, restart={"policy": "on-failure", "max": 2,
-                                                                    "reset_after": 3.0}),
+                                                                    "reset_after": 10.0}),
     })
     assert deployment.cli("up", topology, "--detach").returncode == 0
     for n in range(2):
         (tokens / f"crash-{n}").touch()  # two crashes in a row: both restarts of `max: 2` used up
+    # Ready for 10 s before the count resets: a window `status` polls (seconds a call) cannot miss.
     flaky = wait_for(lambda: (r := deployment.role("flaky"))["restarts"] == 2 and r["state"] == "ready" and r,
                      timeout=20, interval=0.1)
-    assert flaky["restarts_reset_after"] == 3.0
+    assert flaky["restarts_reset_after"] == 10.0
     table = deployment.cli("status", deployment.name).stdout
-    assert "2 (reset after 3s ready)" in table, table
-    # Ready for 3 s: its count starts again, and the next crash is restarted, not the end of it.
+    assert "2 (reset after 10s ready)" in table, table
+    # Ready for 10 s: its count starts again, and the next crash is restarted, not the end of it.
     wait_for(lambda: deployment.role("flaky")["restarts"] == 0, timeout=10, interval=0.1)
     (tokens / "crash-late").touch()
     flaky = wait_for(lambda: (r := deployment.role("flaky"))["restarts"] == 1 and r["state"] == "ready" and r,
                      timeout=15, interval=0.1)
     assert flaky["health"] == "ok"
-    assert "restart count reset after 3s ready" in (deployment.run_dir / "supervisor.log").read_text()
+    assert "restart count reset after 10s ready" in (deployment.run_dir / "supervisor.log").read_text()
     assert deployment.cli("down", deployment.name).returncode == 0
     assert deployment.alive() == []

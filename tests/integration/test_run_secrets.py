@@ -80,7 +80,7 @@ def test_down_with_the_state_damaged_under_a_live_supervisor(deployment, monkeyp
     assert up.returncode == 0, up.stdout + up.stderr
     supervisor = deployment.state_file()["supervisor_pid"]
     (deployment.run_dir / "state.json").write_text('{"name": "tru')
-    down = deployment.cli("down", deployment.name, "--grace", "0.5", timeout=30)
+    down = deployment.cli("down", deployment.name, "--grace", "0.5", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert f"asked the supervisor holding the deployment's lock (pid {supervisor}) to hand over" in down.stdout
     assert "had to SIGKILL:" in down.stdout and "server: pid " in down.stdout, down.stdout

@@ -27,9 +27,9 @@ def test_a_role_exiting_during_startup_fails_at_once_with_its_log(deployment):
         "broken": stand_in(ports[1], "--exit-during-startup", 3, ready_timeout=600, after=["first"]),
     })
     started = time.monotonic()
-    up = deployment.cli("up", topology)
+    up = deployment.cli("up", topology, timeout=300)
     assert up.returncode == 1, up.stdout + up.stderr
-    assert time.monotonic() - started < 15  # at the exit, not at the 600 s timeout
+    assert time.monotonic() - started < 300  # at the exit, not at the 600 s timeout (a loaded machine is slow)
     assert "role broken failed: exited with code 3 before it was ready" in up.stdout
     assert "broken | failing during startup with exit code 3" in up.stdout  # the last lines of its log
     assert "stopping everything started" in up.stdout
@@ -103,7 +103,7 @@ def test_ctrl_c_during_startup_stops_everything(deployment):
     up = deployment.start("up", topology)
     wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
     up.send_signal(signal.SIGINT)
-    output, _ = up.communicate(timeout=30)
+    output, _ = up.communicate(timeout=120)
     assert up.returncode == 130, output
     assert "SIGINT: stopping everything" in output
     status = deployment.status()
@@ -113,16 +113,16 @@ def test_ctrl_c_during_startup_stops_everything(deployment):
 
 def test_a_second_ctrl_c_kills_what_ignores_sigterm(deployment):
     topology = chain(deployment, {"command": stand_in(0, "--ignore-sigterm", "--never-ready")["command"],
-                                  "stop": {"grace": 60}})
+                                  "stop": {"grace": 600}})
     up = deployment.start("up", topology)
     wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
     up.send_signal(signal.SIGINT)
-    time.sleep(0.5)
-    assert up.poll() is None  # waiting out the grace of a role that ignores SIGTERM
-    started = time.monotonic()
+    seen: list[str] = []  # the first Ctrl-C handled (two sent at once could arrive as one)
+    wait_for(lambda: seen.append(up.stdout.readline()) or "stopping everything" in seen[-1] or not seen[-1])
+    assert up.poll() is None, "".join(seen)  # waiting out the grace of a role that ignores SIGTERM
     up.send_signal(signal.SIGINT)
-    output, _ = up.communicate(timeout=30)
-    assert time.monotonic() - started < 5
+    output, _ = up.communicate(timeout=300)  # well under the 600 s grace: it was the second Ctrl-C
+    output = "".join(seen) + output
     assert up.returncode == 130, output
     assert "had to SIGKILL:" in output and "last: pid" in output
     assert deployment.alive() == []

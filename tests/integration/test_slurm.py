@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -265,18 +266,31 @@ def test_a_role_log_is_capped_on_slurm(cluster: Path, tmp_path: Path):
         cancel_and_kill(d)
 
 
+def ignoring_ctrl_c() -> None:
+    """A preexec_fn: the child starts with SIGINT ignored and blocked, as a careless parent leaves it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
 def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: Path, tmp_path: Path):
+    """Started with SIGINT ignored and blocked by its parent: Ctrl-C stops it all the same (it used to
+    put back the ignored SIGINT it found before it streamed the logs, and never stopped)."""
     d = Deployment(tmp_path / "home", "h200-bf16-2node")
     d.home.mkdir()
-    up_process = d.start("up", REPO / "topologies" / "h200-bf16-2node.yaml", "--on", "slurm", "--rehearse",
-                         "--set", READY_AFTER)
+    argv = [sys.executable, "-m", "muse_launch", "up", REPO / "topologies" / "h200-bf16-2node.yaml", "--on",
+            "slurm", "--rehearse", "--set", READY_AFTER]
+    up_process = subprocess.Popen(argv, env=d.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, preexec_fn=ignoring_ctrl_c)
     try:
         seen: list[str] = []
-        wait_for(lambda: seen.append(up_process.stdout.readline()) or "Ctrl-C stops it" in seen[-1], timeout=120)
+        wait_for(lambda: seen.append(up_process.stdout.readline()) or "Ctrl-C stops it" in seen[-1]
+                 or not seen[-1], timeout=300)
+        assert "Ctrl-C stops it" in seen[-1], "".join(seen)
         job = job_id(d)
         assert d.status()["state"] == "ready"
         up_process.send_signal(signal.SIGINT)
-        assert up_process.wait(timeout=120) == 130, "".join(seen) + up_process.stdout.read()
+        out, _ = up_process.communicate(timeout=300)  # read on: a full pipe must not hold it
+        assert up_process.returncode == 130, "".join(seen) + out
         assert_nothing_left(d, job)
     finally:
         if up_process.poll() is None:

@@ -66,7 +66,7 @@ class Deployment:
         path.write_text(yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles}))
         return path
 
-    def cli(self, *args: Any, timeout: float = 60) -> subprocess.CompletedProcess:
+    def cli(self, *args: Any, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
                               capture_output=True, text=True, timeout=timeout)
 
@@ -102,7 +102,7 @@ class Deployment:
                 marked = (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
                           and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir))
                 ours = marked or os.getsid(proc.pid) in self.sessions or proc.pid in contained
-                if ours and proc.status() != psutil.STATUS_ZOMBIE:
+                if ours and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -139,7 +139,24 @@ class Deployment:
             cgroups.remove(path)
 
 
+def described(proc: psutil.Process) -> str:
+    """pid, status, parent and command line of a process, read now (a later repr shows what it became)."""
+    try:
+        with proc.oneshot():
+            return f"pid {proc.pid} ({proc.status()}, parent {proc.ppid()}): {' '.join(proc.cmdline())[:300]}"
+    except psutil.Error as exc:
+        return f"pid {proc.pid} ({type(exc).__name__} while reading it)"
+
+
+# The shortest deadline any wait gets: on a loaded 2-core machine (CI shares one with other jobs) a CLI call
+# takes seconds and a restart cycle tens of them. A condition that comes true returns at once; only a
+# failure waits this long.
+LOADED_FLOOR = 60.0
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """The condition's first true value, polled every `interval`; fails after max(timeout, LOADED_FLOOR) s."""
+    timeout = max(timeout, LOADED_FLOOR)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if value := condition():
@@ -163,7 +180,7 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Deployment:
     home.mkdir()
     d = Deployment(home, request.node.name.replace("_", "-").lower()[:40].strip("-"))
     yield d
-    leftovers = d.alive()
+    leftovers = [described(p) for p in d.alive()]  # as found: the kill below turns them into zombies
     ports = d.ports_held()
     request.node.user_properties.append(("left", (len(leftovers), len(ports))))
     d.kill_leftovers()

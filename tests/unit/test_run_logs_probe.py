@@ -192,3 +192,55 @@ def test_up_forgets_an_earlier_runs_rotated_logs_but_never_a_links_target(tmp_pa
     forget_rotated(log)
     assert sorted(p.name for p in log.parent.iterdir()) == []
     assert outside.read_text() == "not the launcher's\n"
+
+
+def test_a_follower_looking_in_the_middle_of_a_rotation_sees_it_done(tmp_path, monkeypatch):
+    """A follower looks between the rotation's steps (here: right after the truncation, r.log.1 moved to
+    .2 and the new r.log.1 not yet in place): it waits for the rotation to end, then reads on from
+    r.log.1. Looking at the half-done rotation, it took the log for truncated and read it all twice."""
+    import threading
+
+    from muse_launch.run.logfiles import rotate
+
+    log = tmp_path / "home" / "dep" / "logs" / "r.log"
+    fd = _role_log(log)
+    follower = LogFollower({"r": log}, from_end=True)
+    os.write(fd, b"".join(b"%d\n" % n for n in range(10)))
+    rotate(log, keep=2)  # a first rotation: a r.log.1 that the next one moves to .2
+    assert [t for _, t in follower.read_new()] == [str(n) for n in range(10)]
+    os.write(fd, b"".join(b"%d\n" % n for n in range(10, 15)))
+    assert [t for _, t in follower.read_new()] == [str(n) for n in range(10, 15)]  # read up to the log's end
+    os.write(fd, b"".join(b"%d\n" % n for n in range(15, 20)))
+    seen: list[str] = []
+    looks: list[threading.Thread] = []
+    truncate = os.ftruncate
+
+    def truncate_then_look(file: int, length: int) -> None:
+        truncate(file, length)
+        look = threading.Thread(target=lambda: seen.extend(t for _, t in follower.read_new()))
+        look.start()
+        look.join(1.0)  # it waits for the rotation's lock (it did not: it read the half-done state)
+        looks.append(look)
+
+    monkeypatch.setattr(os, "ftruncate", truncate_then_look)
+    assert rotate(log, keep=2) is True
+    monkeypatch.undo()
+    for look in looks:
+        look.join()
+    while new := follower.read_new():
+        seen += [t for _, t in new]
+    os.close(fd)
+    assert seen == [str(n) for n in range(15, 20)]  # each line once
+
+
+def test_a_rotation_waits_for_a_followers_look_unless_forced(tmp_path):
+    import fcntl
+
+    from muse_launch.run.logfiles import rotate, rotated
+
+    log = tmp_path / "r.log"
+    log.write_text("x\n" * 10)
+    with open(log, "rb") as reader:
+        fcntl.flock(reader, fcntl.LOCK_SH)  # a follower in the middle of a look
+        assert rotate(log, keep=1) is False and log.stat().st_size == 20 and not rotated(log).exists()
+        assert rotate(log, keep=1, force=True) is True and log.stat().st_size == 0 and rotated(log).exists()
