@@ -62,7 +62,8 @@ def validate(
     except TopologyError as exc:
         if not as_json:
             raise
-        typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems}, indent=2))
+        typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems,
+                               **({"fix": exc.fix} if exc.fix else {})}, indent=2))
         raise typer.Exit(exc.exit_code)
     if engine_check and plan is not None:
         from .checks.engine import check

@@ -34,6 +34,7 @@ class LoadedTopology:
     secrets: frozenset[str] = frozenset()
     # each whole value that held ${env:...}, as substituted -> as written with *** for each reference
     secret_values: Mapping[str, str] = field(default_factory=dict)
+    overrides: Mapping[Path_, str] = field(default_factory=dict)  # a key --set gave -> that --set argument
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -44,6 +45,8 @@ class LoadedTopology:
         return None
 
     def where(self, path: Path_) -> str:
+        if given := set_argument(self.overrides, path):
+            return f"{self.source}: --set {given}"  # the value is the argument's, not the file's line
         line = self.line_of(path)
         return f"{self.source}:{line}" if line else str(self.source)
 
@@ -65,6 +68,11 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         else:
             text = re.sub(f"(?<![^{_TOKEN_EDGE}]){re.escape(secret)}(?![^{_TOKEN_EDGE}])", REDACTED, text)
     return text
+
+
+def set_argument(overrides: Mapping[Path_, str], path: Path_) -> str | None:
+    """The --set argument that gave the value at PATH (or a mapping above it), if one did."""
+    return next((overrides[path[:end]] for end in range(len(path), 0, -1) if path[:end] in overrides), None)
 
 
 def dotted(path: Iterable[str | int]) -> str:
@@ -93,6 +101,8 @@ def read_regular_file(path: Path) -> bytes:
     directory is refused before a byte is read (O_NONBLOCK: opening a FIFO with no writer must not hang)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise MissingFile(path) from None
     except OSError as exc:
         raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
     try:
@@ -123,14 +133,50 @@ def read_regular_file(path: Path) -> bytes:
         os.close(fd)
 
 
+class MissingFile(TopologyError):
+    """No file at PATH: `error:` and a `fix:` naming the nearest topology file there is (exit 2)."""
+
+    def __init__(self, path: Path):
+        near = nearest_files(path)
+        fix = (f"did you mean {' or '.join(near)}?" if near
+               else "give the path of a topology file (the repository's are in topologies/ and examples/)")
+        super().__init__([f"{path}: no such file"], fix=fix)
+
+    def lines(self) -> list[str]:
+        return [f"error: {self.problems[0]}", f"  fix: {self.fix}"]
+
+
+def nearest_files(path: Path, limit: int = 1) -> list[str]:
+    """Topology files whose names are closest to PATH's: beside it, and in ./topologies and ./examples
+    (`epd-b300.yaml` typed from the repository's root is `topologies/epd-b300.yaml`)."""
+    places = dict.fromkeys([path.parent, Path("topologies"), Path("examples"), path.parent / "topologies"])
+    candidates: dict[str, str] = {}
+    for place in places:
+        try:
+            for entry in sorted(place.iterdir())[:1000]:
+                if entry.suffix in (".yaml", ".yml") and entry.is_file():
+                    shown = str(entry if place != Path(".") else Path(entry.name))
+                    candidates.setdefault(shown, entry.name)
+        except OSError:
+            continue
+    by_name: dict[str, list[str]] = {}
+    for shown, name in candidates.items():
+        by_name.setdefault(name, []).append(shown)
+    names = difflib.get_close_matches(path.name, list(by_name), n=limit, cutoff=0.75)
+    return [shown for name in names for shown in by_name[name]][:limit]
+
+
 def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
                    environ: Mapping[str, str] = {}) -> LoadedTopology:
     data, lines = _read_yaml(text, path)
     problems: list[str] = []
+    overrides: dict[Path_, str] = {}
     for assignment in sets:
         problem = _apply_set(data, assignment)
         if problem:
             problems.append(problem)
+        else:
+            overrides[tuple(assignment.partition("=")[0].split("."))] = assignment
     secrets: set[str] = set()
     values: dict[str, str] = {}
     data = _substitute_env(data, (), environ, secrets, problems, path, lines, values)
@@ -141,8 +187,9 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
         topology = Topology.model_validate(data)
     except ValidationError as exc:
         # Schema messages may quote a value that came from ${env:...}.
-        raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines)]) from None
-    return LoadedTopology(topology, path, lines, loaded_secrets, values)
+        raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines, overrides)]) \
+            from None
+    return LoadedTopology(topology, path, lines, loaded_secrets, values, overrides)
 
 
 def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
@@ -284,6 +331,11 @@ def _set_value(raw: str, at: Path_) -> Any:
         loader.dispose()
 
 
+# The variables this repository's own files use, and the command that sets them.
+SETS_ENV = dict.fromkeys(("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"),
+                         'eval "$(bash scripts/vllm_cpu_setup.sh)"')
+
+
 def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
                     problems: list[str], path: Path, lines: Mapping[Path_, int],
                     values: dict[str, str] | None = None) -> Any:
@@ -300,8 +352,9 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
         name = match.group(1)
         if name not in environ:
             line = lines.get(at) or lines.get(at[:-1])
-            problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; "
-                            f"export {name}=... before running muse-launch")
+            how = (f"run `{SETS_ENV[name]}` first (it sets {name})" if name in SETS_ENV
+                   else f"export {name}=... before running muse-launch")
+            problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; {how}")
             return ""
         secrets.add(environ[name])
         return environ[name]
@@ -312,7 +365,8 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
     return out
 
 
-def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int]) -> list[str]:
+def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int],
+             overrides: Mapping[Path_, str] = {}) -> list[str]:
     out: list[str] = []
     seen: set[Path_] = set()
     for error in exc.errors(include_url=False):
@@ -322,6 +376,8 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
         seen.add(loc)
         line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
         where = f"{path}:{line}" if line else str(path)
+        if given := set_argument(overrides, loc):
+            where = f"{path}: --set {given}"  # the value is the argument's, not the file's line
         kind = error["type"]
         if kind == "extra_forbidden":
             key = str(loc[-1])

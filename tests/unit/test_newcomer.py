@@ -1,0 +1,51 @@
+"""What a new user meets first: a missing file, a bad --set, an unset variable, GPUs the node lacks."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from cli_run import muse
+
+
+def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None:
+    run = muse("validate", "topologies/epd-b30.yaml")
+    assert run.returncode == 2
+    assert run.stderr.splitlines() == ["error: topologies/epd-b30.yaml: no such file",
+                                       "  fix: did you mean topologies/epd-b300.yaml?"]
+    # From the repository's root, a bare name is found in topologies/
+    run = muse("up", "epd-b300.yaml", "--rehearse")
+    assert run.returncode == 2 and "fix: did you mean topologies/epd-b300.yaml?" in run.stderr
+    run = muse("validate", "nowhere/zzz.yaml")
+    assert run.stderr.startswith("error: nowhere/zzz.yaml: no such file\n  fix: give the path of a topology file")
+    as_json = json.loads(muse("validate", "topologies/epd-b30.yaml", "--json").stdout)
+    assert as_json["ok"] is False and as_json["fix"] == "did you mean topologies/epd-b300.yaml?"
+
+
+def test_a_bad_set_value_is_named_as_the_set_argument_not_the_file_line() -> None:
+    run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.prefill.tp=abc")
+    assert run.returncode == 2
+    assert run.stderr.startswith("topologies/epd-b300.yaml: --set roles.prefill.tp=abc: roles.prefill.tp: 'abc' "
+                                 "is not valid here"), run.stderr
+    assert "epd-b300.yaml:24" not in run.stderr
+    # A check's finding on a value --set gave names the argument too; one on the file's own value keeps its line.
+    run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.decode.gpus=[4,5,6,7,8]",
+               "--set", "roles.decode.tp=5")
+    assert "topologies/epd-b300.yaml: --set roles.decode.gpus=[4,5,6,7,8]: error: roles.decode.gpus[4]: GPU 8 " \
+        "does not exist" in run.stderr, run.stderr
+    assert "topologies/epd-b300.yaml:42: error: roles.decode.ep: ep 4 does not divide tp 5" in run.stderr
+
+
+def test_an_unset_variable_of_the_repositorys_examples_points_at_their_setup_script() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MUSE_LAUNCH_") or k == "MUSE_LAUNCH_HOME"}
+    run = muse("validate", "examples/pd-vllm-cpu.yaml", env=env)
+    assert run.returncode == 2
+    assert "${env:MUSE_LAUNCH_TINY_MODEL} is not set; run `eval \"$(bash scripts/vllm_cpu_setup.sh)\"` first" \
+        in run.stderr, run.stderr
+
+
+def test_a_gpu_the_node_lacks_is_the_error_not_an_idle_gpu_or_a_bigger_tp() -> None:
+    run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.decode.gpus=[4,5,6,7,8]")
+    assert run.returncode == 1
+    assert "GPU 8 does not exist" in run.stderr
+    assert "stay idle" not in run.stderr and "stays idle" not in run.stderr and "tp to 5" not in run.stderr
