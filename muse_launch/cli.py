@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import TopologyError, first_command, report
+from .errors import TopologyError, first_command, report, wants_json
 
 # `import httpx` also imports httpx's own command line (click, rich, pygments: ~50 ms of CPU, a
 # fifth of `up -d`'s start) unless that import fails, which httpx handles (`except ImportError`).
@@ -193,8 +193,27 @@ def run(argv: list[str] | None = None) -> int:
         return _exit_code(exc.code)
     except BaseException as exc:  # noqa: BLE001  the one error table: errors.explain
         names = [c.name or c.callback.__name__ for c in app.registered_commands]
+        if wants_json(args) and not isinstance(exc, KeyboardInterrupt):
+            return _report_json(exc, first_command(args, names))
         return report(exc, first_command(args, names))
     return 0
+
+
+def _report_json(exc: BaseException, command: str | None) -> int:
+    """--json asked: the error as one JSON object on stdout (the traceback on stderr with MUSE_LAUNCH_DEBUG=1)."""
+    import json
+    import traceback
+
+    from .errors import as_json, debugging
+
+    code, out = as_json(exc, command)
+    if debugging():
+        traceback.print_exception(exc, file=sys.stderr)
+    try:
+        print(json.dumps(out, indent=2), flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+    return code
 
 
 def main(argv: list[str] | None = None) -> None:

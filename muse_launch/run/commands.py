@@ -131,7 +131,8 @@ def down(
 def status(
     name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
-    as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
+    as_json: bool = typer.Option(False, "--json", help="the deployment as JSON, each role's health now "
+                                 "included (docs/status-json.md)"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
@@ -241,8 +242,11 @@ def smoke(
     raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
-def ls() -> None:
+def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per deployment "
+                                                        "(docs/status-json.md)")) -> None:
     """Running deployments."""
+    import json
+
     from rich.table import Table
 
     from muse_launch.run.state import StateDamaged, running_deployments
@@ -251,18 +255,26 @@ def ls() -> None:
     damaged: list[StateDamaged] = []
     running = running_deployments(damaged)
     if not running and not damaged:
-        typer.echo("no deployment is running")
+        typer.echo("[]" if as_json else "no deployment is running")
         return
     from muse_launch.slurm.commands import observed_any
 
-    table = Table("name", "state", "roles", "supervisor", "file")
-    for record in (observed_any(r, observed) for r in running):
-        ready = sum(r.state.value == "ready" for r in record.roles)
-        table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
-                      str(record.supervisor.pid) if record.supervisor else "none", record.source)
-    for exc in damaged:
-        table.add_row(exc.run_dir.name, "state damaged", "-", "-", str(exc.run_dir.state_file))
-    _console().print(table)
+    rows = [{"name": record.name, "state": record.state.value,
+             "ready": sum(r.state.value == "ready" for r in record.roles), "roles": len(record.roles),
+             "supervisor_pid": record.supervisor.pid if record.supervisor else None, "file": record.source}
+            for record in (observed_any(r, observed) for r in running)]
+    rows += [{"name": exc.run_dir.name, "state": "state damaged", "ready": None, "roles": None,
+              "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)} for exc in damaged]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        table = Table("name", "state", "roles", "supervisor", "file")
+        for row in rows:
+            damaged_row = row["roles"] is None
+            table.add_row(row["name"], row["state"], "-" if damaged_row else f"{row['ready']}/{row['roles']} ready",
+                          "-" if damaged_row else str(row["supervisor_pid"] or "none"),
+                          row.get("state_file") or row["file"])
+        _console().print(table)
     for exc in damaged:  # said once per deployment; the others are listed as usual
         for line in exc.lines():
             typer.echo(line, err=True)
