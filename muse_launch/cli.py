@@ -107,9 +107,15 @@ def plan(
         from .checks.versions import installed_here
 
         installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
+    from .run.start_policy import choose, engine_versions
+
+    policy = choose(loaded_plan.plan, loaded_plan.loaded.topology.start, engine_versions(loaded_plan.plan))
+    if policy.note and fmt is PlanFormat.text:
+        typer.echo(policy.note, err=True)  # why, where the versions decide it
     renderers = {
-        PlanFormat.text: render_text.plan_text,
-        PlanFormat.json: lambda p, r, t: json.dumps(p.to_dict(r), indent=2),
+        PlanFormat.text: lambda p, r, t: render_text.plan_text(policy.plan, r, t, policy.policy, policy.start_after),
+        PlanFormat.json: lambda p, r, t: json.dumps({**policy.plan.to_dict(r), "start": {
+            "policy": policy.policy, "after": {k: list(v) for k, v in policy.start_after.items()}}}, indent=2),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from cli_run import muse
+from cli_run import REPO, muse
 
 
 def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None:
@@ -49,3 +49,36 @@ def test_a_gpu_the_node_lacks_is_the_error_not_an_idle_gpu_or_a_bigger_tp() -> N
     assert run.returncode == 1
     assert "GPU 8 does not exist" in run.stderr
     assert "stay idle" not in run.stderr and "stays idle" not in run.stderr and "tp to 5" not in run.stderr
+
+
+def test_plan_names_the_start_policy_and_what_starts_together() -> None:
+    """`plan --rehearse` used to say "3 waves", prefill "after: encoder", while `up` started them together."""
+    run = muse("plan", "topologies/epd-b300.yaml", "--rehearse")
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == ("deployment epd-b300: 4 processes in 2 waves; start: overlap "
+                        "(encoder, prefill, decode start together)")
+    assert "wave 1: encoder, prefill, decode" in lines and "wave 2: router" in lines
+    assert run.stdout.count("wired to encoder, not waiting for it") == 2
+    assert "    ready: /readiness (timeout 600s)    after: prefill, decode" in lines
+    waves = muse("plan", "topologies/epd-b300.yaml", "--rehearse", "--set", "start=waves")
+    assert waves.stdout.splitlines()[0].startswith("deployment epd-b300: 4 processes in 3 waves; start: waves")
+    assert "after: encoder" in waves.stdout
+    as_json = json.loads(muse("plan", "topologies/epd-b300.yaml", "--rehearse", "-f", "json").stdout)
+    assert as_json["start"] == {"policy": "overlap", "after": {"encoder": [], "prefill": [], "decode": [],
+                                                                "router": ["prefill", "decode"]}}
+
+
+def test_a_masked_value_in_the_engine_checks_notes_is_explained_once(tmp_path) -> None:
+    from muse_launch.checks.engine import EngineCheckResult, report
+    from muse_launch.topology.load import load_topology
+
+    python = str(tmp_path / "venv" / "bin" / "python")
+    loaded = load_topology(REPO / "examples" / "agg-vllm-cpu.yaml",
+                           environ={"MUSE_LAUNCH_TINY_MODEL": str(tmp_path), "MUSE_LAUNCH_VLLM_PYTHON": python})
+    said: list[str] = []
+    result = EngineCheckResult(notes=[f"engine check: vllm 0.32.0 ({python}) accepts 1 command of 1",
+                                      f"engine check: vllm 0.32.0 ({python}) accepts 1 command of 1"], findings=[])
+    assert report(result, loaded, said.append) is False
+    assert said == ["engine check: vllm 0.32.0 (***) accepts 1 command of 1 (***: a value from ${env:...} in the "
+                    "file, never printed)", "engine check: vllm 0.32.0 (***) accepts 1 command of 1"]
