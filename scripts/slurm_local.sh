@@ -8,6 +8,7 @@
 #
 #   scripts/slurm_local.sh start [DIR]    install the packages if missing (apt-get), start; prints
 #                                         `export SLURM_CONF=DIR/slurm.conf` for the client commands
+#                                         (on failure, a command that fails: `eval` of it fails loudly)
 #   scripts/slurm_local.sh stop [DIR]     cancel every job, stop the daemons it started (pid files),
 #                                         kill what they left (slurmstepd, step processes), remove DIR
 #   scripts/slurm_local.sh status [DIR]   daemons, nodes and jobs
@@ -42,8 +43,11 @@ install_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  if ! apt-get update -q >/dev/null || ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    say "error: could not install ${missing[*]} with apt-get (no network here? inside \`unshare -n\` there is none)"
+    say "  fix: run \`bash scripts/slurm_local.sh install\` first, outside the namespace, then start it inside"
+    return 1
+  fi
 }
 
 node_addr() { echo "$NET.$(( $1 + 1 ))"; }
@@ -210,7 +214,10 @@ status() {
 }
 
 case "$ACTION" in
-  start) start ;;
+  # `eval "$(scripts/slurm_local.sh start)"` loses the exit status: on failure, stdout carries a command
+  # that says so and fails, so the eval (and a `set -e` shell) fails loudly instead of leaving SLURM_CONF empty.
+  start) trap 'rc=$?; [ "$rc" -eq 0 ] || echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"' EXIT
+         start ;;
   stop) stop ;;
   status) status ;;
   install) install_packages ;;

@@ -36,6 +36,30 @@ def _names(incomplete: str) -> list[str]:
         if home.is_dir() else []
 
 
+def _role_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of `logs NAME ROLE...`: the roles of NAME, or of the one running when NAME is left out
+    (or is itself a role). Never raises: a completion that fails prints nothing."""
+    from muse_launch.run.state import RunDir, read_state, running_deployments
+
+    try:
+        name = ctx.params.get("name")
+        if name and RunDir.of(name).state_file.exists():
+            record = read_state(RunDir.of(name))
+        else:
+            running = running_deployments()
+            record = running[0] if len(running) == 1 else None
+        given = set(ctx.params.get("roles") or ())
+        return [r.name for r in (record.roles if record else ()) if r.name.startswith(incomplete)
+                and r.name not in given and r.name != name]
+    except Exception:  # noqa: BLE001  a damaged state or a bad name: no completions
+        return []
+
+
+def _names_or_roles(ctx: typer.Context, incomplete: str) -> list[str]:
+    """`logs NAME|ROLE`: a deployment, or, with one deployment running, one of its roles (`logs prefill`)."""
+    return _names(incomplete) + [r for r in _role_names(ctx, incomplete) if r not in _names(incomplete)]
+
+
 def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     """NAME's run directory and record; a clear error when its state is gone or unreadable."""
     from muse_launch.errors import RuntimeFailure
@@ -184,8 +208,9 @@ def status(
 
 def logs(
     name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
-                                         autocompletion=_names),
-    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
+                                         autocompletion=_names_or_roles),
+    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)",
+                                                autocompletion=_role_names),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
 ) -> None:

@@ -325,9 +325,14 @@ def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detac
     say = saying(console)
     say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")
     if detached:
-        say(f"smoke it with `{invoked_as()} smoke`, stop it with `{invoked_as()} down {record.name}`")
+        say(ready_hint(record.name))
     else:
         say("Ctrl-C stops it (a second Ctrl-C kills)")
+
+
+def ready_hint(name: str) -> str:
+    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, copied as they are."""
+    return f"smoke it with `{invoked_as()} smoke {name}`, stop it with `{invoked_as()} down {name}`"
 
 
 def invoked_as() -> str:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +39,11 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         epd.status()  # the roles' sessions, for the scan of what is left
+        assert f"smoke it with `{Path(sys.executable).name} -m muse_launch smoke epd-b300`, stop it with " in up.stdout
+        assert complete(epd, "logs epd-b300 ") == ["encoder", "prefill", "decode", "router"]
+        assert complete(epd, "logs epd-b300 de") == ["decode"]
+        assert complete(epd, "logs pre") == ["prefill"]  # one deployment running: NAME may be left out
+        assert complete(epd, "logs epd-b300 prefill ") == ["encoder", "decode", "router"]
         second = deployment.cli("up", EPD, "--rehearse", "-d", "--set", "name=second", "--set", READY_AFTER)
         assert second.returncode == 1, second.stdout + second.stderr
         assert "roles.router http port 8000 is in use by pid " in second.stderr
@@ -55,6 +63,17 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
     nothing = deployment.cli("status", "--json")
     assert nothing.returncode == 1 and json.loads(nothing.stdout)["error"] == "no deployment is running"
     assert json.loads(deployment.cli("ls", "--json").stdout) == []
+
+
+def complete(d: Deployment, line: str) -> list[str]:
+    """What bash's completion offers for `muse-launch LINE` (typer's own completion protocol)."""
+    words = ["muse-launch", *line.split()] + ([""] if line.endswith(" ") else [])
+    env = {**d.env, "_MUSE_LAUNCH_COMPLETE": "complete_bash", "COMP_WORDS": " ".join(words),
+           "COMP_CWORD": str(len(words) - 1)}
+    done = subprocess.run([str(Path(sys.executable).with_name("muse-launch"))], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
 
 
 def test_an_address_that_is_not_this_machines_is_said_to_be_so(deployment: Deployment) -> None:
