@@ -17,7 +17,8 @@ from pathlib import Path
 
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.run import logfiles
-from muse_launch.run.logfiles import LogCaps, open_role_log
+from muse_launch.run.logfiles import LogCaps
+from muse_launch.run.process import Marker, open_role_log
 
 MiB = 1024 * 1024
 WRITER = """
@@ -51,7 +52,7 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
 
 def flood(directory: Path, rate: float, seconds: float, cap: int, keep: int) -> None:
     log = directory / "flood.log"
-    fd = open_role_log(log, fresh=True)
+    fd = open_role_log(log, Marker("bench", str(directory / "run")), append=False)  # as a role's log is opened
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fd), str(rate), str(seconds)], pass_fds=(fd,),
                               stdout=subprocess.PIPE, text=True)
     os.close(fd)
