@@ -247,12 +247,11 @@ def test_every_command_runs_as_written(path: Path, tmp_path: Path) -> None:
            "MUSE_LAUNCH_HOME": str(tmp_path / "home"), RUN_MARK: token}
     env.pop("SLURM_CONF", None)
     (tmp_path / "script.sh").write_text(script_of(doc))
-    listening_before = _listeners()
     if "slurm" in doc.needs:
-        with LocalCluster(tmp_path) as conf:
-            ran, left = _run(tmp_path, {**env, "SLURM_CONF": conf}, token, listening_before)
+        with LocalCluster(tmp_path) as conf:  # its daemons' listeners are the provider's, not left by the file
+            ran, left = _run(tmp_path, {**env, "SLURM_CONF": conf}, token, _listeners())
     else:
-        ran, left = _run(tmp_path, env, token, listening_before)
+        ran, left = _run(tmp_path, env, token, _listeners())
     last = [line for line in ran.stderr.splitlines() if line.startswith(">>> ")]
     failed = [f"{last[-1][4:] if last else path.name}: a block failed (exit {ran.returncode})"] if ran.returncode else []
     failed += [f"{path.relative_to(REPO)}'s commands left running (now stopped): {left}"] if left else []
