@@ -113,9 +113,11 @@ def plan(
     if policy.note and fmt is PlanFormat.text:
         typer.echo(policy.note, err=True)  # why, where the versions decide it
     renderers = {
-        PlanFormat.text: lambda p, r, t: render_text.plan_text(policy.plan, r, t, policy.policy, policy.start_after),
+        PlanFormat.text: lambda p, r, t: render_text.plan_text(policy.plan, r, t, policy.policy,
+                                                               policy.start_after),
         PlanFormat.json: lambda p, r, t: json.dumps({**policy.plan.to_dict(r), "start": {
-            "policy": policy.policy, "after": {k: list(v) for k, v in policy.start_after.items()}}}, indent=2),
+            "policy": policy.policy, "after": {k: list(v) for k, v in policy.start_after.items()}}},
+            indent=2),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
@@ -206,7 +208,8 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _report_json(exc: BaseException, command: str | None) -> int:
-    """--json asked: the error as one JSON object on stdout (the traceback on stderr with MUSE_LAUNCH_DEBUG=1)."""
+    """--json asked: the error as one JSON object on stdout (the traceback on stderr with
+    MUSE_LAUNCH_DEBUG=1)."""
     import json
     import traceback
 

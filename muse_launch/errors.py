@@ -152,7 +152,8 @@ HOST_ERRNOS: dict[int, str | None] = {
 
 def as_json(exc: BaseException, command: str | None = None) -> tuple[int, dict[str, object]]:
     """What `explain` says, as the JSON a command run with --json prints on stdout instead:
-    {"ok": false, "exit_code": N, "error": "...", "fix": "..." or null} (a file's problems also as "errors")."""
+    {"ok": false, "exit_code": N, "error": "...", "fix": "..." or null}; a file's problems also as
+    "errors" (docs/status-json.md)."""
     code, lines = explain(exc, command)
     out: dict[str, object] = {"ok": False, "exit_code": code}
     if isinstance(exc, TopologyError):

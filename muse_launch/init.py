@@ -288,20 +288,23 @@ def _sglang_pd_trays(profile: HardwareProfile, quant: str) -> Draft:
     """Prefill on one 4-GPU tray, decode on another, over Mooncake on multi-node NVLink: the pairing of
     cookbook 3.6 (topologies/helion-gb300.yaml) with both workers on the regular path."""
     if _nodes_for(profile, quant) > 1:
-        raise Unsupported(f"the {quant.upper()} checkpoint needs more than one {profile.name} tray per worker")
+        raise Unsupported(f"the {quant.upper()} checkpoint needs more than one {profile.name} tray per "
+                          f"worker")
     top, worker = _sglang_args(profile, quant)
     tray = profile.display.split(" (")[0]
     draft = Draft(f"SGLang prefill/decode on two {tray} trays (Mooncake over multi-node NVLink)",
-                  "SGLang cookbook 3.6's pairing (topologies/helion-gb300.yaml), both workers on the regular path "
-                  "(TP4/EP4).\nTray addresses are examples: put yours under nodes:.",
-                  profile.name, CHECKPOINTS[quant], "sglang", host=EXAMPLE_ADDRESSES.format(1), nodes=2, args=top)
+                  "SGLang cookbook 3.6's pairing (topologies/helion-gb300.yaml), both workers on the regular "
+                  "path (TP4/EP4).\nTray addresses are examples: put yours under nodes:.",
+                  profile.name, CHECKPOINTS[quant], "sglang", host=EXAMPLE_ADDRESSES.format(1), nodes=2,
+                  args=top)
     gpus = profile.gpus_per_node
     for kind, node, port in (("prefill", "node0", PREFILL_PORT), ("decode", "node1", DECODE_PORT)):
         draft.roles[kind] = {"kind": kind, "nodes": [node], "gpus": _gpus(gpus), "port": port, "tp": gpus,
                              "ep": gpus, "transfer_backend": "mooncake",
                              "bootstrap_port": sglang.DEFAULT_BOOTSTRAP_PORT, "env": dict(MOONCAKE_MNNVL_ENV),
                              "args": worker}
-    draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"], "decode": ["decode"]}
+    draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"],
+                             "decode": ["decode"]}
     return draft
 
 
@@ -419,7 +422,8 @@ VLLM_CPU_MODEL, VLLM_CPU_PYTHON = "${env:MUSE_LAUNCH_TINY_MODEL}", "${env:MUSE_L
 VLLM_CPU_ARGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "512",
                  "--disable-access-log-for-endpoints", "/health,/metrics"]
 VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
-VLLM_CPU_PORTS = {"agg": {"worker": 18400, "router": 18410}, "pd": {"prefill": 18300, "decode": 18301, "router": 18310}}
+VLLM_CPU_PORTS = {"agg": {"worker": 18400, "router": 18410},
+                  "pd": {"prefill": 18300, "decode": 18301, "router": 18310}}
 VLLM_CPU_KV = "/tmp/muse-launch-pd-vllm-cpu-kv"
 SLOW_START = {"timeout": 600}  # a loaded 2-core machine needs 70-90 s cold
 
@@ -444,7 +448,8 @@ def _vllm_cpu(mode: str) -> Draft:
     draft.env = dict(VLLM_CPU_ENV)
     for core, kind in enumerate(("prefill", "decode")):
         draft.roles[kind] = {"kind": kind, "port": ports[kind], "transfer_backend": "example",
-                             "kv_transfer_config": {"kv_connector_extra_config": {"shared_storage_path": VLLM_CPU_KV}},
+                             "kv_transfer_config": {"kv_connector_extra_config":
+                                                    {"shared_storage_path": VLLM_CPU_KV}},
                              "env": {"VLLM_CPU_OMP_THREADS_BIND": str(core)},
                              "ready": {"http": "/v1/models", **SLOW_START}}
     draft.roles["router"] = {"kind": "router", "engine": "vllm-router", "port": ports["router"], **metrics,

@@ -25,7 +25,8 @@ def start_steps(plan: Plan, start_after: dict[str, tuple[str, ...]] | None) -> t
     for wave in plan.waves:  # waves are in dependency order: what a role waits for is placed before it
         for name in wave:
             step[name] = 1 + max((step[d] for d in start_after.get(name, ()) if d in step), default=0)
-    return tuple(tuple(n for w in plan.waves for n in w if step[n] == i) for i in range(1, max(step.values(), default=0) + 1))
+    last = max(step.values(), default=0)
+    return tuple(tuple(n for w in plan.waves for n in w if step[n] == i) for i in range(1, last + 1))
 
 
 def plan_text(plan: Plan, redact: Redact, topology: Topology, policy: str | None = None,

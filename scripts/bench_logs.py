@@ -52,7 +52,7 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
 
 def flood(directory: Path, rate: float, seconds: float, cap: int, keep: int) -> None:
     log = directory / "flood.log"
-    fd = open_role_log(log, Marker("bench", str(directory / "run")), append=False)  # as a role's log is opened
+    fd = open_role_log(log, Marker("bench", str(directory / "run")), append=False)  # as a role's is
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fd), str(rate), str(seconds)], pass_fds=(fd,),
                               stdout=subprocess.PIPE, text=True)
     os.close(fd)

@@ -1,7 +1,7 @@
 """Write docs/topology.md, the topology file reference, from the JSON Schema `muse-launch schema` prints.
 
     .venv/bin/python scripts/docs_topology.py            # rewrite docs/topology.md
-    .venv/bin/python scripts/docs_topology.py --check    # exit 1 if docs/topology.md is not what it would write
+    .venv/bin/python scripts/docs_topology.py --check    # exit 1 if docs/topology.md is not what it writes
 
 tests/unit/test_docs_topology.py runs the check, so the reference never drifts from the schema.
 """
@@ -51,13 +51,15 @@ NOTES: dict[str, dict[str, str]] = {
         "args": "arguments every engine role gets after the ones its keys render",
         "nodes": "machines by name, each with its address; roles pick theirs with `nodes: [...]`",
         "rehearse": "`up --rehearse`: the simulated engine's start-up delay",
-        "roles": "the processes to run, by name (the name is used in `logs`, `--only`, `--set roles.NAME.KEY`)",
+        "roles": "the processes to run, by name (as `logs`, `--only` and `--set roles.NAME.KEY` name them)",
     },
     "NodeConfig": {"address": "the node's address (SLURM maps it to an allocated node)"},
-    "ReadyProbe": {"status": "the HTTP status that means ready", "tcp": "ready once the port accepts a connection",
+    "ReadyProbe": {"status": "the HTTP status that means ready",
+                   "tcp": "ready once the port accepts a connection",
                    "interval": "seconds between two probes"},
     "RehearseConfig": {"ready_after": "seconds before the simulated engine answers ready"},
-    "RestartConfig": {"policy": "restart a role that dies after it was ready", "max": "restarts before it counts as failed"},
+    "RestartConfig": {"policy": "restart a role that dies after it was ready",
+                      "max": "restarts before it counts as failed"},
     "StopConfig": {"signal": "the signal `down` sends first", "grace": "seconds from that signal to SIGKILL"},
     "Role": {
         "kind": "what the role is: it decides the flags rendered and the wiring",
@@ -74,9 +76,11 @@ NOTES: dict[str, dict[str, str]] = {
         "encoders": "the encoder roles this language worker takes embeddings from",
         "encoder_bootstrap_port": "where this worker receives its encoders' embeddings",
         "encoder_transfer_backend": "how embeddings travel (zmq_to_tokenizer, ...)",
-        "kv_cache_dtype": "the KV cache's data type (e.g. fp8_e4m3)", "page_size": "KV cache page size in tokens",
+        "kv_cache_dtype": "the KV cache's data type (e.g. fp8_e4m3)",
+        "page_size": "KV cache page size in tokens",
         "prefill": "router: the prefill roles it sends to", "decode": "router: the decode roles it sends to",
-        "workers": "router: the aggregated workers it balances", "after": "roles this one starts after, beyond its wiring",
+        "workers": "router: the aggregated workers it balances",
+        "after": "roles this one starts after, beyond its wiring",
         "replicas": "copies of the role, each with its own port (list ports to choose them)",
         "nodes": "the nodes it runs on (several: one rank per node)",
         "dist_init_port": "multi-node: the rendezvous port on the first node",
@@ -137,11 +141,12 @@ def table(model: dict[str, Any], notes: dict[str, str]) -> list[str]:
     for key, node in model.get("properties", {}).items():
         name = f"`{key}`" + (" (required)" if key in required else "")
         extra = []
-        for limit, word in (("minimum", ">="), ("maximum", "<="), ("exclusiveMinimum", ">"), ("maxLength", "length <="),
-                            ("pattern", "matches")):
+        for limit, word in (("minimum", ">="), ("maximum", "<="), ("exclusiveMinimum", ">"),
+                            ("maxLength", "length <="), ("pattern", "matches")):
             if limit in node:
                 extra.append(f"{word} `{node[limit]}`")
-        description = "; ".join(filter(None, [node.get("description") or notes.get(key, ""), ", ".join(extra)]))
+        what = node.get("description") or notes.get(key, "")
+        description = "; ".join(filter(None, [what, ", ".join(extra)]))
         out.append(f"| {name} | {cell(type_of(node))} | {cell(default_of(node))} | {cell(description)} |")
     return out
 

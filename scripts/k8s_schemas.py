@@ -41,5 +41,5 @@ def main(source: Path) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/k8s_schemas.py DIR_WITH_CRDS (the lws and rbg CRD files of those releases)")
+        sys.exit("usage: python scripts/k8s_schemas.py DIR_WITH_CRDS (the lws and rbg CRDs)")
     main(Path(sys.argv[1]))

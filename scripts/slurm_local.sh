@@ -43,9 +43,10 @@ install_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
-  if ! apt-get update -q >/dev/null || ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
-    say "error: could not install ${missing[*]} with apt-get (no network here? inside \`unshare -n\` there is none)"
-    say "  fix: run \`bash scripts/slurm_local.sh install\` first, outside the namespace, then start it inside"
+  if ! apt-get update -q >/dev/null ||
+     ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    say "error: could not install ${missing[*]} with apt-get (no network? \`unshare -n\` has none)"
+    say "  fix: run \`bash scripts/slurm_local.sh install\` first, outside the namespace; start it inside"
     return 1
   fi
 }
@@ -215,8 +216,9 @@ status() {
 
 case "$ACTION" in
   # `eval "$(scripts/slurm_local.sh start)"` loses the exit status: on failure, stdout carries a command
-  # that says so and fails, so the eval (and a `set -e` shell) fails loudly instead of leaving SLURM_CONF empty.
-  start) trap 'rc=$?; [ "$rc" -eq 0 ] || echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"' EXIT
+  # that says so and fails: the eval (and a `set -e` shell) fails loudly, not leaving SLURM_CONF empty.
+  start) trap 'rc=$?; [ "$rc" -eq 0 ] ||
+               echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"' EXIT
          start ;;
   stop) stop ;;
   status) status ;;

@@ -289,14 +289,16 @@ def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one obje
              "supervisor_pid": record.supervisor.pid if record.supervisor else None, "file": record.source}
             for record in (observed_any(r, observed) for r in running)]
     rows += [{"name": exc.run_dir.name, "state": "state damaged", "ready": None, "roles": None,
-              "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)} for exc in damaged]
+              "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)}
+             for exc in damaged]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
         table = Table("name", "state", "roles", "supervisor", "file")
         for row in rows:
             damaged_row = row["roles"] is None
-            table.add_row(row["name"], row["state"], "-" if damaged_row else f"{row['ready']}/{row['roles']} ready",
+            ready = "-" if damaged_row else f"{row['ready']}/{row['roles']} ready"
+            table.add_row(row["name"], row["state"], ready,
                           "-" if damaged_row else str(row["supervisor_pid"] or "none"),
                           row.get("state_file") or row["file"])
         _console().print(table)

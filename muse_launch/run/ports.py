@@ -58,7 +58,7 @@ def foreign_addresses(plan: Plan) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for spec in plan.specs:
         port = next(iter(spec.ports.values()), 0)
-        if bind_error(spec.bind, port) == errno.EADDRNOTAVAIL and bind_error(spec.bind, 0) == errno.EADDRNOTAVAIL:
+        if errno.EADDRNOTAVAIL == bind_error(spec.bind, port) == bind_error(spec.bind, 0):
             out.setdefault(spec.bind, []).append(spec.name)
     return out
 

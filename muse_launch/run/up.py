@@ -79,7 +79,8 @@ def absent_dependencies(plan: Plan, role: str, client: httpx.Client) -> list[str
         dep = plan.spec(name)
         if dep.probe.kind.value not in ("http", "tcp"):
             continue
-        check = ReadinessCheck(dep.probe, connect_host(dep.bind), dep.ports.get("http"), Path(os.devnull), client)
+        check = ReadinessCheck(dep.probe, connect_host(dep.bind), dep.ports.get("http"), Path(os.devnull),
+                               client)
         if not check.check(alive_for=0.0):
             absent.append(f"{name} ({dep.url or 'no URL'}): {check.last_seen}")
     return absent
@@ -91,9 +92,10 @@ def refuse_absent_dependencies(plan: Plan, role: str, source: Path) -> None:
         absent = absent_dependencies(plan, role, client)
     if absent:
         first = ", ".join(f"`--only {line.split(' ')[0]}`" for line in absent)
-        raise RuntimeFailure(f"--only {role}: nothing was started; what it needs is not up:\n  " + "\n  ".join(absent),
-                             fix=f"start those first (the same `up` with {first}), or bring the whole deployment "
-                                 f"up: `muse-launch up {source}`")
+        raise RuntimeFailure(f"--only {role}: nothing was started; what it needs is not up:\n  "
+                             + "\n  ".join(absent),
+                             fix=f"start those first (the same `up` with {first}), or bring the whole "
+                                 f"deployment up: `muse-launch up {source}`")
 
 
 def refuse_multi_node(plan: Plan) -> None:
@@ -118,7 +120,8 @@ def busy_fix(plan: Plan, busy) -> str:
     others = [name for name in holding_deployments(busy) if name != plan.name]
     if others:
         downs = " and ".join(f"`muse-launch down {name}`" for name in others)
-        return f"another deployment holds them: stop it first with {downs}, or move this one's roles with --set"
+        return f"another deployment holds them: stop it first with {downs}, or move this one's roles with " \
+               f"--set"
     first = busy[0]
     role = plan.spec(first.role).role  # a replica (decode-0) or node rank (server@node1) is its role's
     key = "port" if first.name == "http" else f"{first.name.rstrip('_0123456789')}_port"
@@ -127,14 +130,16 @@ def busy_fix(plan: Plan, busy) -> str:
 
 
 def refuse_foreign_addresses(plan: Plan) -> None:
-    """A role that binds another machine's address cannot start here: say so, not "in use by an unknown process"."""
+    """A role that binds another machine's address cannot start here: say so, not "in use by an unknown
+    process"."""
     from muse_launch.run.ports import foreign_addresses
 
     if foreign := foreign_addresses(plan):
         where = "; ".join(f"{address} ({', '.join(names)})" for address, names in foreign.items())
         raise RuntimeFailure(f"{plan.name}: nothing was started; not an address of this machine: {where}",
-                             fix="run `up` on the machine that has it, submit it to SLURM with `up --on slurm`, "
-                                 "bind all addresses here (`bind: 0.0.0.0`), or rehearse it here with --rehearse")
+                             fix="run `up` on the machine that has it, submit it to SLURM with "
+                                 "`up --on slurm`, bind all addresses here (`bind: 0.0.0.0`), or rehearse it "
+                                 "here with --rehearse")
 
 
 def missing_programs(plan: Plan) -> list[str]:
@@ -331,7 +336,8 @@ def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detac
 
 
 def ready_hint(name: str) -> str:
-    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, copied as they are."""
+    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, to copy as
+    they are."""
     return f"smoke it with `{invoked_as()} smoke {name}`, stop it with `{invoked_as()} down {name}`"
 
 

