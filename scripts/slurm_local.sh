@@ -146,6 +146,7 @@ start() {
     return 0
   fi
   write_config
+  WROTE_CONFIG=1  # from here a failed start stops what it started (the EXIT trap below)
   add_addresses
   export SLURM_CONF="$DIR/slurm.conf"
   env "$MARK" munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
@@ -217,8 +218,9 @@ status() {
 case "$ACTION" in
   # `eval "$(scripts/slurm_local.sh start)"` loses the exit status: on failure, stdout carries a command
   # that says so and fails: the eval (and a `set -e` shell) fails loudly, not leaving SLURM_CONF empty.
-  start) trap 'rc=$?; [ "$rc" -eq 0 ] ||
-               echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"' EXIT
+  # A start that fails half-way stops the daemons it started (munged, slurmctld...) and removes DIR.
+  start) trap 'rc=$?; if [ "$rc" -ne 0 ]; then [ -z "${WROTE_CONFIG:-}" ] || stop >&2 || true
+               echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"; fi' EXIT
          start ;;
   stop) stop ;;
   status) status ;;

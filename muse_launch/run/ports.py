@@ -94,7 +94,17 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
                 pass
         role = role or recorded_role(proc)  # sglang-router sets its title, which wipes its environment
         return f"pid {conn.pid} ({'role ' + role + ', ' if role else ''}{command})"
-    return "an unknown process"
+    return local_end_holder(port) or "an unknown process"
+
+
+def local_end_holder(port: int) -> str | None:
+    """A connection that took PORT as its local end (the kernel hands out 32768-60999 that way): whose."""
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.laddr and conn.laddr.port == port and conn.raddr:
+            who = f"pid {conn.pid}" if conn.pid else "a process this user cannot see"
+            return (f"{who}'s connection to {conn.raddr.ip}:{conn.raddr.port} ({conn.status}; the kernel gave it "
+                    f"this port as its local end: prefer ports below 32768)")
+    return None
 
 
 def recorded_role(proc: psutil.Process) -> str | None:

@@ -1,4 +1,5 @@
-"""What a new user meets when `up` cannot start: each refused at once, saying what to do, nothing left behind."""
+"""What a new user meets when `up` cannot start: each refused at once, saying what to do, nothing left
+behind."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def test_only_a_role_whose_dependencies_are_not_up_is_refused_at_once(deployment
     assert "error: --only router: nothing was started; what it needs is not up:" in run.stderr
     assert "prefill (http://127.0.0.1:30001): GET /health: connection refused" in run.stderr
     assert "fix: start those first (the same `up` with `--only decode`, `--only prefill`)" in run.stderr
-    assert took < 30, f"{took:.1f}s: it waited for something"  # seconds of start-up on a loaded machine, not 600
+    assert took < 30, f"{took:.1f}s: it waited for something"  # seconds on a loaded machine, not 600
     assert json.loads(deployment.cli("ls", "--json").stdout) == []  # no record left behind
 
 
@@ -39,7 +40,8 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         epd.status()  # the roles' sessions, for the scan of what is left
-        assert f"smoke it with `{Path(sys.executable).name} -m muse_launch smoke epd-b300`, stop it with " in up.stdout
+        prog = f"{Path(sys.executable).name} -m muse_launch"  # as this test ran it: copied as it is
+        assert f"smoke it with `{prog} smoke epd-b300`, stop it with `{prog} down epd-b300`" in up.stdout
         assert complete(epd, "logs epd-b300 ") == ["encoder", "prefill", "decode", "router"]
         assert complete(epd, "logs epd-b300 de") == ["decode"]
         assert complete(epd, "logs pre") == ["prefill"]  # one deployment running: NAME may be left out
@@ -47,12 +49,14 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
         second = deployment.cli("up", EPD, "--rehearse", "-d", "--set", "name=second", "--set", READY_AFTER)
         assert second.returncode == 1, second.stdout + second.stderr
         assert "roles.router http port 8000 is in use by pid " in second.stderr
-        assert "(role router of epd-b300, " in second.stderr  # the router's title wipes its marker: named all the same
+        assert "(role router of epd-b300, " in second.stderr  # its title wipes its marker: named all the same
         assert "(role prefill of epd-b300, " in second.stderr
-        assert "fix: another deployment holds them: stop it first with `muse-launch down epd-b300`" in second.stderr
-        assert "start:" not in second.stdout + second.stderr  # how it would start, said only once nothing refuses
+        fix = "fix: another deployment holds them: stop it first with `muse-launch down epd-b300`"
+        assert fix in second.stderr
+        assert "start:" not in second.stdout + second.stderr  # how it starts: said once nothing refuses
         listed = json.loads(deployment.cli("ls", "--json").stdout)
-        assert [(d["name"], d["state"], d["ready"], d["roles"]) for d in listed] == [("epd-b300", "ready", 4, 4)]
+        assert [(d["name"], d["state"], d["ready"], d["roles"]) for d in listed] == \
+            [("epd-b300", "ready", 4, 4)]
         status = json.loads(epd.cli("status", "--json").stdout)
         assert status["name"] == "epd-b300" and {r["health"] for r in status["roles"]} == {"ok"}
     finally:

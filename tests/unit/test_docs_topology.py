@@ -1,4 +1,5 @@
-"""docs/topology.md is what scripts/docs_topology.py writes from `muse-launch schema`: never edited by hand."""
+"""docs/topology.md is what scripts/docs_topology.py writes from `muse-launch schema`: never edited by
+hand."""
 
 from __future__ import annotations
 
@@ -39,5 +40,6 @@ def test_every_key_of_the_schema_is_described() -> None:
 def test_a_new_key_shows_in_the_reference() -> None:
     generator = _generator()
     doc = generator.schema()
-    doc["properties"]["zz_new"] = {"type": "integer", "default": 3, "description": "a key added to the schema"}
+    doc["properties"]["zz_new"] = {"type": "integer", "default": 3,
+                                   "description": "a key added to the schema"}
     assert "| `zz_new` | integer | `3` | a key added to the schema |" in generator.render(doc)

@@ -18,7 +18,8 @@ def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None
     run = muse("up", "epd-b300.yaml", "--rehearse")
     assert run.returncode == 2 and "fix: did you mean topologies/epd-b300.yaml?" in run.stderr
     run = muse("validate", "nowhere/zzz.yaml")
-    assert run.stderr.startswith("error: nowhere/zzz.yaml: no such file\n  fix: give the path of a topology file")
+    assert run.stderr.startswith("error: nowhere/zzz.yaml: no such file\n"
+                                 "  fix: give the path of a topology file")
     as_json = json.loads(muse("validate", "topologies/epd-b30.yaml", "--json").stdout)
     assert as_json["ok"] is False and as_json["fix"] == "did you mean topologies/epd-b300.yaml?"
 
@@ -26,14 +27,14 @@ def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None
 def test_a_bad_set_value_is_named_as_the_set_argument_not_the_file_line() -> None:
     run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.prefill.tp=abc")
     assert run.returncode == 2
-    assert run.stderr.startswith("topologies/epd-b300.yaml: --set roles.prefill.tp=abc: roles.prefill.tp: 'abc' "
-                                 "is not valid here"), run.stderr
+    assert run.stderr.startswith("topologies/epd-b300.yaml: --set roles.prefill.tp=abc: roles.prefill.tp: "
+                                 "'abc' is not valid here"), run.stderr
     assert "epd-b300.yaml:24" not in run.stderr
-    # A check's finding on a value --set gave names the argument too; one on the file's own value keeps its line.
+    # A check's finding on a value --set gave names the argument too; one on the file's value keeps its line.
     run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.decode.gpus=[4,5,6,7,8]",
                "--set", "roles.decode.tp=5")
-    assert "topologies/epd-b300.yaml: --set roles.decode.gpus=[4,5,6,7,8]: error: roles.decode.gpus[4]: GPU 8 " \
-        "does not exist" in run.stderr, run.stderr
+    assert "topologies/epd-b300.yaml: --set roles.decode.gpus=[4,5,6,7,8]: error: roles.decode.gpus[4]: " \
+        "GPU 8 does not exist" in run.stderr, run.stderr
     assert "topologies/epd-b300.yaml:42: error: roles.decode.ep: ep 4 does not divide tp 5" in run.stderr
 
 
@@ -41,8 +42,8 @@ def test_an_unset_variable_of_the_repositorys_examples_points_at_their_setup_scr
     env = {k: v for k, v in os.environ.items() if not k.startswith("MUSE_LAUNCH_") or k == "MUSE_LAUNCH_HOME"}
     run = muse("validate", "examples/pd-vllm-cpu.yaml", env=env)
     assert run.returncode == 2
-    assert "${env:MUSE_LAUNCH_TINY_MODEL} is not set; run `eval \"$(bash scripts/vllm_cpu_setup.sh)\"` first" \
-        in run.stderr, run.stderr
+    setup = 'run `eval "$(bash scripts/vllm_cpu_setup.sh)"` first'
+    assert f"${{env:MUSE_LAUNCH_TINY_MODEL}} is not set; {setup}" in run.stderr, run.stderr
 
 
 def test_a_gpu_the_node_lacks_is_the_error_not_an_idle_gpu_or_a_bigger_tp() -> None:
@@ -63,7 +64,8 @@ def test_plan_names_the_start_policy_and_what_starts_together() -> None:
     assert run.stdout.count("wired to encoder, not waiting for it") == 2
     assert "    ready: /readiness (timeout 600s)    after: prefill, decode" in lines
     waves = muse("plan", "topologies/epd-b300.yaml", "--rehearse", "--set", "start=waves")
-    assert waves.stdout.splitlines()[0].startswith("deployment epd-b300: 4 processes in 3 waves; start: waves")
+    head = waves.stdout.splitlines()[0]
+    assert head.startswith("deployment epd-b300: 4 processes in 3 waves; start: waves")
     assert "after: encoder" in waves.stdout
     as_json = json.loads(muse("plan", "topologies/epd-b300.yaml", "--rehearse", "-f", "json").stdout)
     assert as_json["start"] == {"policy": "overlap", "after": {"encoder": [], "prefill": [], "decode": [],
@@ -75,18 +77,19 @@ def test_a_masked_value_in_the_engine_checks_notes_is_explained_once(tmp_path) -
     from muse_launch.topology.load import load_topology
 
     python = str(tmp_path / "venv" / "bin" / "python")
-    loaded = load_topology(REPO / "examples" / "agg-vllm-cpu.yaml",
-                           environ={"MUSE_LAUNCH_TINY_MODEL": str(tmp_path), "MUSE_LAUNCH_VLLM_PYTHON": python})
+    env = {"MUSE_LAUNCH_TINY_MODEL": str(tmp_path), "MUSE_LAUNCH_VLLM_PYTHON": python}
+    loaded = load_topology(REPO / "examples" / "agg-vllm-cpu.yaml", environ=env)
     said: list[str] = []
-    result = EngineCheckResult(notes=[f"engine check: vllm 0.32.0 ({python}) accepts 1 command of 1",
-                                      f"engine check: vllm 0.32.0 ({python}) accepts 1 command of 1"], findings=[])
+    note = f"engine check: vllm 0.32.0 ({python}) accepts 1 command of 1"
+    result = EngineCheckResult(notes=(note, note), findings=())
     assert report(result, loaded, said.append) is False
-    assert said == ["engine check: vllm 0.32.0 (***) accepts 1 command of 1 (***: a value from ${env:...} in the "
-                    "file, never printed)", "engine check: vllm 0.32.0 (***) accepts 1 command of 1"]
+    masked = "engine check: vllm 0.32.0 (***) accepts 1 command of 1"
+    assert said == [f"{masked} (***: a value from ${{env:...}} in the file, never printed)", masked]
 
 
 # Documents a reader of this repository does not have: the team's spec and notes, issue numbers.
-DANGLING = re.compile(r"\bSPEC\b(?![A-Z_])|ENGINE-FACTS|DESIGN\.md|shared/reference|/work/shared|\b[Ii]ssue \d+")
+DANGLING = re.compile(r"\bSPEC\b(?![A-Z_])|ENGINE-FACTS|DESIGN\.md|shared/reference|/work/shared"
+                      r"|\b[Ii]ssue \d+")
 DOC_LINK = re.compile(r"\bdocs/[\w./-]+\.md\b")
 
 
@@ -111,7 +114,8 @@ def test_every_docs_file_named_exists() -> None:
 
 
 def test_a_failed_submission_leaves_no_deployment_behind(tmp_path) -> None:
-    """`up --on slurm` without sbatch used to leave a record: `status` showed "pending" roles, "known:" named it."""
+    """`up --on slurm` without sbatch used to leave a record: `status` showed "pending" roles, and
+    "known:" lists named it."""
     env = {**os.environ, "MUSE_LAUNCH_HOME": str(tmp_path / "home"), "PATH": str(tmp_path / "no-bin")}
     run = muse("up", "topologies/helion-gb300.yaml", "--on", "slurm", "--rehearse", "-d", env=env)
     assert run.returncode == 1 and "error: sbatch not found" in run.stderr, run.stderr
@@ -135,11 +139,12 @@ def test_faults_sh_installs_what_it_needs_first(tmp_path) -> None:
                       f"  -c) [ -e {tmp_path}/installed ] ;;\n"
                       f"  -m) [ \"$2\" = pip ] && touch {tmp_path}/installed; exit 0 ;;\nesac\n")
     python.chmod(0o755)
-    run = subprocess.run(["bash", str(tmp_path / "scripts" / "faults.sh"), "-x"], capture_output=True, text=True,
-                         timeout=60)
+    run = subprocess.run(["bash", str(tmp_path / "scripts" / "faults.sh"), "-x"], capture_output=True,
+                         text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     lines = calls.read_text().splitlines()
-    assert lines[1] == "-m pip install -q -e .[routers,test]" and lines[-1].startswith("-m pytest -m faults"), lines
+    assert lines[1] == "-m pip install -q -e .[routers,test]", lines
+    assert lines[-1].startswith("-m pytest -m faults"), lines
     assert "installing the project and its test extra" in run.stderr
     calls.unlink()
     assert subprocess.run(["bash", str(tmp_path / "scripts" / "faults.sh")], timeout=60).returncode == 0
@@ -150,7 +155,8 @@ def test_the_local_slurm_clusters_start_fails_loudly_through_eval(tmp_path) -> N
     """`eval "$(slurm_local.sh start)"` used to swallow a failure and leave SLURM_CONF empty."""
     import subprocess
 
-    script = f'set -e; eval "$(bash {REPO}/scripts/slurm_local.sh start /proc/muse-launch-no-such-dir)"; echo REACHED'
+    start = f"bash {REPO}/scripts/slurm_local.sh start /proc/muse-launch-no-such-dir"
+    script = f'set -e; eval "$({start})"; echo REACHED'
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "REACHED" not in run.stdout
     assert "slurm_local: start failed (exit " in run.stderr, run.stderr

@@ -135,3 +135,16 @@ def test_only_refuses_at_once_when_what_the_role_needs_is_not_up():
                 f"decode-0 (http://127.0.0.1:{down}): GET /health: connection refused"]
             assert absent_dependencies(plan, "prefill", client) == []
         server.shutdown()
+
+
+def test_a_port_taken_as_a_connections_local_end_says_so():
+    """A fixed port in the ephemeral range may be held by an outgoing connection: not "an unknown process"."""
+    from muse_launch.run.ports import port_holder
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as out:
+        accepted, _ = server.accept()
+        listening = server.getsockname()[1]
+        with accepted:
+            held = port_holder(out.getsockname()[1], "127.0.0.1")
+    assert held.startswith(f"pid {os.getpid()}'s connection to 127.0.0.1:{listening} (ESTABLISHED; ")
+    assert "prefer ports below 32768" in held
