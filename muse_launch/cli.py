@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from .errors import TopologyError, first_command, report
+from .errors import TopologyError, first_command, report, wants_json
 
 # `import httpx` also imports httpx's own command line (click, rich, pygments: ~50 ms of CPU, a
 # fifth of `up -d`'s start) unless that import fails, which httpx handles (`except ImportError`).
@@ -64,7 +64,8 @@ def validate(
     except TopologyError as exc:
         if not as_json:
             raise
-        typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems}, indent=2))
+        typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems,
+                               **({"fix": exc.fix} if exc.fix else {})}, indent=2))
         raise typer.Exit(exc.exit_code)
     if engine_check and plan is not None:
         from .checks.engine import check
@@ -108,9 +109,17 @@ def plan(
         from .checks.versions import installed_here
 
         installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
+    from .run.start_policy import choose, engine_versions
+
+    policy = choose(loaded_plan.plan, loaded_plan.loaded.topology.start, engine_versions(loaded_plan.plan))
+    if policy.note and fmt is PlanFormat.text:
+        typer.echo(policy.note, err=True)  # why, where the versions decide it
     renderers = {
-        PlanFormat.text: render_text.plan_text,
-        PlanFormat.json: lambda p, r, t: json.dumps(redact_all(p.to_dict(r), r), indent=2),
+        PlanFormat.text: lambda p, r, t: render_text.plan_text(policy.plan, r, t, policy.policy,
+                                                               policy.start_after),
+        PlanFormat.json: lambda p, r, t: json.dumps(redact_all({**policy.plan.to_dict(r), "start": {
+            "policy": policy.policy, "after": {k: list(v) for k, v in policy.start_after.items()}}}, r),
+            indent=2),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
@@ -210,8 +219,28 @@ def run(argv: list[str] | None = None) -> int:
         return _exit_code(exc.code)
     except BaseException as exc:  # noqa: BLE001  the one error table: errors.explain
         names = [c.name or c.callback.__name__ for c in app.registered_commands]
+        if wants_json(args) and not isinstance(exc, KeyboardInterrupt):
+            return _report_json(exc, first_command(args, names))
         return report(exc, first_command(args, names))
     return 0
+
+
+def _report_json(exc: BaseException, command: str | None) -> int:
+    """--json asked: the error as one JSON object on stdout (the traceback on stderr with
+    MUSE_LAUNCH_DEBUG=1)."""
+    import json
+    import traceback
+
+    from .errors import as_json, debugging
+
+    code, out = as_json(exc, command)
+    if debugging():
+        traceback.print_exception(exc, file=sys.stderr)
+    try:
+        print(json.dumps(out, indent=2), flush=True)
+    except (BrokenPipeError, ValueError):
+        pass
+    return code
 
 
 def main(argv: list[str] | None = None) -> None:

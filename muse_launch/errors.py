@@ -1,6 +1,6 @@
 """The error family, and the one table that turns any exception into a message and an exit code.
 
-Exit codes (SPEC section 5): 0 ok, 1 a check or a role failed, 2 bad usage or a bad topology file,
+Exit codes (README, docs/faults.md): 0 ok, 1 a check or a role failed, 2 bad usage or a bad topology file,
 70 an internal error: one line, the traceback only with MUSE_LAUNCH_DEBUG=1. A user error never
 shows a traceback.
 
@@ -59,7 +59,7 @@ class TopologyError(UserError):
 
 
 class CheckFailed(UserError):
-    """The file is well-formed but a check of SPEC section 3 failed (each finding carries its fix)."""
+    """The file is well-formed but a check (muse_launch/checks/) failed (each finding carries its fix)."""
 
     exit_code = FAILED
 
@@ -148,6 +148,31 @@ HOST_ERRNOS: dict[int, str | None] = {
     errno.ENAMETOOLONG: "use a shorter name",
     errno.ELOOP: None,
 }
+
+
+def as_json(exc: BaseException, command: str | None = None) -> tuple[int, dict[str, object]]:
+    """What `explain` says, as the JSON a command run with --json prints on stdout instead:
+    {"ok": false, "exit_code": N, "error": "...", "fix": "..." or null}; a file's problems also as
+    "errors" (docs/status-json.md)."""
+    code, lines = explain(exc, command)
+    out: dict[str, object] = {"ok": False, "exit_code": code}
+    if isinstance(exc, TopologyError):
+        out.update(error=exc.problems[0] if len(exc.problems) == 1 else "the topology file has problems",
+                   errors=exc.problems, fix=exc.fix)
+    elif isinstance(exc, UserError):
+        out.update(error=str(exc), fix=exc.fix)
+    else:
+        fix = next((line.split("fix: ", 1)[1] for line in lines if line.lstrip().startswith("fix: ")), None)
+        out.update(error="\n".join(line.removeprefix("error: ") for line in lines
+                                   if not line.lstrip().startswith("fix: ")), fix=fix)
+    return code, out
+
+
+def wants_json(argv: Iterable[str]) -> bool:
+    """--json, or plan's --format json / -f json: errors are JSON too."""
+    args = list(argv)
+    return "--json" in args or "--format=json" in args or any(
+        a in ("--format", "-f") and nxt == "json" for a, nxt in zip(args, args[1:]))
 
 
 def debugging() -> bool:

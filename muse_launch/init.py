@@ -37,6 +37,8 @@ SGLANG_MOE_RUNNER = {"blackwell": "flashinfer_trtllm", "hopper": "marlin"}  # NV
 SGLANG_PARSERS = [sglang.REASONING_PARSER, "muse", sglang.TOOL_CALL_PARSER, "muse"]  # 3.1, 3.2
 MOONCAKE_NVLINK_ENV = {"MC_INTRANODE_NVLINK": "true", "MC_TCP_ENABLE_CONNECTION_POOL": "true",
                        "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "INTRA_NODE_NVLINK"}  # 3.3, one NVLink host
+MOONCAKE_MNNVL_ENV = {"NCCL_NVLS_ENABLE": "1", "NCCL_MNNVL_ENABLE": "1", "NCCL_CUMEM_ENABLE": "1",
+                      "SGLANG_MOONCAKE_CUSTOM_MEM_POOL": "NVLINK", "MC_FORCE_MNNVL": "1"}  # 3.6, across trays
 SGLANG_PORT, PREFILL_PORT, DECODE_PORT, ENCODER_PORT, ROUTER_PORT = 30000, 30001, 30002, 30010, 8000
 ENCODER_BOOTSTRAP = sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT  # 3.3: 8997 on prefill, 8999 on decode
 XEON_TP = 6  # TP = NUMA nodes; a Xeon 6980P has 2 sockets x 3 sub-NUMA clusters
@@ -85,7 +87,9 @@ class Draft:
     model: str
     engine: str
     host: str = "127.0.0.1"
+    bind: str = "0.0.0.0"
     nodes: int = 1
+    launcher: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     roles: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -93,7 +97,11 @@ class Draft:
     def document(self, name: str) -> dict[str, Any]:
         out: dict[str, Any] = {"version": 1, "name": name, "description": self.description,
                                "hardware": self.hardware, "model": self.model, "engine": self.engine,
-                               "host": self.host, "bind": "0.0.0.0"}
+                               "host": self.host}
+        if self.bind != self.host:
+            out["bind"] = self.bind
+        if self.launcher:
+            out["launcher"] = self.launcher
         if self.nodes > 1:
             out["nodes"] = {f"node{i}": {"address": EXAMPLE_ADDRESSES.format(i + 1)} for i in range(self.nodes)}
         if self.env:
@@ -106,6 +114,8 @@ class Draft:
 
 def render_init(hardware: str, mode: str, engine: str, quant: str | None = None) -> str:
     """YAML text of a topology that passes `validate --strict`, with a header naming its sources."""
+    hardware, mode, engine = hardware.lower(), mode.lower(), engine.lower()  # `--hardware B300` is b300
+    quant = quant.lower() if quant is not None else None
     profile = PROFILES.get(hardware)
     if profile is None:
         raise UsageError(f"unknown hardware {hardware!r}; one of: {', '.join(PROFILES)}")
@@ -252,6 +262,8 @@ def _sglang_agg(profile: HardwareProfile, quant: str) -> Draft:
 
 
 def _sglang_pd(profile: HardwareProfile, quant: str) -> Draft:
+    if profile.arch == "blackwell" and profile.gpus_per_node == 4:
+        return _sglang_pd_trays(profile, quant)
     if profile.arch != "blackwell" or profile.gpus_per_node < 8:
         _half_node_fits(profile, quant)  # says why on a 4-GPU tray or H200
         raise Unsupported("the cookbook runs prefill/decode with Mooncake over NVLink on an 8-GPU Blackwell host "
@@ -269,6 +281,30 @@ def _sglang_pd(profile: HardwareProfile, quant: str) -> Draft:
                              "env": dict(MOONCAKE_NVLINK_ENV),
                              "args": worker}
     draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"], "decode": ["decode"]}
+    return draft
+
+
+def _sglang_pd_trays(profile: HardwareProfile, quant: str) -> Draft:
+    """Prefill on one 4-GPU tray, decode on another, over Mooncake on multi-node NVLink: the pairing of
+    cookbook 3.6 (topologies/helion-gb300.yaml) with both workers on the regular path."""
+    if _nodes_for(profile, quant) > 1:
+        raise Unsupported(f"the {quant.upper()} checkpoint needs more than one {profile.name} tray per "
+                          f"worker")
+    top, worker = _sglang_args(profile, quant)
+    tray = profile.display.split(" (")[0]
+    draft = Draft(f"SGLang prefill/decode on two {tray} trays (Mooncake over multi-node NVLink)",
+                  "SGLang cookbook 3.6's pairing (topologies/helion-gb300.yaml), both workers on the regular "
+                  "path (TP4/EP4).\nTray addresses are examples: put yours under nodes:.",
+                  profile.name, CHECKPOINTS[quant], "sglang", host=EXAMPLE_ADDRESSES.format(1), nodes=2,
+                  args=top)
+    gpus = profile.gpus_per_node
+    for kind, node, port in (("prefill", "node0", PREFILL_PORT), ("decode", "node1", DECODE_PORT)):
+        draft.roles[kind] = {"kind": kind, "nodes": [node], "gpus": _gpus(gpus), "port": port, "tp": gpus,
+                             "ep": gpus, "transfer_backend": "mooncake",
+                             "bootstrap_port": sglang.DEFAULT_BOOTSTRAP_PORT, "env": dict(MOONCAKE_MNNVL_ENV),
+                             "args": worker}
+    draft.roles["router"] = {"kind": "router", "port": ROUTER_PORT, "prefill": ["prefill"],
+                             "decode": ["decode"]}
     return draft
 
 
@@ -304,8 +340,10 @@ def _vllm_features(dspark: bool, amd: bool = False) -> list[str]:
 
 
 def _vllm_agg(profile: HardwareProfile, quant: str) -> Draft:
+    if profile.name == "cpu":
+        return _vllm_cpu("agg")
     if not profile.has_gpus:
-        raise Unsupported("the vLLM recipe serves NVIDIA and AMD GPUs only")
+        raise Unsupported("the vLLM recipe serves NVIDIA and AMD GPUs only (vLLM on the CPU: --hardware cpu)")
     if profile.vendor is Vendor.AMD:
         return _vllm_amd(profile, quant)
     if quant == "nvfp4" and profile.arch != "blackwell":
@@ -352,6 +390,8 @@ def _vllm_amd(profile: HardwareProfile, quant: str) -> Draft:
 
 
 def _vllm_pd(profile: HardwareProfile, quant: str) -> Draft:
+    if profile.name == "cpu":
+        return _vllm_cpu("pd")
     if profile.vendor is not Vendor.NVIDIA:
         raise Unsupported("the vLLM recipe runs prefill/decode on NVIDIA only (AMD: TP and TP + expert parallel)")
     if quant == "nvfp4" and profile.arch != "blackwell":
@@ -373,6 +413,49 @@ def _vllm_pd(profile: HardwareProfile, quant: str) -> Draft:
     draft.roles["router"] = {"kind": "router", "engine": "vllm-router", "port": VLLM_PORT, "prefill": ["prefill"],
                              "decode": ["decode"], "args": ["--policy", "round_robin",
                                                             "--intra-node-data-parallel-size", "1"]}
+    return draft
+
+
+# vLLM on the CPU with a tiny local model (examples/*-vllm-cpu.yaml): both variables come from
+# `eval "$(bash scripts/vllm_cpu_setup.sh)"`.
+VLLM_CPU_MODEL, VLLM_CPU_PYTHON = "${env:MUSE_LAUNCH_TINY_MODEL}", "${env:MUSE_LAUNCH_VLLM_PYTHON}"
+VLLM_CPU_ARGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "512",
+                 "--disable-access-log-for-endpoints", "/health,/metrics"]
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+VLLM_CPU_PORTS = {"agg": {"worker": 18400, "router": 18410},
+                  "pd": {"prefill": 18300, "decode": 18301, "router": 18310}}
+VLLM_CPU_KV = "/tmp/muse-launch-pd-vllm-cpu-kv"
+SLOW_START = {"timeout": 600}  # a loaded 2-core machine needs 70-90 s cold
+
+
+def _vllm_cpu(mode: str) -> Draft:
+    """examples/agg-vllm-cpu.yaml (a worker behind sglang-router) or examples/pd-vllm-cpu.yaml (prefill and
+    decode over ExampleConnector behind vllm-router)."""
+    ports = VLLM_CPU_PORTS[mode]
+    draft = Draft(f"vLLM {'prefill/decode' if mode == 'pd' else 'server'} on the CPU with a tiny local model",
+                  "examples/" + ("pd" if mode == "pd" else "agg") + "-vllm-cpu.yaml. First: "
+                  'eval "$(bash scripts/vllm_cpu_setup.sh)"\n(the vLLM-CPU venv and the tiny model: it sets '
+                  "MUSE_LAUNCH_VLLM_PYTHON and MUSE_LAUNCH_TINY_MODEL).", "cpu", VLLM_CPU_MODEL, "vllm",
+                  bind="127.0.0.1", launcher=[VLLM_CPU_PYTHON, "-m", "vllm.entrypoints.openai.api_server"],
+                  args=list(VLLM_CPU_ARGS))
+    metrics = {"metrics_port": ports["router"] + 1}  # the default (port + 21000) is in the ephemeral range
+    if mode == "agg":
+        draft.roles["worker"] = {"kind": "worker", "port": ports["worker"], "env": dict(VLLM_CPU_ENV),
+                                 "ready": {"http": "/v1/models", **SLOW_START}}
+        draft.roles["router"] = {"kind": "router", "port": ports["router"], **metrics, "workers": ["worker"],
+                                 "ready": {"http": "/readiness", **SLOW_START}}
+        return draft
+    draft.env = dict(VLLM_CPU_ENV)
+    for core, kind in enumerate(("prefill", "decode")):
+        draft.roles[kind] = {"kind": kind, "port": ports[kind], "transfer_backend": "example",
+                             "kv_transfer_config": {"kv_connector_extra_config":
+                                                    {"shared_storage_path": VLLM_CPU_KV}},
+                             "env": {"VLLM_CPU_OMP_THREADS_BIND": str(core)},
+                             "ready": {"http": "/v1/models", **SLOW_START}}
+    draft.roles["router"] = {"kind": "router", "engine": "vllm-router", "port": ports["router"], **metrics,
+                             "prefill": ["prefill"], "decode": ["decode"],
+                             "args": ["--policy", "round_robin", "--worker-startup-check-interval", "1"],
+                             "ready": {"http": "/readiness", **SLOW_START}}
     return draft
 
 

@@ -47,19 +47,43 @@ def _wave_of(plan: Plan) -> dict[str, int]:
     return {name: i + 1 for i, wave in enumerate(plan.waves) for name in wave}
 
 
-def plan_text(plan: Plan, redact: Redact, topology: Topology) -> str:
-    out = [f"deployment {plan.name}: {len(plan.specs)} processes in {len(plan.waves)} waves"]
-    for i, wave in enumerate(plan.waves, 1):
+def start_steps(plan: Plan, start_after: dict[str, tuple[str, ...]] | None) -> tuple[tuple[str, ...], ...]:
+    """The roles that start together, in order: the plan's waves, or those a start policy gives (a role
+    starts once every role it waits for is ready)."""
+    if start_after is None:
+        return plan.waves
+    step: dict[str, int] = {}
+    for wave in plan.waves:  # waves are in dependency order: what a role waits for is placed before it
+        for name in wave:
+            step[name] = 1 + max((step[d] for d in start_after.get(name, ()) if d in step), default=0)
+    last = max(step.values(), default=0)
+    return tuple(tuple(n for w in plan.waves for n in w if step[n] == i) for i in range(1, last + 1))
+
+
+def plan_text(plan: Plan, redact: Redact, topology: Topology, policy: str | None = None,
+              start_after: dict[str, tuple[str, ...]] | None = None) -> str:
+    """`policy`/`start_after`: how `up` will start it (run/start_policy.py); without them, wave by wave."""
+    steps = start_steps(plan, start_after)
+    after = start_after or {s.name: s.depends_on for s in plan.specs}
+    head = f"deployment {plan.name}: {len(plan.specs)} processes in {len(steps)} waves"
+    if policy:
+        together = [", ".join(w) for w in steps if len(w) > 1]
+        head += f"; start: {policy}" + (f" ({'; '.join(together)} start together)" if together else "")
+    out = [head]
+    for i, wave in enumerate(steps, 1):
         out.append(f"\nwave {i}: {', '.join(wave)}")
         for name in wave:
             spec = plan.spec(name)
             probe = spec.probe
             target = " then ".join(probe.paths) if probe.paths else probe.kind.value
             ports = ", ".join(f"{k} {v}" for k, v in spec.ports.items()) or "none"
+            waits = after.get(name, ())
+            late = [d for d in spec.depends_on if d not in waits]
             out.append(f"  {spec.name} ({spec.kind}, {spec.engine})")
             out.append(f"    gpus:  {','.join(map(str, spec.gpus)) or '-'}    ports: {ports}    url: {spec.url or '-'}")
             out.append(f"    ready: {target} (timeout {probe.timeout:g}s)"
-                       + (f"    after: {', '.join(spec.depends_on)}" if spec.depends_on else ""))
+                       + (f"    after: {', '.join(waits)}" if waits else "")
+                       + (f"    wired to {', '.join(late)}, not waiting for it" if late else ""))
             for key, value in spec.env.items():
                 out.append(f"    env:   {key}={redact(value)}")
             out.append("    argv:  " + _wrapped(spec.argv, redact, indent="             "))

@@ -1,4 +1,4 @@
-"""Role log caps and readers (issue 9, item 10), measured: a writer at 50 MB/s under copy-truncate rotation
+"""Role log caps and readers, measured: a writer at 50 MB/s under copy-truncate rotation
 (largest on disk, time per rotation, the writer's own rate), and the memory of following / tailing a 300 MB
 backlog with one 40 MB line.
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.run import logfiles
-from muse_launch.run.logfiles import LogCaps, open_role_log
+from muse_launch.run.logfiles import LogCaps
+from muse_launch.run.process import Marker, open_role_log
 
 MiB = 1024 * 1024
 WRITER = """
@@ -51,7 +52,7 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
 
 def flood(directory: Path, rate: float, seconds: float, cap: int, keep: int) -> None:
     log = directory / "flood.log"
-    fd = open_role_log(log, fresh=True)
+    fd = open_role_log(log, Marker("bench", str(directory / "run")), append=False)  # as a role's is
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fd), str(rate), str(seconds)], pass_fds=(fd,),
                               stdout=subprocess.PIPE, text=True)
     os.close(fd)

@@ -29,12 +29,12 @@ hardware: cpu
 model: bench/model
 rehearse: {{ready_after: 0.5}}
 roles:
-  prefill: {{kind: prefill, port: 41101, bootstrap_port: 41198, transfer_backend: mooncake}}
-  decode:  {{kind: decode, port: 41102, transfer_backend: mooncake, rehearse: {{ready_after: 3}}}}
+  prefill: {{kind: prefill, port: 21101, bootstrap_port: 21198, transfer_backend: mooncake}}
+  decode:  {{kind: decode, port: 21102, transfer_backend: mooncake, rehearse: {{ready_after: 3}}}}
   router:
     kind: router
-    port: 41100
-    metrics_port: 41199
+    port: 21100
+    metrics_port: 21199
     prefill: [prefill]
     decode: [decode]
     args: {router_args}
@@ -51,7 +51,7 @@ def cli(home: str, *args: str) -> subprocess.CompletedProcess:
 
 def chat(client: httpx.Client) -> int:
     try:
-        return client.post("http://127.0.0.1:41100/v1/chat/completions",
+        return client.post("http://127.0.0.1:21100/v1/chat/completions",
                            json={"model": "bench/model", "messages": [{"role": "user", "content": "hi"}],
                                  "max_tokens": 8}).status_code
     except httpx.HTTPError:

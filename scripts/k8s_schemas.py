@@ -40,4 +40,6 @@ def main(source: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "/work/shared/reference/k8s"))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/k8s_schemas.py DIR_WITH_CRDS (the lws and rbg CRDs)")
+    main(Path(sys.argv[1]))

@@ -8,6 +8,7 @@
 #
 #   scripts/slurm_local.sh start [DIR]    install the packages if missing (apt-get), start; prints
 #                                         `export SLURM_CONF=DIR/slurm.conf` for the client commands
+#                                         (on failure, a command that fails: `eval` of it fails loudly)
 #   scripts/slurm_local.sh stop [DIR]     cancel every job, stop the daemons it started (pid files),
 #                                         kill what they left (slurmstepd, step processes), remove DIR
 #   scripts/slurm_local.sh status [DIR]   daemons, nodes and jobs
@@ -42,8 +43,12 @@ install_packages() {
   [ ${#missing[@]} -eq 0 ] && return 0
   say "installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  if ! apt-get update -q >/dev/null ||
+     ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
+    say "error: could not install ${missing[*]} with apt-get (no network? \`unshare -n\` has none)"
+    say "  fix: run \`bash scripts/slurm_local.sh install\` first, outside the namespace; start it inside"
+    return 1
+  fi
 }
 
 node_addr() { echo "$NET.$(( $1 + 1 ))"; }
@@ -141,6 +146,7 @@ start() {
     return 0
   fi
   write_config
+  WROTE_CONFIG=1  # from here a failed start stops what it started (the EXIT trap below)
   add_addresses
   export SLURM_CONF="$DIR/slurm.conf"
   env "$MARK" munged --force --socket="$DIR/munge/munge.socket" --key-file="$DIR/munge/munge.key" \
@@ -210,7 +216,12 @@ status() {
 }
 
 case "$ACTION" in
-  start) start ;;
+  # `eval "$(scripts/slurm_local.sh start)"` loses the exit status: on failure, stdout carries a command
+  # that says so and fails: the eval (and a `set -e` shell) fails loudly, not leaving SLURM_CONF empty.
+  # A start that fails half-way stops the daemons it started (munged, slurmctld...) and removes DIR.
+  start) trap 'rc=$?; if [ "$rc" -ne 0 ]; then [ -z "${WROTE_CONFIG:-}" ] || stop >&2 || true
+               echo "echo \"slurm_local: start failed (exit $rc); see above\" >&2; false"; fi' EXIT
+         start ;;
   stop) stop ;;
   status) status ;;
   install) install_packages ;;

@@ -30,7 +30,7 @@ from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, vllm
 from ..engines.argv import last_value
 from ..host.versions import Installed, installed, resolve_program
 from ..plan.spec import LaunchSpec, Plan
-from ..topology.load import LoadedTopology
+from ..topology.load import REDACTED, LoadedTopology
 from .findings import Finding, Severity, error, one_per_cause, warning
 from .locate import locate, locate_tokens, norm
 from .router_options import HELP_TIMEOUT, RouterOptions, read_router_help
@@ -346,8 +346,13 @@ def cancel(pending: EngineCheck | None) -> None:
 
 def report(result: EngineCheckResult, loaded: LoadedTopology, echo) -> bool:
     """Print the check's notes and findings (via echo); True when one of them is an error."""
+    explained = False
     for note in result.notes:
-        echo(loaded.redact(note))
+        shown = loaded.redact(note)
+        if shown != note and REDACTED in shown and not explained:
+            shown += f" ({REDACTED}: a value from ${{env:...}} in the file, never printed)"
+            explained = True
+        echo(shown)
     for finding in result.findings:
         echo(finding.format(loaded))
     return any(f.severity is Severity.ERROR for f in result.findings)

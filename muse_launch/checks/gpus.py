@@ -68,6 +68,8 @@ def parallel_fits_gpus(ctx: CheckContext) -> Iterator[Finding]:
         need = p.ranks // p.nnodes
         per_node = " per node" if p.nnodes > 1 else ""
         tp_at = origin(ctx, spec, key_flags(spec.engine)["tp"], "tp")
+        if any(gpu >= per_host for gpu in spec.gpus):
+            continue  # a GPU the node lacks is the error (gpus_exist): counting it as idle or for tp misleads
         if need > per_host:
             nodes = math.ceil(p.ranks / per_host)
             yield error(tp_at, f"{p.describe()} needs {need} GPUs{per_node}, but a {ctx.profile.name} node has "
@@ -81,7 +83,8 @@ def parallel_fits_gpus(ctx: CheckContext) -> Iterator[Finding]:
         elif spec.gpus and need < len(spec.gpus):
             idle = spec.gpus[need:]
             yield warning(("roles", name, "gpus"), f"{p.describe()} uses {need} of {name}'s {len(spec.gpus)} GPUs; "
-                          f"GPUs {gpu_text(idle)} stay idle",
+                          f"{'GPUs' if len(idle) > 1 else 'GPU'} {gpu_text(idle)} "
+                          f"{'stay' if len(idle) > 1 else 'stays'} idle",
                           f"give {name} GPUs {gpu_text(spec.gpus[:need])}, or raise tp to {len(spec.gpus)}", name)
 
 

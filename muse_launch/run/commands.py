@@ -36,6 +36,30 @@ def _names(incomplete: str) -> list[str]:
         if home.is_dir() else []
 
 
+def _role_names(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of `logs NAME ROLE...`: the roles of NAME, or of the one running when NAME is left out
+    (or is itself a role). Never raises: a completion that fails prints nothing."""
+    from muse_launch.run.state import RunDir, read_state, running_deployments
+
+    try:
+        name = ctx.params.get("name")
+        if name and RunDir.of(name).state_file.exists():
+            record = read_state(RunDir.of(name))
+        else:
+            running = running_deployments()
+            record = running[0] if len(running) == 1 else None
+        given = set(ctx.params.get("roles") or ())
+        return [r.name for r in (record.roles if record else ()) if r.name.startswith(incomplete)
+                and r.name not in given and r.name != name]
+    except Exception:  # noqa: BLE001  a damaged state or a bad name: no completions
+        return []
+
+
+def _names_or_roles(ctx: typer.Context, incomplete: str) -> list[str]:
+    """`logs NAME|ROLE`: a deployment, or, with one deployment running, one of its roles (`logs prefill`)."""
+    return _names(incomplete) + [r for r in _role_names(ctx, incomplete) if r not in _names(incomplete)]
+
+
 def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     """NAME's run directory and record; a clear error when its state is gone or unreadable."""
     from muse_launch.errors import RuntimeFailure
@@ -155,7 +179,8 @@ def down(
 def status(
     name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
-    as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
+    as_json: bool = typer.Option(False, "--json", help="the deployment as JSON, each role's health now "
+                                 "included (docs/status-json.md)"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
@@ -210,8 +235,9 @@ def status(
 
 def logs(
     name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
-                                         autocompletion=_names),
-    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
+                                         autocompletion=_names_or_roles),
+    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)",
+                                                autocompletion=_role_names),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
     raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
@@ -281,8 +307,11 @@ def smoke(
     raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
-def ls() -> None:
+def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per deployment "
+                                                        "(docs/status-json.md)")) -> None:
     """Running deployments."""
+    import json
+
     from rich.table import Table
 
     from muse_launch.run.state import StateDamaged, running_deployments
@@ -291,21 +320,31 @@ def ls() -> None:
     damaged: list[StateDamaged] = []
     running = running_deployments(damaged)
     if not running and not damaged:
-        typer.echo("no deployment is running")
+        typer.echo("[]" if as_json else "no deployment is running")
         return
     from muse_launch.k8s.commands import is_k8s
     from muse_launch.run.state import RunDir
     from muse_launch.slurm.commands import observed_any
 
-    table = Table("name", "state", "roles", "supervisor", "file")
-    # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
-    for record in (r if is_k8s(RunDir.of(r.name)) else observed_any(r, observed) for r in running):
-        ready = sum(r.state.value == "ready" for r in record.roles)
-        table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
-                      str(record.supervisor.pid) if record.supervisor else "none", record.source)
-    for exc in damaged:
-        table.add_row(exc.run_dir.name, "state damaged", "-", "-", str(exc.run_dir.state_file))
-    _console().print(table)
+    rows = [{"name": record.name, "state": record.state.value,
+             "ready": sum(r.state.value == "ready" for r in record.roles), "roles": len(record.roles),
+             "supervisor_pid": record.supervisor.pid if record.supervisor else None, "file": record.source}
+            # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
+            for record in (r if is_k8s(RunDir.of(r.name)) else observed_any(r, observed) for r in running)]
+    rows += [{"name": exc.run_dir.name, "state": "state damaged", "ready": None, "roles": None,
+              "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)}
+             for exc in damaged]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+    else:
+        table = Table("name", "state", "roles", "supervisor", "file")
+        for row in rows:
+            damaged_row = row["roles"] is None
+            ready = "-" if damaged_row else f"{row['ready']}/{row['roles']} ready"
+            table.add_row(row["name"], row["state"], ready,
+                          "-" if damaged_row else str(row["supervisor_pid"] or "none"),
+                          row.get("state_file") or row["file"])
+        _console().print(table)
     for exc in damaged:  # said once per deployment; the others are listed as usual
         for line in exc.lines():
             typer.echo(line, err=True)

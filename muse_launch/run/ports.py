@@ -6,7 +6,9 @@ its own loopback address (127.0.0.1, 127.0.0.2, ...), so two roles may plan the 
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -34,16 +36,33 @@ class BusyPort:
         return f"roles.{self.role} {self.name} port {self.port}{where} is in use by {self.holder}"
 
 
-def can_bind(bind: str, port: int) -> bool:
-    """Bind as a server would (SO_REUSEADDR, so a TIME_WAIT left by an earlier run is no obstacle)."""
+def bind_error(bind: str, port: int) -> int | None:
+    """Bind as a server would (SO_REUSEADDR, so a TIME_WAIT left by an earlier run is no obstacle); the errno
+    it fails with (EADDRINUSE: held; EADDRNOTAVAIL: not an address of this machine), None if it binds."""
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((bind, port))
-        except OSError:
-            return False
-    return True
+        except socket.gaierror:
+            return errno.EADDRNOTAVAIL  # a name that does not resolve here
+        except OSError as exc:
+            return exc.errno or errno.EADDRINUSE
+    return None
+
+
+def can_bind(bind: str, port: int) -> bool:
+    return bind_error(bind, port) is None
+
+
+def foreign_addresses(plan: Plan) -> dict[str, list[str]]:
+    """Each address the plan binds that is not one of this machine's, and the roles that bind it."""
+    out: dict[str, list[str]] = {}
+    for spec in plan.specs:
+        port = next(iter(spec.ports.values()), 0)
+        if errno.EADDRNOTAVAIL == bind_error(spec.bind, port) == bind_error(spec.bind, 0):
+            out.setdefault(spec.bind, []).append(spec.name)
+    return out
 
 
 def _blocks(listening_on: str, host: str | None) -> bool:
@@ -79,13 +98,47 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
                 role = f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}" if MARKER_ROLE in environ else None
             except psutil.Error:
                 pass
+        role = role or recorded_role(proc)  # sglang-router sets its title, which wipes its environment
         if role:
             try:
                 command = os.path.basename((proc.cmdline() or [""])[0]) or proc.name()
             except psutil.Error:
                 pass
         return f"pid {conn.pid} ({'role ' + role + ', ' if role else ''}{command})"
-    return "an unknown process"
+    return local_end_holder(port) or "an unknown process"
+
+
+def local_end_holder(port: int) -> str | None:
+    """A connection that took PORT as its local end (the kernel hands out 32768-60999 that way): whose."""
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.laddr and conn.laddr.port == port and conn.raddr:
+            who = f"pid {conn.pid}" if conn.pid else "a process this user cannot see"
+            return (f"{who}'s connection to {conn.raddr.ip}:{conn.raddr.port} ({conn.status}; the kernel gave it "
+                    f"this port as its local end: prefer ports below 32768)")
+    return None
+
+
+def recorded_role(proc: psutil.Process) -> str | None:
+    """"ROLE of DEPLOYMENT" where PROC, or a process above it, is a role a running deployment recorded."""
+    from muse_launch.run.state import running_deployments
+
+    try:
+        lineage = {proc.pid} | {p.pid for p in proc.parents()}
+    except psutil.Error:
+        return None
+    for record in running_deployments():
+        for role in record.roles:
+            if role.process is not None and role.process.pid in lineage and role.process.find():
+                return f"{role.name} of {record.name}"
+    return None
+
+
+HELD_BY_DEPLOYMENT = re.compile(r"\(role [^,()]+ of ([^,()\s]+)[,)]")
+
+
+def holding_deployments(busy: list[BusyPort]) -> list[str]:
+    """The other muse-launch deployments that hold some of these ports, in order."""
+    return list(dict.fromkeys(m.group(1) for b in busy if (m := HELD_BY_DEPLOYMENT.search(b.holder))))
 
 
 def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text) -> list[BusyPort]:

@@ -69,6 +69,37 @@ def select_only(plan: Plan, role: str) -> tuple[Plan, list[str]]:
     return Plan(plan.name, tuple(specs), waves), [f"{d} ({plan.spec(d).url or 'no URL'})" for d in assumed]
 
 
+def absent_dependencies(plan: Plan, role: str, client: httpx.Client) -> list[str]:
+    """Each dependency of `--only ROLE` whose readiness probe does not answer now, with what it saw. A
+    dependency without an endpoint to ask (a log or process probe) is taken as up."""
+    from muse_launch.run.probe import ReadinessCheck
+    from muse_launch.addresses import connect_host
+
+    names = {s.name for s in plan.specs if role in (s.name, s.role)}
+    absent = []
+    for name in sorted({d for s in plan.specs if s.name in names for d in s.depends_on} - names):
+        dep = plan.spec(name)
+        if dep.probe.kind.value not in ("http", "tcp"):
+            continue
+        check = ReadinessCheck(dep.probe, connect_host(dep.bind), dep.ports.get("http"), Path(os.devnull),
+                               client)
+        if not check.check(alive_for=0.0):
+            absent.append(f"{name} ({dep.url or 'no URL'}): {check.last_seen}")
+    return absent
+
+
+def refuse_absent_dependencies(plan: Plan, role: str, source: Path) -> None:
+    """`--only router` with its workers not up used to wait the router's whole timeout, then fail."""
+    with httpx.Client(verify=False) as client:
+        absent = absent_dependencies(plan, role, client)
+    if absent:
+        first = ", ".join(f"`--only {line.split(' ')[0]}`" for line in absent)
+        raise RuntimeFailure(f"--only {role}: nothing was started; what it needs is not up:\n  "
+                             + "\n  ".join(absent),
+                             fix=f"start those first (the same `up` with {first}), or bring the whole "
+                                 f"deployment up: `muse-launch up {source}`")
+
+
 def refuse_multi_node(plan: Plan) -> None:
     """This runtime starts processes on this host only: a plan over several nodes runs here as a rehearsal."""
     nodes: dict[str, list[str]] = {}
@@ -86,10 +117,31 @@ def refuse_multi_node(plan: Plan) -> None:
 def busy_fix(plan: Plan, busy) -> str:
     """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`;
     vLLM's extra side channels side_channel_1, _2... are `side_channel_port`), on the file's role."""
+    from muse_launch.run.ports import holding_deployments
+
+    others = [name for name in holding_deployments(busy) if name != plan.name]
+    if others:
+        downs = " and ".join(f"`muse-launch down {name}`" for name in others)
+        return f"another deployment holds them: stop it first with {downs}, or move this one's roles with " \
+               f"--set"
     first = busy[0]
     role = plan.spec(first.role).role  # a replica (decode-0) or node rank (server@node1) is its role's
     key = "port" if first.name == "http" else f"{first.name.rstrip('_0123456789')}_port"
-    return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`"
+    more = f" (and likewise for the other {len(busy) - 1})" if len(busy) > 1 else ""
+    return f"stop what holds it, or move the role: `--set roles.{role}.{key}=PORT`{more}"
+
+
+def refuse_foreign_addresses(plan: Plan) -> None:
+    """A role that binds another machine's address cannot start here: say so, not "in use by an unknown
+    process"."""
+    from muse_launch.run.ports import foreign_addresses
+
+    if foreign := foreign_addresses(plan):
+        where = "; ".join(f"{address} ({', '.join(names)})" for address, names in foreign.items())
+        raise RuntimeFailure(f"{plan.name}: nothing was started; not an address of this machine: {where}",
+                             fix="run `up` on the machine that has it, submit it to SLURM with "
+                                 "`up --on slurm`, bind all addresses here (`bind: 0.0.0.0`), or rehearse it "
+                                 "here with --rehearse")
 
 
 def missing_programs(plan: Plan) -> list[str]:
@@ -120,23 +172,26 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
     options = replace(options, redact=redact)
     if options.only:
+        full = plan
         plan, assumed = select_only(plan, options.only)
+        refuse_absent_dependencies(full, options.only, source)
         saying(console)(f"--only {options.only}: assuming already up: {', '.join(assumed) or 'nothing'}")
     versions = engine_versions(plan)
     policy = choose(plan, options.start, versions)
     plan = policy.plan
     run_dir = RunDir.of(plan.name)
     lock = DeploymentLock(run_dir)  # "already running" comes before anything about how it would start
-    if policy.note:
-        saying(console)(policy.note)
     try:
         from muse_launch.slurm.commands import leave_slurm
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         refuse_leftovers(run_dir)
+        refuse_foreign_addresses(plan)
         if busy := busy_ports(plan, redact):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
+        if policy.note:  # how it will start, once nothing refuses it
+            saying(console)(policy.note)
         if gpus:
             gpus.require(plan, running_deployments, saying(console))
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
@@ -279,9 +334,15 @@ def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detac
     say = saying(console)
     say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")
     if detached:
-        say(f"smoke it with `{invoked_as()} smoke`, stop it with `{invoked_as()} down {record.name}`")
+        say(ready_hint(record.name))
     else:
         say("Ctrl-C stops it (a second Ctrl-C kills)")
+
+
+def ready_hint(name: str) -> str:
+    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, to copy as
+    they are."""
+    return f"smoke it with `{invoked_as()} smoke {name}`, stop it with `{invoked_as()} down {name}`"
 
 
 def invoked_as() -> str:

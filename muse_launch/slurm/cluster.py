@@ -5,6 +5,7 @@ Everything muse-launch knows of a job comes from these: no slurmdbd (sacct) is n
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -39,7 +40,12 @@ def submit(script: str, options: list[str]) -> str:
         raise RuntimeFailure("sbatch not found: --on slurm needs SLURM's client commands on PATH "
                              "(on this machine: `bash scripts/slurm_local.sh start`)") from None
     if done.returncode != 0:
-        raise RuntimeFailure(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}")
+        unset = "" if os.environ.get("SLURM_CONF") else "; SLURM_CONF is not set here"
+        raise RuntimeFailure(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}{unset}",
+                             fix="check that this host can submit (`sinfo` lists the partitions); for the "
+                                 "local cluster: `bash scripts/slurm_local.sh install`, then in its "
+                                 "namespace "
+                                 "`eval \"$(bash scripts/slurm_local.sh start)\"` (docs/slurm.md)")
     return done.stdout.strip().split(";")[0]
 
 

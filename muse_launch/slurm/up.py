@@ -76,6 +76,7 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     run_dir = RunDir.of(plan.name)
     files = SlurmFiles(run_dir)
     _refuse_if_running(files)
+    fresh = not run_dir.path.exists()
     script = render_script(topology, files, default_python(), options.rehearse, list(options.sets),
                            options.fail_fast)
     files.clear_run()
@@ -89,7 +90,11 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     write_state(run_dir, record)
     started = time.monotonic()
     submitted_at = time.time()
-    job_id = cluster.submit(script, options.sbatch_options())
+    try:
+        job_id = cluster.submit(script, options.sbatch_options())
+    except BaseException:
+        _forget(run_dir, record, fresh)  # no job: no deployment for `status`, `ls` or "known:" to show
+        raise
     files.write_json(files.job, {"job_id": job_id, "submitted_at": submitted_at, "rehearse": options.rehearse,
                                  "sbatch": options.sbatch_options(), "script": str(files.script)})
     say(f"{plan.name}: submitted SLURM job {job_id} ({files.script})")
@@ -107,7 +112,9 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
         say(f"{plan.name}: ready in {time.monotonic() - started:.2f}s{': ' + urls if urls else ''}; "
             f"SLURM job {job_id} on {','.join(job.nodes)}")
         if options.detach:
-            say(f"smoke it with `muse-launch smoke {plan.name}`, stop it with `muse-launch down {plan.name}`")
+            from muse_launch.run.up import ready_hint
+
+            say(ready_hint(plan.name))
             return 0
         return _follow(plan, files, console)
     if outcome == "interrupted":
@@ -123,6 +130,18 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     down_on_slurm(run_dir)  # marks every role stopped, confirms no step or process is left
     say(f"{plan.name}: SLURM job {job_id} {gone.state.lower()}; nothing of it is left")
     return 1
+
+
+def _forget(run_dir: RunDir, record, fresh: bool) -> None:
+    """The submission failed: remove what `up` wrote (a directory it made), or leave the record stopped."""
+    import shutil
+    from dataclasses import replace
+
+    if fresh:
+        shutil.rmtree(run_dir.path, ignore_errors=True)
+        return
+    write_state(run_dir, replace(record, state=DeploymentState.STOPPED,
+                                 roles=tuple(replace(r, state=RoleState.STOPPED) for r in record.roles)))
 
 
 def _await(files: SlurmFiles, job_id: str, record, console: Console, interrupted: list[int]) -> str:

@@ -39,6 +39,7 @@ class LoadedTopology:
     secret_values: Mapping[str, str] = field(default_factory=dict)
     # the same values -> as written, `${env:NAME}` and all: what a later command resolves in its environment
     secret_sources: Mapping[str, str] = field(default_factory=dict)
+    overrides: Mapping[Path_, str] = field(default_factory=dict)  # a key --set gave -> that --set argument
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -49,6 +50,8 @@ class LoadedTopology:
         return None
 
     def where(self, path: Path_) -> str:
+        if given := set_argument(self.overrides, path):
+            return f"{self.source}: --set {given}"  # the value is the argument's, not the file's line
         line = self.line_of(path)
         return f"{self.source}:{line}" if line else str(self.source)
 
@@ -73,6 +76,11 @@ def redact(text: str, secrets: Iterable[str]) -> str:
 
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def set_argument(overrides: Mapping[Path_, str], path: Path_) -> str | None:
+    """The --set argument that gave the value at PATH (or a mapping above it), if one did."""
+    return next((overrides[path[:end]] for end in range(len(path), 0, -1) if path[:end] in overrides), None)
 
 
 def dotted(path: Iterable[str | int]) -> str:
@@ -106,6 +114,8 @@ def read_regular_file(path: Path) -> bytes:
     directory is refused before a byte is read (O_NONBLOCK: opening a FIFO with no writer must not hang)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise MissingFile(path) from None
     except OSError as exc:
         raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
     try:
@@ -136,15 +146,51 @@ def read_regular_file(path: Path) -> bytes:
         os.close(fd)
 
 
+class MissingFile(TopologyError):
+    """No file at PATH: `error:` and a `fix:` naming the nearest topology file there is (exit 2)."""
+
+    def __init__(self, path: Path):
+        near = nearest_files(path)
+        fix = (f"did you mean {' or '.join(near)}?" if near
+               else "give the path of a topology file (the repository's are in topologies/ and examples/)")
+        super().__init__([f"{path}: no such file"], fix=fix)
+
+    def lines(self) -> list[str]:
+        return [f"error: {self.problems[0]}", f"  fix: {self.fix}"]
+
+
+def nearest_files(path: Path, limit: int = 1) -> list[str]:
+    """Topology files whose names are closest to PATH's: beside it, and in ./topologies and ./examples
+    (`epd-b300.yaml` typed from the repository's root is `topologies/epd-b300.yaml`)."""
+    places = dict.fromkeys([path.parent, Path("topologies"), Path("examples"), path.parent / "topologies"])
+    candidates: dict[str, str] = {}
+    for place in places:
+        try:
+            for entry in sorted(place.iterdir())[:1000]:
+                if entry.suffix in (".yaml", ".yml") and entry.is_file():
+                    shown = str(entry if place != Path(".") else Path(entry.name))
+                    candidates.setdefault(shown, entry.name)
+        except OSError:
+            continue
+    by_name: dict[str, list[str]] = {}
+    for shown, name in candidates.items():
+        by_name.setdefault(name, []).append(shown)
+    names = difflib.get_close_matches(path.name, list(by_name), n=limit, cutoff=0.75)
+    return [shown for name in names for shown in by_name[name]][:limit]
+
+
 def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
                    environ: Mapping[str, str] = {}) -> LoadedTopology:
     texts: dict[Path_, str] = {}  # each plain scalar YAML did not read as a string, as written
     data, lines = _read_yaml(text, path, texts)
     problems: list[str] = []
+    overrides: dict[Path_, str] = {}
     for assignment in sets:
         problem = _apply_set(data, assignment, texts)
         if problem:
             problems.append(problem)
+        else:
+            overrides[tuple(assignment.partition("=")[0].split("."))] = assignment
     given = [tuple(a.partition("=")[0].split(".")) for a in sets]
     problems += keep_text(data, texts, lambda at: f"--set {dotted(at)}" if any(at[:len(g)] == g for g in given)
                           else _where(path, lines, at))
@@ -159,11 +205,12 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
         topology = Topology.model_validate(data)
     except ValidationError as exc:
         # Schema messages may quote a value that came from ${env:...}.
-        raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines)]) from None
+        problems = _explain(exc, data, path, lines, overrides)
+        raise TopologyError([redact(p, loaded_secrets) for p in problems]) from None
     clashes = _name_clashes(topology, path, lines)
     if clashes:
         raise TopologyError(clashes)
-    return LoadedTopology(topology, path, lines, loaded_secrets, values, sources)
+    return LoadedTopology(topology, path, lines, loaded_secrets, values, secret_sources=sources, overrides=overrides)
 
 
 def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) -> list[str]:
@@ -348,6 +395,11 @@ def _set_value(raw: str, at: Path_, texts: dict[Path_, str] | None = None) -> An
         loader.dispose()
 
 
+# The variables this repository's own files use, and the command that sets them.
+SETS_ENV = dict.fromkeys(("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"),
+                         'eval "$(bash scripts/vllm_cpu_setup.sh)"')
+
+
 def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
                     problems: list[str], path: Path, lines: Mapping[Path_, int],
                     values: dict[str, str] | None = None, sources: dict[str, str] | None = None) -> Any:
@@ -364,8 +416,9 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
         name = match.group(1)
         if name not in environ:
             line = lines.get(at) or lines.get(at[:-1])
-            problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; "
-                            f"export {name}=... before running muse-launch")
+            how = (f"run `{SETS_ENV[name]}` first (it sets {name})" if name in SETS_ENV
+                   else f"export {name}=... before running muse-launch")
+            problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; {how}")
             return ""
         secrets.add(environ[name])
         return environ[name]
@@ -378,7 +431,8 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
     return out
 
 
-def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int]) -> list[str]:
+def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int],
+             overrides: Mapping[Path_, str] = {}) -> list[str]:
     out: list[str] = []
     seen: set[Path_] = set()
     for error in exc.errors(include_url=False):
@@ -388,6 +442,8 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
         seen.add(loc)
         line = next((lines[loc[:end]] for end in range(len(loc), -1, -1) if loc[:end] in lines), None)
         where = f"{path}:{line}" if line else str(path)
+        if given := set_argument(overrides, loc):
+            where = f"{path}: --set {given}"  # the value is the argument's, not the file's line
         kind = error["type"]
         if kind == "extra_forbidden":
             key = str(loc[-1])

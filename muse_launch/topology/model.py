@@ -1,4 +1,5 @@
-"""The topology file's schema (SPEC section 2): frozen pydantic models, unknown keys rejected."""
+"""The topology file's schema: frozen pydantic models, unknown keys rejected (docs/topology.md is
+generated from it)."""
 
 from __future__ import annotations
 

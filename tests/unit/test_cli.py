@@ -32,7 +32,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (["validate"], 2, "Missing argument 'file'"),
     (["plan", EPD, "--format", "bogus"], 2, "'bogus' is not one of"),
     (["frobnicate"], 2, "No such command 'frobnicate'"),
-    (["validate", "does/not/exist.yaml"], 2, "does/not/exist.yaml: cannot read the topology file: No such file"),
+    (["validate", "does/not/exist.yaml"], 2, "error: does/not/exist.yaml: no such file"),
     (["validate", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
     (["up", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
     (["down", "no-such-deployment"], 2, "no deployment named 'no-such-deployment'"),

@@ -320,7 +320,8 @@ def test_plan_json_shape() -> None:
     run = cli("plan", str(EPD), "--format", "json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
-    assert set(out) == {"name", "waves", "roles"}
+    assert set(out) == {"name", "waves", "roles", "start"}
+    assert out["start"]["policy"] in ("overlap", "waves") and out["start"]["after"]["router"] == ["prefill", "decode"]
     assert out["name"] == "epd-b300" and out["waves"] == [["encoder"], ["prefill", "decode"], ["router"]]
     types = {"name": str, "kind": str, "engine": str, "argv": list, "env": dict, "gpus": list, "host": str,
              "ports": dict, "probe": dict, "depends_on": list}

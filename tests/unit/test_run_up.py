@@ -103,3 +103,48 @@ def test_a_missing_program_named_by_a_secret_is_not_printed():
         refuse_missing_programs(Plan("pd", (secret,), (("router",),)),
                                 lambda text: text.replace("/opt/secret-place/router", "***"))
     assert "secret-place" not in str(refused.value) and "router: *** is not an executable file" in str(refused.value)
+
+
+def test_only_refuses_at_once_when_what_the_role_needs_is_not_up():
+    """`up --only router` with nothing else up used to wait the router's whole timeout, then fail."""
+    import http.server
+    import threading
+
+    import httpx
+
+    from muse_launch.run.up import absent_dependencies
+
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Healthy) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        up = server.server_address[1]
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            down = unused.getsockname()[1]
+        plan = Plan("pd", (spec("prefill", "prefill", up), spec("decode-0", "decode", down),
+                           spec("router", "router", 8000, "prefill", "decode-0")), (("decode-0", "prefill"), ("router",)))
+        with httpx.Client() as client:
+            assert absent_dependencies(plan, "router", client) == [
+                f"decode-0 (http://127.0.0.1:{down}): GET /health: connection refused"]
+            assert absent_dependencies(plan, "prefill", client) == []
+        server.shutdown()
+
+
+def test_a_port_taken_as_a_connections_local_end_says_so():
+    """A fixed port in the ephemeral range may be held by an outgoing connection: not "an unknown process"."""
+    from muse_launch.run.ports import port_holder
+
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as out:
+        accepted, _ = server.accept()
+        listening = server.getsockname()[1]
+        with accepted:
+            held = port_holder(out.getsockname()[1], "127.0.0.1")
+    assert held.startswith(f"pid {os.getpid()}'s connection to 127.0.0.1:{listening} (ESTABLISHED; ")
+    assert "prefer ports below 32768" in held
