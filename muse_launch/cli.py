@@ -159,7 +159,8 @@ def init(
 # Modules that add commands: each exposes register(app) and imports typer only at module level (its
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
-COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command")
+COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command",
+                   "muse_launch.bench.command")
 _registered: list[str] = []
 
 
