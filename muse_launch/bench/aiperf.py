@@ -26,6 +26,7 @@ PIN = "aiperf==0.13.0"
 INSTALL = "pip install 'muse-launch[bench]'   # or: pip install " + PIN + " matplotlib"
 EXPORT = "profile_export_aiperf.json"
 RAW = "profile_export_raw.jsonl"
+RECORDS = "profile_export.jsonl"  # one line per request; the only export when every request failed
 SCHEMA = "1.4"
 GRACE_S = 30.0  # past --duration, aiperf's own start-up and the last requests' end
 
@@ -148,6 +149,8 @@ def read_point(out: Path) -> Measured:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
+        if (out / RECORDS).is_file():
+            return from_records(out / RECORDS)  # aiperf writes no aggregate when every request failed
         raise ValueError(f"{path}: no aiperf export ({exc})") from None
     if not isinstance(d, dict) or str(d.get("schema_version", "")).split(".")[0] != SCHEMA.split(".")[0]:
         raise ValueError(f"{path}: schema_version {d.get('schema_version') if isinstance(d, dict) else '?'}, "
@@ -171,6 +174,27 @@ def read_point(out: Path) -> Measured:
     m.errors += [f"SSE error event after a 200 (then [DONE]): {s}" for s in stream_errors[:5]]
     m.requests_failed = failed + len(stream_errors)
     m.requests_ok = max(ok - len(stream_errors), 0)
+    return m
+
+
+def from_records(path: Path) -> Measured:
+    """Only the per-request records (every request failed): how many, and their errors."""
+    m = Measured()
+    counts: dict[str, int] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        error = rec.get("error") if isinstance(rec, dict) else None
+        if error:
+            m.requests_failed += 1
+            key = f"{error.get('code') or error.get('type')}: {str(error.get('message'))[:200]}" \
+                if isinstance(error, dict) else str(error)[:200]
+            counts[key] = counts.get(key, 0) + 1
+        elif isinstance(rec, dict):
+            m.requests_ok += 1
+    m.errors = [f"{n} x {key}" for key, n in counts.items()]
     return m
 
 

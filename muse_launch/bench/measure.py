@@ -89,7 +89,8 @@ def measure_point(target: Target, plan: BenchPlan, c: int, out: Path, aiperf: st
         tail = (out / "aiperf.log").read_text(errors="replace").strip().splitlines()[-3:] \
             if (out / "aiperf.log").exists() else []
         failure = f"exit {run.returncode}: {exc}" + (f"; its log ends: {' | '.join(tail)}" if tail else "")
-    if failure is None and run.returncode not in (0, None) and not run.timed_out:
+    all_failed = measured is not None and measured.requests_failed and not measured.requests_ok
+    if failure is None and run.returncode not in (0, None) and not run.timed_out and not all_failed:
         failure = f"aiperf exited {run.returncode} (its log: {out / 'aiperf.log'})"
     rec, figures = point_record(target, plan, c, measured, run, server, failure)
     echo(progress_line(rec))

@@ -55,20 +55,28 @@ def _save(fig, path: Path) -> bytes:
     return buf.getvalue()
 
 
+def _concurrency_axis(ax, c: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(c, [str(x) for x in c])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency")
+
+
 def charts(summary: dict, out: Path) -> dict[str, bytes]:
-    """throughput.png, latency.png, pareto.png; {} without matplotlib (the record says so)."""
+    """throughput.png, latency.png, pareto.png of the points that served requests; {} without matplotlib."""
     try:
         plt = _plt()
     except ImportError:
         return {}
-    pts = summary["points"]
+    pts = [p for p in summary["points"] if p["requests_ok"]]
+    if not pts:
+        return {}
     c = [p["concurrency"] for p in pts]
     tag = " (simulated)" if summary.get("simulated") else ""
     made = {}
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(c, [p["output_tokens_per_s"] for p in pts], "o-", label="output tok/s")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
+    _concurrency_axis(ax, c)
     ax.set_ylabel("output tokens/s")
     ax2 = ax.twinx()
     ax2.plot(c, [p["requests_per_s"] for p in pts], "s--", color="tab:orange", label="req/s")
@@ -79,14 +87,14 @@ def charts(summary: dict, out: Path) -> dict[str, bytes]:
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
         for pct, style in (("p50", "o-"), ("p99", "x:")):
             ax.plot(c, [p[key].get(pct) for p in pts], style, label=f"{name} {pct}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("concurrency")
+    _concurrency_axis(ax, c)
+    if all((p[k].get(pct) or 0) > 0 for p in pts for k in ("ttft_ms", "itl_ms") for pct in ("p50", "p99")):
+        ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.legend()
     ax.set_title(f"{summary['deployment']}: latency{tag}")
     made["latency.png"] = _save(fig, out / "latency.png")
-    made["pareto.png"] = pareto_chart([summary], out / "pareto.png")
+    made["pareto.png"] = pareto_chart([{**summary, "points": pts}], out / "pareto.png")
     return made
 
 
@@ -133,7 +141,11 @@ def html_page(title: str, parts: list[str], images: dict[str, bytes]) -> str:
 
 
 def write_report(summary: dict, out: Path) -> list[str]:
-    images = charts(summary, out)
+    try:
+        images = charts(summary, out)
+    except Exception as exc:  # noqa: BLE001  a chart that cannot be drawn must not hide the verdict
+        summary.setdefault("warnings", []).append(f"warning: no charts ({type(exc).__name__}: {exc})")
+        images = {}
     parts = []
     if summary.get("simulated"):
         parts.append("<p class='sim'>SIMULATED: a rehearsal with the simulated engine; no figure here is a "

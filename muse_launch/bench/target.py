@@ -134,7 +134,8 @@ def target_of(record: DeploymentRecord, tokenizer: str | None, model: str | None
                                  f"needs one, and bench fetches nothing from a hub)",
                                  fix="give the model's directory with --tokenizer DIR")
     if not _has_tokenizer(tokenizer):
-        raise UsageError(f"--tokenizer {tokenizer}: not a directory with tokenizer files ({', '.join(TOKENIZER_FILES)})",
+        raise UsageError(f"--tokenizer {tokenizer}: not a directory with tokenizer files "
+                         f"({', '.join(TOKENIZER_FILES)})",
                          fix="give the local directory of the model the workers serve")
     gpus = sum(len(r.gpus) for r in record.roles if r.kind in WORKERS)
     roles = tuple({"name": r.name, "kind": r.kind, "engine": r.engine, "gpus": list(r.gpus), "url": r.url}
