@@ -187,3 +187,29 @@ def test_model_dir_tokenizer_counts_as_the_engine(tmp_path):
     decoded = tok.decode(tok.encode("the king and the queen").ids)
     assert decoded == "the king and the queen" and len(json.loads((tmp_path / "sim-models").joinpath(
         next(p.name for p in (tmp_path / "sim-models").iterdir()), "config.json").read_text())) > 0
+
+
+def test_rehearse_block_reaches_the_simulated_engine(tmp_path):
+    """The file's `rehearse:` rates (a role's own win) become the simulated engine's flags; bad ones exit 2."""
+    import yaml
+
+    from muse_launch.core import load_plan
+    from muse_launch.errors import TopologyError
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump({
+        "version": 1, "name": "t", "hardware": "b300", "model": M,
+        "rehearse": {"itl_ms": 5, "prefill_tokens_per_s": 20000, "itl_ms_per_running": 0.5},
+        "roles": {"worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": 31101,
+                             "rehearse": {"itl_ms": 4, "max_running": 8}},
+                  "router": {"kind": "router", "port": 31100, "workers": ["worker"]}}}))
+    argv = load_plan(path, rehearse=True).plan.spec("worker").argv
+    flags = argv[argv.index("--engine"):argv.index("--")]
+    assert flags[flags.index("--itl") + 1] == "0.004" and flags[flags.index("--max-running") + 1] == "8"
+    assert flags[flags.index("--prefill-tokens-per-s") + 1] == "20000"
+    assert flags[flags.index("--itl-per-running") + 1] == "0.0005"
+    assert "--itl" not in load_plan(path).plan.spec("worker").argv  # only a rehearsal runs the simulated engine
+    for bad in ("rehearse.itl_ms=-1", "rehearse.max_running=0", "rehearse.prefill_tokens_per_s=0",
+                "rehearse.itl_ms=.inf", "rehearse.speed=3"):
+        with pytest.raises(TopologyError):
+            load_plan(path, [bad], rehearse=True)
