@@ -143,6 +143,14 @@ def _pcts(d: dict, key: str) -> dict:
     return {"p50": round(_stat(d, key, "p50"), 3), "p99": round(_stat(d, key, "p99"), 3)}
 
 
+def output_total(d: dict) -> float:
+    """Every output token, reasoning included: aiperf's total_output_tokens leaves reasoning out (it is 0 for a
+    reasoning model that spends the whole budget thinking); total_osl is output_sequence_length's sum."""
+    if "total_osl" in d:
+        return _stat(d, "total_osl")
+    return _stat(d, "total_output_tokens") + _stat(d, "total_reasoning_tokens")
+
+
 def read_point(out: Path) -> Measured:
     """The export of one point; ValueError when it is missing or not aiperf's schema."""
     path = out / EXPORT
@@ -159,7 +167,7 @@ def read_point(out: Path) -> Measured:
                  requests_per_s=_stat(d, "request_throughput"),
                  output_tokens_per_s=_stat(d, "output_token_throughput"),
                  output_tokens_per_s_per_user=_stat(d, "output_token_throughput_per_user", "p50"),
-                 output_tokens=_stat(d, "total_output_tokens"),
+                 output_tokens=output_total(d),
                  output_tokens_mean=_stat(d, "output_sequence_length"),
                  input_tokens_mean=_stat(d, "input_sequence_length"),
                  duration_s=_stat(d, "benchmark_duration"))

@@ -60,6 +60,14 @@ def test_read_point_counts_sse_error_events(tmp_path):
     assert m.errors[0] == "1 x 500: boom" and "mid-stream" in m.errors[1]
 
 
+def test_output_tokens_count_reasoning(tmp_path):
+    """A reasoning model that spends the budget thinking: aiperf's total_output_tokens is absent, total_osl is not."""
+    export(tmp_path, total_output_tokens=None, total_osl={"avg": 256.0}, total_reasoning_tokens={"avg": 256.0})
+    assert ap.read_point(tmp_path).output_tokens == 256.0
+    export(tmp_path, total_output_tokens={"avg": 10.0}, total_reasoning_tokens={"avg": 6.0})
+    assert ap.read_point(tmp_path).output_tokens == 16.0
+
+
 def test_read_point_refuses_another_schema(tmp_path):
     with pytest.raises(ValueError, match="no aiperf export"):
         ap.read_point(tmp_path)
