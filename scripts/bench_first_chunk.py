@@ -8,7 +8,8 @@ connection, and prints side by side the median time to the first content chunk a
 chunks. With strace on the host it also prints whether each side sets TCP_NODELAY on the sockets it accepts.
 
 What it showed (2 loaded cores): the simulated engine (asyncio: TCP_NODELAY on every socket) answers in a few ms
-either way; sglang-router 0.3.2 accepts client connections without TCP_NODELAY, so on a reused connection its
+either way; sglang-router 0.3.2 and smg 1.13.0 accept client connections without TCP_NODELAY (47 and 50 ms
+reused against 7 and 6 ms fresh; vllm-router 0.1.17 sets it: 7 ms), so on a reused connection its
 second write (the first token, after the role chunk) waits for the client's delayed ACK: ~40 ms (Nagle's
 algorithm against Linux's 40 ms delayed-ACK minimum). A fresh connection starts in quick-ACK mode, hence 10-16 ms.
 The hold is the router's, not muse-launch's: bench reports what a client of that router sees.
