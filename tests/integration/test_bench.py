@@ -62,7 +62,8 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
             assert p["requests_ok"] == 8 and p["requests_failed"] == 0 and p["simulated"] is True
             assert p["output_tokens_mean"] == 16  # ignore_eos honoured: served as asked
             assert p["server_output_tokens"] == p["client_output_tokens"] == 8 * 16
-            assert p["ttft_ms"]["p50"] > 0 and p["itl_ms"]["p99"] >= p["itl_ms"]["p50"] > 0
+            # ITL may read ~0: sglang-router's Nagle hold delivers a short stream in one burst (docs/bench.md)
+            assert p["ttft_ms"]["p50"] > 0 and p["itl_ms"]["p99"] >= p["itl_ms"]["p50"] >= 0
             assert p["output_tokens_per_s_per_gpu"] == pytest.approx(p["output_tokens_per_s"] / 8, rel=1e-3)
             assert p["client"]["cpu_ms_per_request"] > 0
             assert json.loads((run / f"point-c{p['concurrency']}.json").read_text()) == p
