@@ -186,7 +186,7 @@ def init(
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
 COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command",
-                   "muse_launch.top.command")
+                   "muse_launch.top.command", "muse_launch.bench.command")
 _registered: list[str] = []
 
 

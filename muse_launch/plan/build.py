@@ -57,6 +57,7 @@ def build_plan(topology: Topology) -> Plan:
                 logs=LogPolicy((role.logs or topology.logs).max_size, (role.logs or topology.logs).keep),
                 ready_after=role.rehearse.ready_after if role.rehearse.ready_after is not None
                 else topology.rehearse.ready_after,
+                sim_rates={**topology.rehearse.rates(), **role.rehearse.rates()},
             )
     order = waves({n: s.depends_on for n, s in specs.items()})
     return Plan(topology.name, tuple(specs[n] for wave in order for n in wave), order)

@@ -50,6 +50,20 @@ def _relocated(spec: LaunchSpec, addresses: Mapping[str, str]) -> LaunchSpec:
                    env={k: relocate(v, own) for k, v in spec.env.items()})
 
 
+# The `rehearse:` timing keys as the simulated engine's flags (muse_launch/sim/cli.py), and their scale to its units.
+SIM_RATE_FLAGS = {"prefill_tokens_per_s": ("--prefill-tokens-per-s", 1.0), "itl_ms": ("--itl", 0.001),
+                  "itl_ms_per_running": ("--itl-per-running", 0.001), "max_running": ("--max-running", 1)}
+
+
+def sim_rate_args(rates: Mapping[str, float]) -> tuple[str, ...]:
+    out: list[str] = []
+    for key, (flag, scale) in SIM_RATE_FLAGS.items():
+        if key in rates:
+            value = rates[key] * scale
+            out += [flag, str(int(value)) if key == "max_running" else f"{value:g}"]
+    return tuple(out)
+
+
 def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
     """`python` runs `-m muse_launch.sim`; passed in so that planning stays pure."""
     addresses = loopback_addresses(plan, topology)
@@ -63,7 +77,8 @@ def simulated(plan: Plan, python: str) -> Plan:
     for spec in plan.specs:
         if spec.engine in WORKER_ENGINES:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
-            launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")
+            launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}",
+                        *sim_rate_args(spec.sim_rates), "--")
             spec = replace(spec, launcher=launcher)
         elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.

@@ -80,6 +80,7 @@ class LaunchSpec:
     restart: RestartPolicy = RestartPolicy()
     logs: LogPolicy = LogPolicy()
     ready_after: float | None = None  # rehearsal: the simulated engine's start-up delay
+    sim_rates: Mapping[str, float] = field(default_factory=dict)  # rehearsal: its timing (rehearse: block)
 
     @property
     def argv(self) -> tuple[str, ...]:

@@ -115,7 +115,7 @@ class Api:
             "encoder_transfer_backend": c.encoder_transfer_backend,
             "nnodes": c.nnodes, "node_rank": c.node_rank, "dist_init_addr": c.dist_init_addr,
             "max_total_num_tokens": 1 << 20, "max_req_input_len": c.context_length - 1,
-            "internal_states": [{"last_gen_throughput": 0.0, "load": e.requests_running}],
+            "internal_states": [{"last_gen_throughput": 0.0, "load": e.batch.counters.running}],
             "version": SGLANG_VERSION, "sim": self._sim_info(),
         }
 
@@ -164,8 +164,9 @@ class Api:
         return web.json_response({"version": v})
 
     async def h_load(self, request: web.Request) -> web.Response:
-        return web.json_response([{"dp_rank": 0, "num_reqs": self.engine.requests_running,
-                                   "num_waiting_reqs": 0, "num_tokens": 0}])
+        c = self.engine.batch.counters
+        return web.json_response([{"dp_rank": 0, "num_reqs": c.running,
+                                   "num_waiting_reqs": c.queued, "num_tokens": 0}])
 
     # ----------------------------------------------------------- errors and admission
     def error(self, status: int, message: str, param: str | None = None,
@@ -238,17 +239,52 @@ class Api:
                            f"{prompt_tokens + mt} tokens ({prompt_tokens} in the messages, "
                            f"{mt} in the completion).", param="max_tokens")
 
-    async def sse(self, request: web.Request, events, done: bool = True) -> web.StreamResponse:
+    async def sse(self, request: web.Request, events, tokens: int, done: bool = True) -> web.StreamResponse:
+        """Stream `events`, one decode step before each token after the first; `tokens` (the answer's
+        count) is what the engine's counters add by the end, whatever the events carry."""
+        batch = self.engine.batch
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         await resp.prepare(request)
-        for ev in events:
-            await resp.write(f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode())
-            if self.engine.itl:
-                await asyncio.sleep(self.engine.itl)
-        if done:
-            await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
+        counted = 0
+        try:
+            for ev in events:
+                if _is_token(ev):
+                    if counted:
+                        await batch.step()
+                    if counted < tokens:
+                        batch.emitted()
+                        counted += 1
+                await resp.write(f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode())
+            batch.emitted(tokens - counted)
+            counted = tokens
+            if done:
+                await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        finally:
+            batch.emitted(tokens - counted)  # a client gone mid-stream: what was generated for it
         return resp
+
+    async def decode(self, tokens: int) -> None:
+        """A whole answer's decode steps, for a response that is not streamed."""
+        batch = self.engine.batch
+        for i in range(tokens):
+            if i:
+                await batch.step()
+            batch.emitted()
+
+
+def _is_token(ev: dict) -> bool:
+    """An event that carries generated output (its first makes the time to first token)."""
+    if "output_ids" in ev:  # SGLang /generate
+        return bool(ev.get("output_ids"))
+    for choice in ev.get("choices") or ():
+        delta = choice.get("delta")
+        if delta is not None:
+            if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+                return True
+        elif choice.get("text"):
+            return True
+    return False
 
 
 async def _flush_cache(request: web.Request) -> web.Response:

@@ -9,6 +9,8 @@ import sys
 from typing import Mapping
 
 from .config import ArgvError, parse_engine_args, startup_errors
+from .timing import (DEFAULT_ITL_PER_RUNNING_S, DEFAULT_ITL_S, DEFAULT_MAX_RUNNING, DEFAULT_PREFILL_TOKENS_PER_S,
+                     Rates)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,11 +28,46 @@ def build_parser() -> argparse.ArgumentParser:
                         "temp dir removed at exit)")
     p.add_argument("--kv-timeout", type=float, default=3.0, metavar="SECONDS",
                    help="how long a KV hand-off waits for the other side (default 3.0)")
-    p.add_argument("--itl", type=float, default=0.002, metavar="SECONDS",
-                   help="delay between streamed chunks (default 0.002)")
+    p.add_argument("--itl", type=_seconds, default=DEFAULT_ITL_S, metavar="SECONDS",
+                   help=f"decode time of one token with one request running (default {DEFAULT_ITL_S})")
+    p.add_argument("--itl-per-running", type=_seconds, default=DEFAULT_ITL_PER_RUNNING_S,
+                   metavar="SECONDS", help="added to each token's decode time per other running request "
+                                           f"(default {DEFAULT_ITL_PER_RUNNING_S})")
+    p.add_argument("--prefill-tokens-per-s", type=_rate, default=DEFAULT_PREFILL_TOKENS_PER_S,
+                   metavar="RATE", help="prompt tokens prefilled per second, one prompt at a time "
+                                        f"(default {DEFAULT_PREFILL_TOKENS_PER_S:g})")
+    p.add_argument("--max-running", type=_count, default=DEFAULT_MAX_RUNNING, metavar="N",
+                   help=f"requests decoded at once; the others queue (default {DEFAULT_MAX_RUNNING})")
     p.add_argument("--loopback", action="store_true",
                    help="bind every listener to 127.0.0.1 whatever --host says")
     return p
+
+
+def _number(text: str, low: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not low <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: {what}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    return _number(text, 0.0, "seconds must be finite and at least 0")
+
+
+def _rate(text: str) -> float:
+    value = _number(text, 0.0, "a rate must be finite and positive")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a rate must be positive")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of at least 1")
+    return int(text)
 
 
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -71,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     from .server import SimEngine, serve  # aiohttp import only when actually serving
     engine = SimEngine(cfg, ready_after=ns.ready_after,
                        state_dir=state_dir,
-                       kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)
+                       kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback,
+                       rates=Rates(ns.prefill_tokens_per_s, ns.itl, ns.itl_per_running, ns.max_running))
     errs = startup_errors(cfg)
     if errs:
         for e in errs:

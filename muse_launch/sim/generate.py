@@ -31,9 +31,12 @@ class Generation:
         body, pre = await self.api.admit(request)
         if pre is not None:
             return pre
+        async with self.engine.batch.admitted():  # running until the last token is written
+            return await self._chat(request, body)
+
+    async def _chat(self, request: web.Request, body: dict) -> web.StreamResponse:
         c = self.cfg
         rid = uuid.uuid4().hex
-        self.engine.requests_running += 1
         try:
             self.api.check_vllm_model(body)
             plan = tg.plan_chat(body, engine=c.engine, served_name=c.served_model_name,
@@ -49,28 +52,34 @@ class Generation:
                 prompt_tokens += len(media) * tg.TOKENS_PER_MEDIA_ITEM
             max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
             self.api.check_length(prompt_tokens, max_tokens)
+            target = tg.length_target(max_tokens, body.get("min_tokens"), body.get("ignore_eos"))
+            self.engine.batch.count_prompt(prompt_tokens)
             extra = await self.engine.kv.stage(body, prompt_tokens, rid,
-                                         [tg.token_id(t) for t in ptoks])
+                                               [tg.token_id(t) for t in ptoks])
             if "_max_tokens" in extra:
                 max_tokens = extra.pop("_max_tokens")
-            out = tg.realize(plan, max_tokens)
+                target = min(target, int(max_tokens))
+            out = tg.lengthen(tg.realize(plan, max_tokens), target, max_tokens,
+                              tg.content_text(body["messages"][-1].get("content")))
         except tg.RequestError as e:
             return self.api.error_of(e)
-        finally:
-            self.engine.requests_running -= 1
-        self.engine.requests_served += 1
-        self.engine.metrics.count(prompt_tokens, out.completion_tokens)
+        self.engine.metrics.count(prompt_tokens, out.completion_tokens)  # resident in the KV cache
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self.api.sse(request, rs.chat_chunks(c.engine, model, out, prompt_tokens,
-                                                           include_usage))
+                                                              include_usage), out.completion_tokens)
+        await self.api.decode(out.completion_tokens)
         return web.json_response(rs.chat_response(c.engine, model, out, prompt_tokens, extra))
 
     async def h_completions(self, request: web.Request) -> web.StreamResponse:
         body, pre = await self.api.admit(request)
         if pre is not None:
             return pre
+        async with self.engine.batch.admitted():
+            return await self._completions(request, body)
+
+    async def _completions(self, request: web.Request, body: dict) -> web.StreamResponse:
         c = self.cfg
         rid = uuid.uuid4().hex
         try:
@@ -87,20 +96,24 @@ class Generation:
             prompt_tokens = len(ids)
             max_tokens = body.get("max_tokens", 16 if c.engine == "vllm" else None)
             self.api.check_length(prompt_tokens, max_tokens)
+            target = tg.length_target(max_tokens, body.get("min_tokens"), body.get("ignore_eos"))
+            self.engine.batch.count_prompt(prompt_tokens)
             extra = await self.engine.kv.stage(body, prompt_tokens, rid, ids)
             if "_max_tokens" in extra:
                 max_tokens = extra.pop("_max_tokens")
+                target = min(target, int(max_tokens))
         except tg.RequestError as e:
             return self.api.error_of(e)
         ps, finish, n = tg.realize_text(tg.completion_text(prompt_tokens, c.served_model_name,
                                                            c.engine), max_tokens)
-        self.engine.requests_served += 1
+        ps, finish, n = tg.lengthen_text(ps, finish, target, max_tokens, str(prompt))
         self.engine.metrics.count(prompt_tokens, n)
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return await self.api.sse(request, rs.completion_chunks(c.engine, model, ps, finish,
-                                                                 prompt_tokens, include_usage))
+                                                                    prompt_tokens, include_usage), n)
+        await self.api.decode(n)
         return web.json_response(rs.completion_response(c.engine, model, "".join(ps), finish,
                                                         prompt_tokens, n, extra))
 
@@ -108,6 +121,10 @@ class Generation:
         body, pre = await self.api.admit(request, native=True)
         if pre is not None:
             return pre
+        async with self.engine.batch.admitted():
+            return await self._generate(request, body)
+
+    async def _generate(self, request: web.Request, body: dict) -> web.StreamResponse:
         c = self.cfg
         started = time.time()
         text, input_ids = body.get("text"), body.get("input_ids")
@@ -133,15 +150,18 @@ class Generation:
                 rid = f"{rid}-{i}"
             try:
                 self.api.check_length(len(ids), max_new)
+                target = tg.length_target(max_new, sp.get("min_new_tokens"), sp.get("ignore_eos"))
+                self.engine.batch.count_prompt(len(ids))
                 extra = await self.engine.kv.stage(body, len(ids), rid, ids)
             except tg.RequestError as e:
                 return self.api.error_of(e, native=True)
             mt = extra.get("_max_tokens", max_new)
             ps, finish, n = tg.realize_text(tg.completion_text(len(ids), c.served_model_name,
                                                                c.engine), mt)
+            ps, finish, n = tg.lengthen_text(ps, finish, min(target, int(mt)) if mt is not None
+                                             else target, mt, str(p))
             results.append((rid, ids, ps, finish, n))
             self.engine.metrics.count(len(ids), n)
-        self.engine.requests_served += 1
         if body.get("stream"):
             rid, ids, ps, finish, n = results[0]
 
@@ -159,7 +179,8 @@ class Generation:
                     yield {"text": "", "output_ids": [], "index": 0,
                            "meta_info": rs.generate_meta(rid, finish, len(ids), 0, started,
                                                          max_new)}
-            return await self.api.sse(request, events())
+            return await self.api.sse(request, events(), n)
+        await self.api.decode(max(r[4] for r in results))
         out = [{"text": "".join(ps), "output_ids": [tg.token_id(x) for x in ps],
                 "meta_info": rs.generate_meta(rid, finish, len(ids), n, started, max_new)}
                for rid, ids, ps, finish, n in results]

@@ -26,6 +26,16 @@ class KVHandoff:
         self.engine = engine
         self.cfg = engine.cfg
 
+    def computes_prefill(self, body: dict) -> bool:
+        """Whether this server computes the prompt's KV itself: not a decode that receives it."""
+        c = self.cfg
+        if c.engine == "sglang":
+            return c.disaggregation_mode != "decode"
+        kvp = body.get("kv_transfer_params")
+        remote = isinstance(kvp, dict) and bool(kvp.get("do_remote_prefill"))
+        consumer_only = c.vllm_is_consumer and not c.vllm_is_producer
+        return not (c.vllm_is_consumer and remote) and not (consumer_only and c.kv_connector == EXAMPLE)
+
     async def stage(self, body: dict, prompt_tokens: int, rid: str,
                         token_ids: list[int]) -> dict[str, Any]:
         """Run this server's part of the disaggregated hand-off before answering.
@@ -34,6 +44,8 @@ class KVHandoff:
         max_tokens override (prefill answers with one token)."""
         c, eng = self.cfg, self.engine
         extra: dict[str, Any] = {}
+        if self.computes_prefill(body):  # before a prefill registers its room: the decode waits for it
+            await eng.batch.prefill(prompt_tokens)
         if c.engine == "sglang" and c.disaggregation_mode in ("prefill", "decode"):
             room = body.get("bootstrap_room")
             host = body.get("bootstrap_host")

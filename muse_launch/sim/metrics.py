@@ -159,17 +159,18 @@ def exposition(engine: SimEngine) -> str:
     def metric(name: str, kind: str, doc: str, value: float) -> None:
         out.extend((f"# HELP {name} {doc}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {_number(value)}"))
 
-    metric(names.running, "gauge", "The number of running requests.", m.running)
+    n = engine.batch.counters  # running until the last token, queued past max_running, tokens served
+    metric(names.running, "gauge", "The number of running requests.", n.running)
     metric(
         names.queued,
         "gauge",
         "The number of requests in the waiting queue.",
-        getattr(engine, "requests_waiting", 0),
+        n.queued,
     )
     metric(names.kv_usage, "gauge", "The KV cache in use, 0 to 1.", m.resident_tokens / KV_CAPACITY_TOKENS)
     for name, doc, value in (
-        (names.prompt_tokens, "Number of prefill tokens processed.", m.prompt_tokens),
-        (names.generation_tokens, "Number of generation tokens processed.", m.generation_tokens),
+        (names.prompt_tokens, "Number of prefill tokens processed.", n.prompt_tokens_total),
+        (names.generation_tokens, "Number of generation tokens processed.", n.generation_tokens_total),
     ):
         metric(name, "counter", doc, value)
     ttft = names.ttft

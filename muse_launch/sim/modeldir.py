@@ -7,19 +7,28 @@ import json
 import os
 import re
 
+from . import vocab
 from .config import SimConfig
 
-TOKENIZER_JSON = {
-    "version": "1.0", "truncation": None, "padding": None,
-    "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False,
-                      "rstrip": False, "normalized": False, "special": True}
-                     for i, t in enumerate(["<unk>", "<|begin_of_text|>", "<|end|>"])],
-    "normalizer": None, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
-    "decoder": None,
-    "model": {"type": "WordLevel", "unk_token": "<unk>",
-              "vocab": {"<unk>": 0, "<|begin_of_text|>": 1, "<|end|>": 2, "rehearsal": 3,
-                        "hello": 4}},
-}
+
+def tokenizer_json() -> dict:
+    """A WordLevel tokenizer over the simulated model's vocabulary, split as the engine counts tokens:
+    words, and each punctuation mark on its own (`<unk>` and the special tokens whole)."""
+    table = vocab.token_table()
+    return {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": table[t], "content": t, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": t != "<unk>"}
+                         for t in vocab.SPECIAL],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"},
+            {"type": "Split", "pattern": {"Regex": r"\w+|[^\w\s]"}, "behavior": "Isolated",
+             "invert": False}]},
+        "post_processor": None,
+        "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},  # tokens joined by spaces
+        "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": table},
+    }
 
 
 def _write_atomic(path: str, text: str) -> None:
@@ -38,9 +47,9 @@ def make_model_dir(root: str, cfg: SimConfig) -> str:
     files = {
         "config.json": {"architectures": ["MuseSparkForConditionalGeneration"],
                         "model_type": "muse_spark", "max_position_embeddings":
-                            cfg.context_length, "vocab_size": 5,
+                            cfg.context_length, "vocab_size": len(vocab.token_table()),
                         "_name_or_path": cfg.model, "muse_launch_sim": True},
-        "tokenizer.json": TOKENIZER_JSON,
+        "tokenizer.json": tokenizer_json(),
         "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
                                   "model_max_length": cfg.context_length,
                                   "unk_token": "<unk>", "bos_token": "<|begin_of_text|>",

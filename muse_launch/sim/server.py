@@ -29,6 +29,7 @@ from .config import SimConfig
 from .encoders import EncoderWiring
 from .handoff import KVHandoff
 from .modeldir import make_model_dir
+from .timing import Batch, Rates
 from .wiring import DistInit, RetryLog, hostport
 
 
@@ -58,7 +59,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class SimEngine:
     def __init__(self, cfg: SimConfig, *, ready_after: float = 2.0,
                  state_dir: str | None = None, kv_timeout: float = 3.0, itl: float = 0.002,
-                 loopback: bool = False, out=None):
+                 loopback: bool = False, out=None, rates: Rates | None = None):
         self.cfg = cfg
         self.ready_after = ready_after
         self.kv_timeout = kv_timeout
@@ -77,8 +78,7 @@ class SimEngine:
         self._tmp_state: str | None = None
         self.state_dir = state_dir  # None: a temp dir made at start, removed at stop
         self.model_dir: str | None = None
-        self.requests_served = 0
-        self.requests_running = 0
+        self.batch = Batch(rates or Rates(itl_s=itl))
         self.retries = RetryLog()
         self.api = Api(self)
         self.encoders = EncoderWiring(self)
@@ -86,6 +86,18 @@ class SimEngine:
         self.kv = KVHandoff(self)
 
     # ----------------------------------------------------------- logging / state
+    @property
+    def requests_served(self) -> int:
+        return self.batch.counters.requests_total
+
+    @requests_served.setter
+    def requests_served(self, value: int) -> None:  # an encoder's requests (encoders.py)
+        self.batch.counters.requests_total = value
+
+    @property
+    def requests_running(self) -> int:
+        return self.batch.counters.running
+
     def log(self, msg: str) -> None:
         ts = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
         ms = int((time.time() % 1) * 1000)

@@ -18,7 +18,7 @@ from typing import Any
 REASONING_EFFORTS = ("low", "medium", "high", "xhigh")
 DEFAULT_REASONING_EFFORT = "xhigh"
 
-_WORD = re.compile(r"\w+|[^\w\s]")
+_WORD = re.compile(r"<unk>|<\|[a-z_]+\|>|\w+|[^\w\s]")  # as the model directory's tokenizer splits
 _PIECE = re.compile(r"\s*\S+\s*")
 
 
@@ -321,3 +321,59 @@ def realize_text(text: str, max_tokens: int | None) -> tuple[list[str], str, int
         ps = ps[: max(int(max_tokens), 0)]
         return ps, "length", len(ps)
     return ps, "stop", len(ps)
+
+
+# --------------------------------------------------------------------------- answer length
+
+def length_target(max_tokens: Any, min_tokens: Any, ignore_eos: Any) -> int:
+    """How many tokens the answer must have at least: `max_tokens` with ignore_eos, else min_tokens
+    (at most max_tokens); 0 when neither is asked for. The answer ends at its own end past that."""
+    def count(value: Any, name: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value or value < 0:
+            raise RequestError(f"{name} must be a non-negative integer, got {value!r}", param=name)
+        return int(value)
+
+    most, least = count(max_tokens, "max_tokens"), count(min_tokens, "min_tokens")
+    if not isinstance(ignore_eos, (bool, type(None))):
+        raise RequestError(f"ignore_eos must be a boolean, got {ignore_eos!r}", param="ignore_eos")
+    if least is not None and most is not None and least > most:
+        raise RequestError(f"min_tokens ({least}) must be less than or equal to max_tokens ({most})",
+                           param="min_tokens")
+    if ignore_eos and most is not None:
+        return most
+    return least or 0
+
+
+def _seed(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def lengthen(out: Output, target: int, max_tokens: Any, seed_text: str) -> Output:
+    """`out` continued with the vocabulary's words up to `target` tokens, where it stopped short on its own
+    (a model that ignores its end-of-sequence token keeps writing)."""
+    from .vocab import filler
+
+    if out.finish_reason != "stop" or out.completion_tokens >= target:
+        return out
+    more = filler(_seed(seed_text), target - out.completion_tokens)
+    pieces_ = [*out.content_pieces[:-1], out.content_pieces[-1].rstrip()] if out.content_pieces else []
+    pieces_ += more
+    finish = "length" if max_tokens is not None and target >= int(max_tokens) else "stop"
+    return Output(reasoning=out.reasoning, content="".join(pieces_).strip(), tool_call=None,
+                  finish_reason=finish, completion_tokens=out.completion_tokens + len(more),
+                  reasoning_tokens=out.reasoning_tokens, content_pieces=pieces_,
+                  reasoning_pieces=out.reasoning_pieces)
+
+
+def lengthen_text(ps: list[str], finish: str, target: int, max_tokens: Any,
+                  seed_text: str) -> tuple[list[str], str, int]:
+    """realize_text's pieces continued up to `target` tokens."""
+    from .vocab import filler
+
+    if finish != "stop" or len(ps) >= target:
+        return ps, finish, len(ps)
+    ps = [*ps, *filler(_seed(seed_text), target - len(ps))]
+    finish = "length" if max_tokens is not None and target >= int(max_tokens) else "stop"
+    return ps, finish, len(ps)

@@ -161,7 +161,20 @@ class LogsConfig(Strict):
 
 
 class RehearseConfig(Strict):
+    """`up --rehearse`: the simulated engine's start-up delay and timing model (docs/bench.md)."""
+
     ready_after: Seconds | None = Field(None, ge=0, description="simulated start-up time in seconds")
+    prefill_tokens_per_s: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False,
+                                               description="prompt tokens prefilled per second, one prompt at a time")
+    itl_ms: float | None = Field(None, ge=0, le=60000, allow_inf_nan=False,
+                                 description="milliseconds per output token with one request running")
+    itl_ms_per_running: float | None = Field(None, ge=0, le=60000, allow_inf_nan=False,
+                                             description="milliseconds added to each token per other running request")
+    max_running: int | None = Field(None, ge=1, le=1000000, description="requests decoded at once; the others queue")
+
+    def rates(self) -> dict[str, float]:
+        """The timing keys that are set."""
+        return {k: v for k, v in self.model_dump().items() if k != "ready_after" and v is not None}
 
 
 class NodeConfig(Strict):

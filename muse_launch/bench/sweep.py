@@ -1,0 +1,173 @@
+"""`sweep FILE --vary KEY=V1,V2 ...`: every combination of the values, each up -> bench -> down, then one
+comparison of them all.
+
+Each combination is the file with one `--set KEY=VALUE` per --vary (and the sweep's own --set), checked
+before anything starts; `--dry-run` lists them with what a check says. A combination whose record holds a
+summary from the same settings is not run again, so a sweep stopped half-way resumes where it was. `up`,
+`bench` and `down` are this same program's commands, each in its own process: a combination that fails
+to come up is recorded as failed and the sweep goes on; `down` runs whatever happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from muse_launch.errors import UsageError
+
+from .measure import BenchPlan
+from .record import SUMMARY, write_json
+
+SWEEP = "sweep.json"
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    file: Path
+    vary: tuple[str, ...]
+    sets: tuple[str, ...]
+    rehearse: bool
+    dry_run: bool
+    plan: BenchPlan
+    out: Path
+    tokenizer: str | None = None
+
+
+def parse_vary(vary: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    axes = []
+    for item in vary:
+        key, eq, values = item.partition("=")
+        options = [v.strip() for v in values.split(",") if v.strip()]
+        if not eq or not key.strip() or not options:
+            raise UsageError(f"--vary {item!r}: expected KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2")
+        if any(k == key.strip() for k, _ in axes):
+            raise UsageError(f"--vary {key.strip()} given twice", fix="list all its values in one --vary")
+        axes.append((key.strip(), options))
+    if not axes:
+        raise UsageError("sweep needs at least one --vary KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2")
+    return axes
+
+
+def combinations(axes: list[tuple[str, list[str]]]) -> list[tuple[str, ...]]:
+    keys = [k for k, _ in axes]
+    return [tuple(f"{k}={v}" for k, v in zip(keys, values)) for values in itertools.product(*(v for _, v in axes))]
+
+
+def slug(combo: tuple[str, ...]) -> str:
+    text = "_".join(s.split(".")[-1] if "." in s.split("=")[0] else s for s in combo)
+    return re.sub(r"[^A-Za-z0-9=._-]+", "-", text)[:120] or "default"
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "muse_launch", *args]
+
+
+def deployment_name(opts: SweepOptions, combo: tuple[str, ...]) -> tuple[str | None, str]:
+    """The deployment's name for this combination, or None and why it does not check."""
+    from muse_launch.core import load_plan
+    from muse_launch.errors import UserError
+
+    try:
+        return load_plan(opts.file, [*opts.sets, *combo], rehearse=opts.rehearse).plan.name, "checks"
+    except UserError as exc:
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def done_before(run: Path, combo: tuple[str, ...], opts: SweepOptions) -> bool:
+    try:
+        summary = json.loads((run / SUMMARY).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("sweep") == sweep_key(combo, opts)
+
+
+def sweep_key(combo: tuple[str, ...], opts: SweepOptions) -> dict:
+    p = opts.plan
+    return {"file": str(opts.file.resolve()), "sets": [*opts.sets, *combo], "rehearse": opts.rehearse,
+            "concurrency": list(p.concurrencies), "isl": p.isl, "osl": p.osl, "requests": p.requests,
+            "duration_s": p.duration}
+
+
+def timed(argv: list[str], echo: Callable[[str], None], log: Path) -> tuple[int, float]:
+    start = time.monotonic()
+    with open(log, "ab") as f:
+        code = subprocess.call(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    return code, time.monotonic() - start
+
+
+def run_one(opts: SweepOptions, combo: tuple[str, ...], name: str, run: Path,
+            echo: Callable[[str], None]) -> dict:
+    run.mkdir(parents=True, exist_ok=True)
+    log = run / "sweep.log"
+    sets = [a for s in (*opts.sets, *combo) for a in ("--set", s)]
+    up = _cli("up", str(opts.file), "-d", *sets, *(["--rehearse"] if opts.rehearse else []))
+    p = opts.plan
+    bench = _cli("bench", name, "--out", str(run), "--concurrency", ",".join(map(str, p.concurrencies)),
+                 "--isl", str(p.isl), "--osl", str(p.osl), "--duration", f"{p.duration:g}",
+                 *(["--requests", str(p.requests)] if p.requests else []),
+                 *(["--tokenizer", opts.tokenizer] if opts.tokenizer else []))
+    times = {"up_s": 0.0, "bench_s": 0.0, "down_s": 0.0}
+    code_up, times["up_s"] = timed(up, echo, log)
+    code_bench = None
+    try:
+        if code_up == 0:
+            code_bench, times["bench_s"] = timed(bench, echo, log)
+    finally:
+        code_down, times["down_s"] = timed(_cli("down", name), echo, log)
+    state = "up failed" if code_up else "bench failed" if code_bench not in (0, 1) else \
+        "invalid" if code_bench == 1 else "valid"
+    if code_down:
+        state += ", down failed"
+    summary_path = run / SUMMARY
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        summary["sweep"] = sweep_key(combo, opts)
+        write_json(summary_path, summary)
+    return {"combination": list(combo), "run": str(run), "state": state, **{k: round(v, 2) for k, v in times.items()}}
+
+
+def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
+    combos = combinations(parse_vary(opts.vary))
+    names = [deployment_name(opts, c) for c in combos]
+    echo(f"sweep {opts.file}: {len(combos)} combination(s){' (rehearsal)' if opts.rehearse else ''}")
+    for i, (combo, (name, why)) in enumerate(zip(combos, names), 1):
+        run = opts.out / slug(combo)
+        mark = "done" if done_before(run, combo, opts) else "to run" if name else "does not check"
+        echo(f"  {i}. {' '.join(combo)}  -> {run}  [{mark}{'' if name else ': ' + why}]")
+    if opts.dry_run:
+        return 0
+    opts.out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    results = []
+    for combo, (name, why) in zip(combos, names):
+        run = opts.out / slug(combo)
+        if name is None:
+            results.append({"combination": list(combo), "run": str(run), "state": f"does not check: {why}"})
+        elif done_before(run, combo, opts):
+            results.append({"combination": list(combo), "run": str(run), "state": "done before"})
+        else:
+            echo(f"sweep: {' '.join(combo)}: up -> bench -> down (log {run / 'sweep.log'})")
+            results.append(run_one(opts, combo, name, run, echo))
+        echo(f"  {' '.join(combo)}: {results[-1]['state']}")
+    return finish(opts, results, time.monotonic() - started, echo)
+
+
+def finish(opts: SweepOptions, results: list[dict], wall: float, echo: Callable[[str], None]) -> int:
+    parts = sum(r.get("up_s", 0) + r.get("bench_s", 0) + r.get("down_s", 0) for r in results)
+    write_json(opts.out / SWEEP, {"file": str(opts.file), "results": results, "wall_s": round(wall, 2),
+                                  "sum_of_parts_s": round(parts, 2)})
+    echo(f"sweep: {wall:.1f} s in all, {parts:.1f} s of up, bench and down ({wall - parts:+.1f} s besides)")
+    recorded = [Path(r["run"]) for r in results if (Path(r["run"]) / SUMMARY).exists()]
+    if len(recorded) >= 2:
+        from .compare import compare_runs
+
+        compare_runs(recorded, opts.out / "compare", echo)
+    bad = [r for r in results if r["state"] not in ("valid", "done before")]
+    return 1 if bad else 0
