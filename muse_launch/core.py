@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 from .checks import Finding, Severity, recheck_placement, run_checks
 from .errors import CheckFailed

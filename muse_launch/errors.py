@@ -13,7 +13,8 @@ import errno
 import os
 import sys
 import traceback
-from typing import Iterable, TextIO
+from collections.abc import Iterable
+from typing import TextIO
 
 OK = 0
 FAILED = 1

@@ -9,16 +9,26 @@ for the same combinations plan exactly the same commands.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from .engines import sglang, vllm
 from .errors import UsageError
 from .plan.build import DEFAULT_DIST_INIT_PORT
-from .topology.hardware import (BF16_CHECKPOINT, CHECKPOINT_VRAM_GB, DFLASH_DRAFT, INT4_CHECKPOINT, MXFP4_CHECKPOINT,
-                                NVFP4_CHECKPOINT, PROFILES, HardwareProfile, Vendor)
+from .topology.hardware import (
+    BF16_CHECKPOINT,
+    CHECKPOINT_VRAM_GB,
+    DFLASH_DRAFT,
+    INT4_CHECKPOINT,
+    MXFP4_CHECKPOINT,
+    NVFP4_CHECKPOINT,
+    PROFILES,
+    HardwareProfile,
+    Vendor,
+)
 
 MODES = ("epd", "pd", "agg")
 ENGINES = ("sglang", "vllm")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from .plan.spec import LaunchSpec, Plan
 from .topology.hardware import PROFILES

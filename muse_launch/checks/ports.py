@@ -4,7 +4,7 @@ encoder bootstrap ports per language worker, and the KV bootstrap port the route
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines import ENGINES, router, sglang, sglang_router, smg
 from ..engines.argv import as_int, has_flag, last_value

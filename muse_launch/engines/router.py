@@ -3,8 +3,8 @@ options) and its reader. Each router's own facts are in its module: sglang_route
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..plan.spec import Probe, ProbeKind
@@ -60,7 +60,7 @@ def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:
     args: list[str] = []
     if inst.prefill or inst.decode:
         args.append(facts.pd_flag)
-        for p, port in zip(inst.prefill, _prefill_bootstrap_ports(inst, ctx)):
+        for p, port in zip(inst.prefill, _prefill_bootstrap_ports(inst, ctx), strict=True):
             args += [PREFILL, p.url]
             if port or facts.bootstrap_none:
                 args.append(str(port) if port else "none")

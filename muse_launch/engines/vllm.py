@@ -8,7 +8,8 @@ DSpark's --speculative-config) are plain env and args of the topology file.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..plan.spec import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value

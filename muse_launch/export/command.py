@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -17,14 +16,14 @@ def register(app: typer.Typer) -> None:
 
 
 def export_command(
-    file: Optional[Path] = typer.Argument(None, help="topology file"),
+    file: Path | None = typer.Argument(None, help="topology file"),
     to: str = typer.Option("lws", "--to", help="lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="directory to write the manifests into"),
-    image: List[str] = typer.Option([], "--image", help="IMAGE for every role, or ROLE=IMAGE (repeatable); "
+    output: Path | None = typer.Option(None, "--output", "-o", help="directory to write the manifests into"),
+    image: list[str] = typer.Option([], "--image", help="IMAGE for every role, or ROLE=IMAGE (repeatable); "
                                                         "default: the hardware profile's, as plan --format docker"),
     namespace: str = typer.Option("default", "--namespace", "-n", help="namespace (the wiring's DNS names include it)"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
-    check: Optional[Path] = typer.Option(None, "--check", help="validate the manifests in DIR instead (hand edits)"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    check: Path | None = typer.Option(None, "--check", help="validate the manifests in DIR instead (hand edits)"),
 ) -> None:
     """Write Kubernetes manifests (LeaderWorkerSet or RoleBasedGroup) that run the topology's plan."""
     if check is not None:

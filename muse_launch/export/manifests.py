@@ -4,8 +4,9 @@ the router's Deployment, and a kustomization.yaml listing them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 

@@ -4,8 +4,9 @@ MUSE_LAUNCH_GPU_VIEW=FILE replays in `up`, `down`, `status` and `doctor`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from muse_launch.host.gpus import GpuReader, GpuView, gib
 from muse_launch.host.versions import installed_versions

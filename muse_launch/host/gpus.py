@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import psutil
 
@@ -121,7 +122,7 @@ class GpuView:
         try:
             return cls.from_json(json.loads(path.read_text()), source=str(path))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})")
+            raise UsageError(f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})") from e
 
 
 def command_of(pid: int) -> str | None:

@@ -10,8 +10,8 @@ transformed plan's addresses and ports again (checks.recheck_placement).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping
 
 from ..addresses import is_loopback, is_wildcard
 from ..engines import ROUTER_ENGINES, WORKER_ENGINES

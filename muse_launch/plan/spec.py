@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from muse_launch.topology.defaults import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -55,16 +55,16 @@ def up(
     rehearse: bool = typer.Option(False, "--rehearse", help="simulated engines in place of GPU ones, real router"),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="after ready, a role that dies stops everything"),
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
-    only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    only: str | None = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
     engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
                                       "the installed engine's own parser first (not with --rehearse)"),
-    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
-    partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
-    account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
-    sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
+    on: str | None = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node"),
+    partition: str | None = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
+    account: str | None = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
+    time_limit: str | None = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
+    sbatch: list[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
     from muse_launch.checks import engine as engine_check_
@@ -98,9 +98,9 @@ def up(
 
 
 def down(
-    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name or topology file (default: the one running)",
                                          autocompletion=_names),
-    grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
+    grace: float | None = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are closed
@@ -129,7 +129,7 @@ def down(
 
 
 def status(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
     as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
@@ -178,13 +178,13 @@ def status(
                 show(render())
                 time.sleep(1.0)
         except KeyboardInterrupt:
-            raise typer.Exit(0)
+            raise typer.Exit(0) from None
 
 
 def logs(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
-    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)"),
+    roles: list[str] | None = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
 ) -> None:
@@ -226,11 +226,11 @@ def logs(
                 return
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
-        raise typer.Exit(0)
+        raise typer.Exit(0) from None
 
 
 def smoke(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:

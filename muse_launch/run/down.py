@@ -20,9 +20,24 @@ from muse_launch.run.identity import catches, holds_open
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.masks import no_arguments
 from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import (Marker, ProcessRef, StopTarget, describe, is_alive, marked_processes,
-                                     marked_roles, stop_roles)
-from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, StateDamaged, read_state, write_state
+from muse_launch.run.process import (
+    Marker,
+    ProcessRef,
+    StopTarget,
+    describe,
+    is_alive,
+    marked_processes,
+    marked_roles,
+    stop_roles,
+)
+from muse_launch.run.state import (
+    DeploymentLock,
+    DeploymentRecord,
+    RunDir,
+    StateDamaged,
+    read_state,
+    write_state,
+)
 
 SUPERVISOR_EXIT_SECONDS = 5.0
 PORTS_CLOSE_SECONDS = 10.0

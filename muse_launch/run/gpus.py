@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import psutil
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 

@@ -13,8 +13,8 @@ done only when the role's own processes do not hold the socket.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import psutil
 

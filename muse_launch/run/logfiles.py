@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.run.files import open_nofollow

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

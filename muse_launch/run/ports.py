@@ -7,8 +7,8 @@ its own loopback address (127.0.0.1, 127.0.0.2, ...), so two roles may plan the 
 from __future__ import annotations
 
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import psutil
 

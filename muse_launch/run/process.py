@@ -17,17 +17,26 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 import psutil
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
 from muse_launch.run.files import PlantedLink, open_nofollow
-from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
-from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
+from muse_launch.run.identity import (  # noqa: F401  (imported from here elsewhere)
+    CREATE_TIME_SLACK,
+    ProcessRef,
+    boot_id,
+    is_suspended,
+    process_state,
+    session_of,
+    start_ticks,
+    stat_of,
+)
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"

@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.listeners import ListenerOwner
-from muse_launch.run.process import (GroupStop, Marker, RoleProcess, StopReport, StopTarget, open_role_log,
-                                     spawn_role)
+from muse_launch.run.process import (
+    GroupStop,
+    Marker,
+    RoleProcess,
+    StopReport,
+    StopTarget,
+    open_role_log,
+    spawn_role,
+)
 from muse_launch.run.state import RunDir
 
 

@@ -8,10 +8,11 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from muse_launch.addresses import connect_host
 from muse_launch.errors import RuntimeFailure, UsageError
@@ -21,7 +22,6 @@ from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, d
 from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
 
-
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
@@ -30,7 +30,7 @@ def state_home() -> Path:
 
 
 def now_iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 from rich.table import Table

@@ -17,10 +17,10 @@ crash a week is not a crash loop, and must not use up the restarts the deploymen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable
 
 import httpx
 
@@ -38,6 +38,8 @@ STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
 SERVING = (RoleState.READY, RoleState.UNHEALTHY)  # became ready; UNHEALTHY: stopped by SIGSTOP since
+
+SYSTEM_CLOCK = SystemClock()  # stateless: one serves every supervisor
 
 
 class Outcome(Enum):
@@ -74,7 +76,7 @@ def probe_pool(plan: Plan) -> ThreadPoolExecutor:
 class Supervisor:
     def __init__(
         self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
-        clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
+        clock: Clock = SYSTEM_CLOCK, on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
         probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
         redact: Callable[[str], str] = lambda text: text, tend: Callable[[], None] = lambda: None,

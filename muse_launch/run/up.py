@@ -10,9 +10,9 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import httpx
 from rich.console import Console
@@ -22,19 +22,27 @@ from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run import cgroups
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
+from muse_launch.run.files import open_fresh
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.files import open_fresh
 from muse_launch.run.logfiles import LogCaps, forget_rotated
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
 from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
-                                   planned_record, read_state, running_deployments, write_state)
-from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.seams import LocalProcesses
+from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
+from muse_launch.run.state import (
+    DeploymentLock,
+    DeploymentRecord,
+    RunDir,
+    StateSaver,
+    planned_record,
+    read_state,
+    running_deployments,
+    write_state,
+)
 from muse_launch.run.supervisor import Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20

@@ -9,8 +9,8 @@ engines/sglang.py ENCODER_LIST_PATH).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import httpx
 

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from .config import ArgvError, parse_engine_args, startup_errors
 

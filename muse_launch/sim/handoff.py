@@ -57,7 +57,7 @@ class KVHandoff:
                         f"prompt tokens), waiting for the decode")
                 try:
                     await asyncio.wait_for(slot.fetched.wait(), eng.kv_timeout)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     eng.log(f"ERROR: bootstrap_room {room}: no decode fetched the KV cache "
                             f"within {eng.kv_timeout:.1f}s; aborting the request")
                     raise GenError(500, f"KV transfer timed out for bootstrap_room {room}: "

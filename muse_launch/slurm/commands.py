@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.run.state import DeploymentRecord, RunDir, read_state

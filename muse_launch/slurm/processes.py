@@ -16,9 +16,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
-
 
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.process import (

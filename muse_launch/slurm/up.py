@@ -7,18 +7,18 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.spec import Plan
+from muse_launch.run.files import open_fresh, replace_file
 from muse_launch.run.lifecycle import DeploymentState, RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.files import open_fresh, replace_file
 from muse_launch.run.state import RunDir, is_locked, planned_record, read_state, write_state
 from muse_launch.topology.model import Topology
 

@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import pytest
-
 import k8s_replay as replay
+import pytest
 from harness import REPO
+
 from muse_launch.export.names import FLAVOURS, dns_label
 from muse_launch.export.transform import export_plan
 from muse_launch.smoke import run_smoke
@@ -62,7 +62,7 @@ def test_exported_manifests_run(path: str, flavour: str, extra: list[str], tmp_p
     # The expanded commands are the plan's, with each DNS name at its address and the secrets' values.
     for role, group in groups.items():
         mine = [p for p in pods if p.role == role]
-        for pod, spec in zip(mine, group.specs):
+        for pod, spec in zip(mine, group.specs, strict=True):
             want = list(spec.argv)
             for name in sorted(dns, key=len, reverse=True):
                 want = [a.replace(name, dns[name]) for a in want]

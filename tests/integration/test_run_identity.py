@@ -16,8 +16,8 @@ import time
 
 import psutil
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
+
 from muse_launch.run import cgroups
 
 pytestmark = pytest.mark.integration

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-
 import httpx
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_run import REPO, muse
+
 from muse_launch.errors import INTERNAL, explain
 
 EPD = "topologies/epd-b300.yaml"

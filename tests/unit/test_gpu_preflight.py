@@ -8,19 +8,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
 from muse_launch.plan.build import build_plan
-from muse_launch.plan.spec import Plan
-from muse_launch.run.gpus import (GpuNeed, Owners, await_gpu_release, deployment_holders, gpu_needs, gpu_problems,
-                                  one_host, preflight_for, role_gpu_memory)
+from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.run.gpus import (
+    GpuNeed,
+    Owners,
+    await_gpu_release,
+    deployment_holders,
+    gpu_needs,
+    gpu_problems,
+    one_host,
+    preflight_for,
+    role_gpu_memory,
+)
+from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.state import DeploymentRecord, RoleRecord
-from muse_launch.plan.spec import Probe, ProbeKind
-from muse_launch.run.lifecycle import RoleState
 from muse_launch.topology.hardware import PROFILES
 from muse_launch.topology.load import load_topology
 

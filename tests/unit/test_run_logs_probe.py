@@ -10,9 +10,9 @@ import subprocess
 import httpx
 import psutil
 
+from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.addresses import connect_host
 from muse_launch.run.probe import ReadinessCheck
 from muse_launch.run.process import describe_exit
 

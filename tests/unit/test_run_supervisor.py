@@ -4,10 +4,10 @@ transport that answers each role's probe from its script (after honcho's test_ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
