@@ -2,7 +2,7 @@
 
 Start-up time is part of the interface (`--help` < 0.15 s): this module imports typer and the
 standard library only, and each command imports what it needs inside its body; the runtime
-commands (run/commands.py) follow the same rule. Help and usage errors are click's plain text
+commands (commands/run.py) follow the same rule. Help and usage errors are click's plain text
 (typer's rich formatting costs ~70 ms of imports on every call).
 """
 
@@ -158,7 +158,7 @@ def init(
 # Modules that add commands: each exposes register(app) and imports typer only at module level (its
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
-COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command")
+COMMAND_MODULES = ("muse_launch.commands.run", "muse_launch.commands.export", "muse_launch.commands.host")
 _registered: list[str] = []
 
 

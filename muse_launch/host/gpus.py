@@ -113,7 +113,7 @@ class GpuView:
     def save(self, path: Path) -> None:
         """Atomically: a reader in another process (`down` polling the view) sees the old view or the new one,
         never a half-written file."""
-        from muse_launch.run.files import replace_file
+        from muse_launch.files import replace_file
 
         replace_file(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode(), mode=0o644)
 

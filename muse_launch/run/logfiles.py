@@ -31,8 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from muse_launch.files import open_nofollow
 from muse_launch.plan.spec import LogPolicy
-from muse_launch.run.files import open_nofollow
 from muse_launch.topology.defaults import LOG_MAX_KEEP
 
 READ_CHUNK = 64 * 1024  # the most any reader holds of a log at once; a longer line is split at it

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from muse_launch.run.files import open_nofollow
+from muse_launch.files import open_nofollow
 from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role

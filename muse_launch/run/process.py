@@ -24,9 +24,9 @@ from typing import Protocol
 
 import psutil
 
+from muse_launch.files import PlantedLink, open_nofollow
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
-from muse_launch.run.files import PlantedLink, open_nofollow
 from muse_launch.run.identity import (  # noqa: F401  (imported from here elsewhere)
     CREATE_TIME_SLACK,
     ProcessRef,
@@ -156,7 +156,7 @@ def program_path(program: str, env: Mapping[str, str]) -> str:
 
 
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
-    """The role's log for its stdout and stderr, no link followed below the state home (run/files.py)."""
+    """The role's log for its stdout and stderr, no link followed below the state home (muse_launch/files.py)."""
     # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
     # next write lands at the new end, not at its old offset past a hole.
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)

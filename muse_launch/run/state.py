@@ -16,8 +16,8 @@ from typing import Any
 
 from muse_launch.addresses import connect_host
 from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
-from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
 from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
@@ -47,7 +47,7 @@ class RunDir:
 
     @property
     def home(self) -> Path:
-        """Trusted as it is; below it, no link is followed (run/files.py)."""
+        """Trusted as it is; below it, no link is followed (muse_launch/files.py)."""
         return self.path.parent
 
     @property

@@ -18,11 +18,11 @@ import httpx
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.files import open_fresh
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run import cgroups
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
-from muse_launch.run.files import open_fresh
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps, forget_rotated
@@ -136,7 +136,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     if policy.note:
         saying(console)(policy.note)
     try:
-        from muse_launch.slurm.commands import leave_slurm
+        from muse_launch.commands.slurm import leave_slurm
 
         leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
         refuse_leftovers(run_dir)

@@ -14,8 +14,8 @@ from pathlib import Path
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure
+from muse_launch.files import open_fresh, replace_file
 from muse_launch.plan.spec import Plan
-from muse_launch.run.files import open_fresh, replace_file
 from muse_launch.run.lifecycle import DeploymentState, RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.progress import LiveProgress, PlainProgress
@@ -83,7 +83,7 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     replace_file(files.topology, Path(source).read_bytes(), root=run_dir.home)
     files.write_text(files.source, str(Path(source).resolve()))
     files.write_text(files.script, script)
-    for spec in plan.specs:  # a link planted there is replaced, not written through (run/files.py)
+    for spec in plan.specs:  # a link planted there is replaced, not written through (muse_launch/files.py)
         os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))
     record = planned_record(plan, str(source), redact)
     write_state(run_dir, record)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import typer
 
+from muse_launch.export.names import DNS_LABEL
+
 from ..errors import UsageError
-from .names import DNS_LABEL
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +33,7 @@ def export_command(
         raise typer.Exit(_check(check))
     if file is None or output is None:
         raise UsageError("give a topology FILE and -o DIR (or --check DIR)")
-    from . import FLAVOURS, export
+    from muse_launch.export import FLAVOURS, export
 
     if to not in FLAVOURS:
         raise UsageError(f"--to {to}: one of {', '.join(FLAVOURS)}")
@@ -66,7 +67,7 @@ def export_command(
 
 
 def _check(directory: Path) -> int:
-    from .validate import check_dir_problems
+    from muse_launch.export.validate import check_dir_problems
 
     if not directory.is_dir():
         raise UsageError(f"--check {directory}: not a directory")

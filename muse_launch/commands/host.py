@@ -17,7 +17,8 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="as JSON, with the GPU view that MUSE_LAUNCH_GPU_VIEW replays"),
 ) -> None:
     """What this host offers: GPUs, their model, free memory and holders, engine versions, a file's ports."""
+    from muse_launch.host.gpus import read_gpu_view
+
     from .doctor import print_doctor
-    from .gpus import read_gpu_view
 
     print_doctor(file, as_json, read_gpu_view, typer.echo)

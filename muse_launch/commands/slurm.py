@@ -1,4 +1,4 @@
-"""The CLI's entry points for SLURM deployments, so that run/commands.py only dispatches."""
+"""The CLI's entry points for SLURM deployments, so that commands/run.py only dispatches."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.run.state import DeploymentRecord, RunDir, read_state
-
-from .files import SlurmFiles
+from muse_launch.slurm.files import SlurmFiles
 
 if TYPE_CHECKING:  # each command imports what it runs: a deployment on this host never loads these
     import httpx
@@ -23,7 +22,7 @@ TARGETS = ("slurm",)
 
 
 def up_on(target: str, loaded, console: Console, one_host_only: dict[str, object], **options) -> int:
-    from .up import SlurmOptions, up_on_slurm
+    from muse_launch.slurm.up import SlurmOptions, up_on_slurm
 
     if target not in TARGETS:
         raise UsageError(f"--on {target}: unknown; one of: {', '.join(TARGETS)}")
@@ -43,7 +42,7 @@ def leave_slurm(run_dir: RunDir) -> None:
     files = SlurmFiles(run_dir)
     if not files.exists():
         return
-    from . import cluster
+    from muse_launch.slurm import cluster
 
     job_id = files.job_id()
     if job_id and cluster.job(job_id).active:
@@ -55,7 +54,7 @@ def leave_slurm(run_dir: RunDir) -> None:
 def down_any(run_dir: RunDir, grace: float | None, local: Callable[[RunDir, float | None], DownReport]) -> DownReport:
     if not is_slurm(run_dir):
         return local(run_dir, grace)
-    from .down import down_on_slurm
+    from muse_launch.slurm.down import down_on_slurm
 
     return down_on_slurm(run_dir, grace)
 
@@ -65,7 +64,7 @@ def observed_any(record: DeploymentRecord, local: Callable[[DeploymentRecord], D
     run_dir = RunDir.of(record.name)
     if not is_slurm(run_dir):
         return local(record)
-    from .status import slurm_view
+    from muse_launch.slurm.status import slurm_view
 
     return slurm_view(run_dir, record).record
 
@@ -75,8 +74,7 @@ def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bo
     if not is_slurm(run_dir):
         return None
     from muse_launch.run.status import health_now
-
-    from .status import slurm_table, slurm_view
+    from muse_launch.slurm.status import slurm_table, slurm_view
 
     view = slurm_view(run_dir, read_state(run_dir))
     health = health_now(view.record, run_dir, client, local=False)  # roles on other nodes: no pids to look at
