@@ -94,7 +94,11 @@ def up(
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
     skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
     gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
-    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))
+    from muse_launch.commands.slurm import leave_slurm
+
+    # leave_slurm refuses while this name's SLURM job runs, else forgets that job
+    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus,
+                              claim=leave_slurm))
 
 
 def down(

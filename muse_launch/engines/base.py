@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from ..plan.spec import Probe
+from ..readiness import Probe
 
 if TYPE_CHECKING:  # annotations only: the simulated engine imports the engines' facts without pydantic
     from ..topology.hardware import HardwareProfile

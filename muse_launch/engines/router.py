@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
+from ..topology.defaults import METRICS_PORT_OFFSET
 from . import vllm
 from .argv import has_flag, opt, values_after
 from .base import Context, Instance, Rendered
@@ -18,7 +19,6 @@ HOST, PORT = "--host", "--port"
 METRICS_PORT, METRICS_HOST = "--prometheus-port", "--prometheus-host"
 SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendered after `args`: the key wins
 PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
-METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the routers' own default
 # muse-launch restarts a dead worker on the same URL; these let the router take it back within a
 # second of its being ready (scripts/bench_recovery.py: 0.7 s, against 1.7 s with the router's defaults).
 RECOVERY_DEFAULTS = (("--health-check-interval-secs", "1"), ("--health-success-threshold", "1"),

@@ -4,7 +4,7 @@ knows about SGLang's command line is written here once."""
 
 from __future__ import annotations
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
 from .base import Context, Instance, Parallel, Rendered
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
 from .base import Context, Instance, Parallel, Rendered
 

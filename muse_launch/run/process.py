@@ -11,10 +11,8 @@ pid alone, and signalled through a pidfd.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +23,7 @@ from typing import Protocol
 import psutil
 
 from muse_launch.files import PlantedLink, open_nofollow
+from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run import cgroups
 from muse_launch.run.identity import (  # noqa: F401  (imported from here elsewhere)
@@ -144,15 +143,6 @@ class SpawnedProcess:
 
 class SpawnError(Exception):
     """The program could not be executed at all (missing, not executable)."""
-
-
-def program_path(program: str, env: Mapping[str, str]) -> str:
-    """A bare name from PATH, else from this interpreter's bin directory: the routers muse-launch
-    depends on live in its venv, which need not be on PATH (`.venv/bin/muse-launch up ...`)."""
-    if os.sep in program or shutil.which(program, path=env.get("PATH")):
-        return program
-    sibling = Path(sys.executable).parent / program
-    return str(sibling) if os.access(sibling, os.X_OK) else program
 
 
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:

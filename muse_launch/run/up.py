@@ -19,6 +19,7 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
+from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run import cgroups
 from muse_launch.run.down import refuse_leftovers
@@ -29,7 +30,7 @@ from muse_launch.run.logfiles import LogCaps, forget_rotated
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter, LogWriter
 from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef, program_path
+from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.seams import LocalProcesses
 from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
@@ -122,8 +123,10 @@ def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda te
 
 
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
-             gpus: GpuPreflight | None = None) -> int:
-    """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
+             gpus: GpuPreflight | None = None, claim: Callable[[RunDir], None] = lambda run_dir: None) -> int:
+    """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N.
+    `claim` runs under the name's lock before anything starts: it refuses the name while another backend's
+    deployment of it runs, else makes that backend forget it."""
     options = replace(options, redact=redact)
     if options.only:
         plan, assumed = select_only(plan, options.only)
@@ -136,9 +139,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     if policy.note:
         saying(console)(policy.note)
     try:
-        from muse_launch.commands.slurm import leave_slurm
-
-        leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
+        claim(run_dir)
         refuse_leftovers(run_dir)
         if busy := busy_ports(plan):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.run.process import (
     Marker,
@@ -28,7 +29,6 @@ from muse_launch.run.process import (
     StopReport,
     StopTarget,
     open_role_log,
-    program_path,
 )
 from muse_launch.run.state import RunDir
 

@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
+from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, METRICS_PORT_OFFSET, RESET_AFTER
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
@@ -252,7 +252,6 @@ class Role(Strict):
                 raise ValueError(f"{key} {spec} steps past 65535 for {self.replicas} replicas "
                                  f"(the last would be {spec + self.replicas - 1}); choose a lower {key}")
         if self.kind == "router" and self.metrics_port is None and isinstance(self.port, int):
-            from ..engines.router import METRICS_PORT_OFFSET  # here: the engines import this module
 
             if self.port + METRICS_PORT_OFFSET + self.replicas - 1 > 65535:
                 raise ValueError(f"the router's metrics port defaults to port + {METRICS_PORT_OFFSET}, past 65535 "
