@@ -42,6 +42,7 @@ class RouterFacts:
     # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are in);
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
+    shipped_in: str | None = None  # the worker engine whose container image carries it
 
 
 def listed_workers(answer: object) -> dict[str, bool]:

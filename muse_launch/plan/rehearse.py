@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from ..addresses import is_loopback, is_wildcard
-from ..engines import ROUTER_ENGINES, WORKER_ENGINES
+from ..engines import ROUTER_ENGINES, WORKERS
 from ..topology.model import Topology
 from .spec import LaunchSpec, Plan
 
@@ -56,9 +56,9 @@ def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
     specs = []
     for spec in plan.specs:
         spec = _relocated(spec, addresses)
-        if spec.engine in WORKER_ENGINES:
+        if spec.engine in WORKERS:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
-            launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}", "--")
+            launcher = (python, "-m", SIMULATED, "--engine", WORKERS[spec.engine].rehearsed_as, "--ready-after", f"{delay:g}", "--")
             spec = replace(spec, launcher=launcher)
         elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.
@@ -73,4 +73,5 @@ def simulated_version(engine: str, argv: tuple[str, ...]) -> str | None:
         return None
     from ..sim.config import SGLANG_VERSION, VLLM_VERSION
 
-    return {"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION}.get(engine)
+    facts = WORKERS.get(engine)
+    return {"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION}.get(facts.rehearsed_as) if facts else None

@@ -16,13 +16,14 @@ from pydantic import (
     model_validator,
 )
 
+from .. import registry
 from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, METRICS_PORT_OFFSET, RESET_AFTER
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
 WORKER_KINDS = ("encoder", "prefill", "decode", "worker")
-WORKER_ENGINES = ("sglang", "vllm")
-ROUTER_ENGINES = ("sglang-router", "smg", "vllm-router")
+WORKER_ENGINES = tuple(registry.WORKER_ENGINES)
+ROUTER_ENGINES = tuple(registry.ROUTER_ENGINES)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
 MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
 MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a billion never returns
@@ -270,7 +271,7 @@ class Topology(Strict):
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
     model: str | None = None
-    engine: Literal["sglang", "vllm"] = "sglang"
+    engine: Literal[WORKER_ENGINES] = "sglang"  # type: ignore[valid-type]  (the registry's names)
     host: str = "127.0.0.1"
     bind: str | None = None
     env: Env = {}
