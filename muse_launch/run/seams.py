@@ -84,6 +84,10 @@ class Stopping(Protocol):
 class Processes(Protocol):
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess: ...
 
+    def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner | None:
+        """Whose listener the role's probe must find answering; None where the role's processes cannot be
+        looked at from here (a step on another node)."""
+
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
         """Send the stop signals now; the returned stop is polled until it is done."""
 

@@ -259,8 +259,7 @@ class Supervisor:
         run.next_probe_at = run.started_at + spec.probe.interval
         run.probe = None
         run.ready_since = None
-        # Whose listener answers: only processes on this host can be looked at (SLURM's steps offer no owner).
-        owner = self.processes.listener_owner(spec, run.process) if hasattr(self.processes, "listener_owner") else None
+        owner = self.processes.listener_owner(spec, run.process)  # whose listener answers, where that is seen
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client, owner)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,

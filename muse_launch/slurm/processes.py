@@ -110,6 +110,10 @@ class SlurmProcesses:
         self.clients[spec.name] = process
         return process
 
+    def listener_owner(self, spec: LaunchSpec, process: SpawnedProcess) -> None:
+        """A step's processes run on its node: the batch host cannot see whose listener answers."""
+        return None
+
     def step_of(self, role: str) -> str | None:
         if role not in self.step_ids:
             found = cluster.steps(self.job_id).get(role)

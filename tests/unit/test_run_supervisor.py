@@ -92,6 +92,9 @@ class FakeProcesses:
         self.current[spec.name] = process
         return process
 
+    def listener_owner(self, spec: LaunchSpec, process: FakeProcess) -> None:
+        return None
+
     def stop(self, targets: list[StopTarget], now: float) -> FakeStop:
         self.stopped += [(now, t.role) for t in targets]
         return FakeStop([(t, self.current[t.role]) for t in targets], now)
