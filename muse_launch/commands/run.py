@@ -84,7 +84,7 @@ def up(
     if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
     if on is not None:
-        from muse_launch.commands.slurm import up_on
+        from muse_launch.slurm.backend import up_on
 
         raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
                                sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
@@ -94,7 +94,7 @@ def up(
     options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
     skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
     gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
-    from muse_launch.commands.slurm import leave_slurm
+    from muse_launch.slurm.backend import leave_slurm
 
     # leave_slurm refuses while this name's SLURM job runs, else forgets that job
     raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus,
@@ -120,9 +120,9 @@ def down(
                              fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
         typer.echo("no deployment is running; nothing to stop")
         return
-    from muse_launch.commands.slurm import down_any
     from muse_launch.host.gpus import read_gpu_view
     from muse_launch.run.down import bring_down, format_report
+    from muse_launch.slurm.backend import down_any
 
     run_dir = resolve_name(name)
     # By its state, or by its marker where the state is damaged (bring_down reads it once it holds the lock).
@@ -146,10 +146,10 @@ def status(
     from rich.live import Live
     from rich.table import Table
 
-    from muse_launch.commands.slurm import slurm_status
     from muse_launch.host.gpus import read_gpu_view
     from muse_launch.host.versions import deployment_versions
     from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
+    from muse_launch.slurm.backend import slurm_status
 
     run_dir, first = _deployment(name)
     console = _console()
@@ -257,7 +257,7 @@ def ls() -> None:
     if not running and not damaged:
         typer.echo("no deployment is running")
         return
-    from muse_launch.commands.slurm import observed_any
+    from muse_launch.slurm.backend import observed_any
 
     table = Table("name", "state", "roles", "supervisor", "file")
     for record in (observed_any(r, observed) for r in running):
