@@ -74,6 +74,12 @@ class RuntimeFailure(UserError):
     exit_code = FAILED
 
 
+class NotSupported(UserError):
+    """A backend that cannot do what was asked (yet): says which backend and what it can do instead."""
+
+    exit_code = FAILED
+
+
 class MissingDependency(UserError):
     """A command needs a package that is not installed: named, with the pip line that installs it."""
 

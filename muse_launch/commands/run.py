@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,11 +66,9 @@ def up(
     sbatch: list[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.backend import backend_named, backends, claim_for
     from muse_launch.checks import engine as engine_check_
-    from muse_launch.core import load_plan
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.run.gpus import preflight_for
-    from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
+    from muse_launch.core import UpRequest, load_plan
 
     pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
     try:
@@ -83,22 +80,11 @@ def up(
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
     if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
-    if on is not None:
-        from muse_launch.slurm.backend import up_on
-
-        raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
-                               sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
-                               sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
-    if not rehearse:
-        refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only, start=loaded.loaded.topology.start)
-    skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
-    gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
-    from muse_launch.slurm.backend import leave_slurm
-
-    # leave_slurm refuses while this name's SLURM job runs, else forgets that job
-    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus,
-                              claim=leave_slurm))
+    backend = backend_named(on) if on is not None else backends()["local"]
+    request = UpRequest(detach=detach, fail_fast=fail_fast, rehearse=rehearse, keep=keep, only=only,
+                        skip_gpu_check=skip_gpu_check, sets=tuple(set_), partition=partition, account=account,
+                        time=time_limit, sbatch=tuple(sbatch))
+    raise typer.Exit(backend.bring_up(loaded, request, _console(), claim_for(backend.name)))
 
 
 def down(
@@ -120,13 +106,12 @@ def down(
                              fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
         typer.echo("no deployment is running; nothing to stop")
         return
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.run.down import bring_down, format_report
-    from muse_launch.slurm.backend import down_any
+    from muse_launch.backend import backend_of
+    from muse_launch.run.down import format_report
 
     run_dir = resolve_name(name)
-    # By its state, or by its marker where the state is damaged (bring_down reads it once it holds the lock).
-    report = down_any(run_dir, grace, partial(bring_down, gpus=read_gpu_view))
+    # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
+    report = backend_of(run_dir).stop(run_dir, grace)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
@@ -139,32 +124,20 @@ def status(
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
-    import json
     import time
 
     import httpx
     from rich.live import Live
     from rich.table import Table
 
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.host.versions import deployment_versions
-    from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
-    from muse_launch.slurm.backend import slurm_status
+    from muse_launch.backend import backend_of
 
-    run_dir, first = _deployment(name)
+    run_dir, _ = _deployment(name)
     console = _console()
-    # engine -> release: as `up` recorded it, else (an older state) read now from the roles' recorded argv
-    versions = dict(first.versions) or deployment_versions(first.roles)
+    backend = backend_of(run_dir)
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
-            if slurm := slurm_status(run_dir, client, as_json, watch):
-                return slurm
-            record = observed(_deployment(run_dir.name)[1])
-            health = health_now(record, run_dir, client)
-            gpu_memory = gpu_memory_now(record, read_gpu_view)
-            if as_json:  # --watch: JSON lines
-                return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
-            return status_table(record, health, versions, gpu_memory)
+            return backend.status(run_dir, client, as_json, watch)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)
@@ -195,6 +168,7 @@ def logs(
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
 
+    from muse_launch.backend import backend_of
     from muse_launch.errors import UsageError
     from muse_launch.run.lifecycle import DeploymentState
     from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
@@ -213,9 +187,10 @@ def logs(
     chosen = roles or known
     console = _console()
     printer = RolePrinter(console.file, chosen, colour=console.is_terminal)
-    follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
+    files = backend_of(run_dir).log_files(run_dir, chosen)
+    follower = LogFollower(files, from_end=True)  # before the tail: no line lost
     for role in chosen:
-        for text in last_lines(run_dir.log(role), lines):
+        for text in last_lines(files[role], lines):
             printer.line(role, text)
     printer.flush()
     if not follow:
@@ -249,18 +224,17 @@ def ls() -> None:
     """Running deployments."""
     from rich.table import Table
 
-    from muse_launch.run.state import StateDamaged, running_deployments
-    from muse_launch.run.status import observed
+    from muse_launch.run.state import RunDir, StateDamaged, running_deployments
 
     damaged: list[StateDamaged] = []
     running = running_deployments(damaged)
     if not running and not damaged:
         typer.echo("no deployment is running")
         return
-    from muse_launch.slurm.backend import observed_any
+    from muse_launch.backend import backend_of
 
     table = Table("name", "state", "roles", "supervisor", "file")
-    for record in (observed_any(r, observed) for r in running):
+    for record in (backend_of(RunDir.of(r.name)).observe(r) for r in running):
         ready = sum(r.state.value == "ready" for r in record.roles)
         table.add_row(record.name, record.state.value, f"{ready}/{len(record.roles)} ready",
                       str(record.supervisor.pid) if record.supervisor else "none", record.source)

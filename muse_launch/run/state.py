@@ -22,6 +22,8 @@ from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, d
 from muse_launch.run.masks import Masks
 from muse_launch.run.process import ProcessRef, StopTarget
 
+LOCAL, SLURM = "local", "slurm"
+BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
@@ -166,6 +168,7 @@ class DeploymentRecord:
     # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
     versions: Mapping[str, str | None] = field(default_factory=dict)
     masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
+    backend: str | None = LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
 
     @property
     def state(self) -> DeploymentState:
@@ -190,7 +193,7 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
-            "versions": dict(self.versions), "masks": self.masks.to_json(),
+            "versions": dict(self.versions), "masks": self.masks.to_json(), "backend": self.backend,
         }
 
     @classmethod
@@ -198,11 +201,23 @@ class DeploymentRecord:
         supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
                    tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
-                   Masks.from_json(d.get("masks")))
+                   Masks.from_json(d.get("masks")), _backend_name(d.get("backend")))
+
+    def entry_roles(self) -> tuple[RoleRecord, ...]:
+        """Where clients send requests: the routers; without one, the last role in start order with a URL
+        (the one the others feed). The one rule for `up`'s ready line, the batch host's and smoke's."""
+        routers = tuple(r for r in self.roles if r.kind == "router" and r.url)
+        return routers or tuple(r for r in self.roles if r.url)[-1:]
+
+
+def _backend_name(value: object) -> str | None:
+    if value is not None and value not in BACKEND_NAMES:  # read back from disk: untrusted
+        raise ValueError(f"backend {value!r} is not one of {', '.join(BACKEND_NAMES)}")
+    return None if value is None else str(value)
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
-                   versions: Mapping[str, str | None] | None = None) -> DeploymentRecord:
+                   versions: Mapping[str, str | None] | None = None, backend: str = LOCAL) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
@@ -216,7 +231,8 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks)
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks,
+                            backend=backend)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:

@@ -278,8 +278,7 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
 
 
 def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detached: bool) -> None:
-    entry = [r for r in record.roles if r.kind == "router"] or [record.roles[-1]]
-    urls = ", ".join(r.url for r in entry if r.url)
+    urls = ", ".join(r.url for r in record.entry_roles() if r.url)
     supervisor = f"; supervisor pid {record.supervisor.pid}" if detached and record.supervisor else ""
     say = saying(console)
     say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")

@@ -1,83 +1,93 @@
-"""The CLI's entry points for SLURM deployments, so that commands/run.py only dispatches."""
+"""SLURM as a backend (muse_launch/backend.py): `up --on slurm` submits one job whose batch host supervises
+each role as a step on its node; `down` and `status` read the job's files in the run directory and ask
+SLURM. The roles' processes are on other nodes: this host never looks at their pids or listeners."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from muse_launch.errors import RuntimeFailure, UsageError
-from muse_launch.run.state import DeploymentRecord, RunDir, read_state
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
 
-if TYPE_CHECKING:  # each command imports what it runs: a deployment on this host never loads these
+if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host never loads these
     import httpx
     from rich.console import Console
     from rich.table import Table
 
+    from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
 
-TARGETS = ("slurm",)
 
+class SlurmBackend:
+    name = SLURM
 
-def up_on(target: str, loaded, console: Console, one_host_only: dict[str, object], **options) -> int:
-    from muse_launch.slurm.up import SlurmOptions, up_on_slurm
+    def owns(self, run_dir: RunDir) -> bool:
+        return SlurmFiles(run_dir).exists()
 
-    if target not in TARGETS:
-        raise UsageError(f"--on {target}: unknown; one of: {', '.join(TARGETS)}")
-    if given := [flag for flag, value in one_host_only.items() if value]:
-        raise UsageError(f"{', '.join(given)}: not with --on {target} (one job runs every role)")
-    return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, SlurmOptions(**options),
-                       console)
+    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
+                 claim: Callable[[RunDir], None]) -> int:
+        from muse_launch.slurm.up import SlurmOptions, up_on_slurm
 
+        one_host_only = {"--only": request.only, "--keep": request.keep}
+        if given := [flag for flag, value in one_host_only.items() if value]:
+            raise UsageError(f"{', '.join(given)}: not with --on {self.name} (one job runs every role)")
+        options = SlurmOptions(partition=request.partition, account=request.account, time=request.time,
+                               sbatch=request.sbatch, detach=request.detach, fail_fast=request.fail_fast,
+                               rehearse=request.rehearse, sets=request.sets)
+        return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, options, console)
 
-def is_slurm(run_dir: RunDir) -> bool:
-    return SlurmFiles(run_dir).exists()
+    def release(self, run_dir: RunDir) -> None:
+        """Before another backend takes the name: its SLURM job must be over, and is then forgotten (so that
+        `status` and `down` treat the name as the other backend's)."""
+        files = SlurmFiles(run_dir)
+        if not files.exists():
+            return
+        from muse_launch.slurm import cluster
 
+        job_id = files.job_id()
+        if job_id and cluster.job(job_id).active:
+            raise RuntimeFailure(f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
+                                 f"`muse-launch down {run_dir.name}` first")
+        shutil.rmtree(files.dir, ignore_errors=True)
 
-def leave_slurm(run_dir: RunDir) -> None:
-    """Before a deployment on this host: its name's SLURM job must be over, and is then forgotten
-    (so that `status` and `down` treat the name as this host's)."""
-    files = SlurmFiles(run_dir)
-    if not files.exists():
-        return
-    from muse_launch.slurm import cluster
+    def stop(self, run_dir: RunDir, grace: float | None) -> DownReport:
+        from muse_launch.slurm.down import down_on_slurm
 
-    job_id = files.job_id()
-    if job_id and cluster.job(job_id).active:
-        raise RuntimeFailure(f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
-                             f"`muse-launch down {run_dir.name}` first")
-    shutil.rmtree(files.dir, ignore_errors=True)
+        return down_on_slurm(run_dir, grace)
 
+    def observe(self, record: DeploymentRecord) -> DeploymentRecord:
+        """The roles as SLURM sees them now (the supervisor's pid is on the batch host)."""
+        from muse_launch.slurm.status import slurm_view
 
-def down_any(run_dir: RunDir, grace: float | None, local: Callable[[RunDir, float | None], DownReport]) -> DownReport:
-    if not is_slurm(run_dir):
-        return local(run_dir, grace)
-    from muse_launch.slurm.down import down_on_slurm
+        return slurm_view(RunDir.of(record.name), record).record
 
-    return down_on_slurm(run_dir, grace)
+    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
+        from muse_launch.run.status import health_now
+        from muse_launch.slurm.status import slurm_table, slurm_view
 
+        view = slurm_view(run_dir, read_state(run_dir))
+        health = health_now(view.record, run_dir, client)  # roles on other nodes: no listener owner to check
+        if as_json:
+            return json.dumps(view.to_json(health), indent=None if watch else 2)
+        return slurm_table(view, health)
 
-def observed_any(record: DeploymentRecord, local: Callable[[DeploymentRecord], DeploymentRecord]) -> DeploymentRecord:
-    """A SLURM deployment's roles as SLURM sees them now (its supervisor's pid is on the batch host)."""
-    run_dir = RunDir.of(record.name)
-    if not is_slurm(run_dir):
-        return local(record)
-    from muse_launch.slurm.status import slurm_view
+    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]:
+        return {role: run_dir.log(role) for role in roles}  # each step writes its log to the shared run directory
 
-    return slurm_view(run_dir, record).record
+    def add_instance(self, run_dir: RunDir, role: str) -> None:
+        raise NotSupported(f"adding an instance of {role} to a running SLURM job is not supported yet",
+                           fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
+                               "and `up --on slurm` it again")
 
+    def remove_instance(self, run_dir: RunDir, instance: str) -> None:
+        raise NotSupported(f"removing {instance} from a running SLURM job is not supported yet",
+                           fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again")
 
-def slurm_status(run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table | None:
-    """None for a deployment on this host."""
-    if not is_slurm(run_dir):
-        return None
-    from muse_launch.run.status import health_now
-    from muse_launch.slurm.status import slurm_table, slurm_view
-
-    view = slurm_view(run_dir, read_state(run_dir))
-    health = health_now(view.record, run_dir, client, local=False)  # roles on other nodes: no pids to look at
-    if as_json:
-        return json.dumps(view.to_json(health), indent=None if watch else 2)
-    return slurm_table(view, health)
+    def restart_instance(self, run_dir: RunDir, instance: str) -> None:
+        raise NotSupported(f"restarting {instance} alone is not supported on SLURM yet",
+                           fix="the batch host restarts a step that dies by its role's restart policy")

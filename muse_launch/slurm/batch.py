@@ -30,7 +30,7 @@ from muse_launch.errors import UserError
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.process import Marker, ProcessRef
-from muse_launch.run.state import DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
+from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 
 from . import cluster
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     loaded = checked.loaded
     me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
-    record = replace(reached_at(planned_record(plan, source, loaded.redact), plan), supervisor=me)
+    record = replace(reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan), supervisor=me)
     processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
                                cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()
@@ -116,9 +116,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         try:
             outcome = sup.start()
             if outcome is Outcome.READY:
-                ready = [r for r in sup.record.roles if r.kind == "router"] or [sup.record.roles[-1]]
                 print(f"muse-launch: {plan.name} ready at {now_iso(time.time())}: "
-                      f"{', '.join(r.url for r in ready if r.url)}", flush=True)
+                      f"{', '.join(r.url for r in sup.record.entry_roles() if r.url)}", flush=True)
                 outcome = sup.supervise(args.fail_fast, on_tick=saver.retry)
             if outcome is Outcome.FAILED:
                 failed = sup.record.role(sup.failed_role) if sup.failed_role else None
