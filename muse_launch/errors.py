@@ -1,6 +1,6 @@
 """The error family, and the one table that turns any exception into a message and an exit code.
 
-Exit codes (SPEC section 5): 0 ok, 1 a check or a role failed, 2 bad usage or a bad topology file,
+Exit codes: 0 ok, 1 a check or a role failed, 2 bad usage or a bad topology file,
 70 an internal error: one line, the traceback only with MUSE_LAUNCH_DEBUG=1. A user error never
 shows a traceback.
 
@@ -60,7 +60,7 @@ class TopologyError(UserError):
 
 
 class CheckFailed(UserError):
-    """The file is well-formed but a check of SPEC section 3 failed (each finding carries its fix)."""
+    """The file is well-formed but a check (muse_launch/checks/) failed (each finding carries its fix)."""
 
     exit_code = FAILED
 

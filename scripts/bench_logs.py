@@ -1,4 +1,4 @@
-"""Role log caps and readers (issue 9, item 10), measured: a writer at 50 MB/s under copy-truncate rotation
+"""Role log caps and readers, measured: a writer at 50 MB/s under copy-truncate rotation
 (largest on disk, time per rotation, the writer's own rate), and the memory of following / tailing a 300 MB
 backlog with one 40 MB line.
 

@@ -3,7 +3,7 @@ critical path, side by side in one run.
 
     .venv/bin/python scripts/bench_start_policy.py [--scale S]
 
-Start-up delays in the proportions of a real deployment (issue 14): encoder 1, language workers 5
+Start-up delays in the proportions of a real deployment: encoder 1, language workers 5
 (times S seconds, default 1); the router is the real sglang-router (its own start, ~0.1 of a worker's
 in a real deployment, is what it is here). Critical paths: waves, encoder + language worker + router
 (the router's own start as measured in that run); overlap, max(encoder, language worker) + router:

@@ -1,4 +1,4 @@
-"""Checks before anything starts (SPEC section 3): Topology and its rendered Plan -> Findings.
+"""Checks before anything starts: Topology and its rendered Plan -> Findings.
 
 Structural rules run on the Topology; the rest judge the Plan that `up` would execute, so a flag
 given in `args` counts the same as its key. This package sits above `plan/`: it reads plans, and

@@ -120,7 +120,7 @@ def down(
 def status(
     name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
-    as_json: bool = typer.Option(False, "--json", help="SPEC section 5's JSON, plus each role's health now"),
+    as_json: bool = typer.Option(False, "--json", help="as JSON, with each role's health now"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""

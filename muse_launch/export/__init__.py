@@ -1,4 +1,4 @@
-"""`muse-launch export`: a topology as LeaderWorkerSet or RoleBasedGroup manifests (SPEC section 6).
+"""`muse-launch export`: a topology as LeaderWorkerSet or RoleBasedGroup manifests.
 
 transform.py  the topology with Kubernetes DNS names for addresses, re-checked and re-planned,
               each role's ranks folded into leader/worker commands with LWS's or RBG's variables

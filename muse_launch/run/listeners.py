@@ -1,5 +1,5 @@
 """Whose listener answers a role's probe: a TCP connect or an HTTP 200 proves that something listens on
-the port, not that the role does (issue 9, item 13: two deployments given one port both reported
+the port, not that the role does (two deployments given one port both reported
 ready, the loser's process having survived its failed bind).
 
 The kernel's socket tables (/proc/net/tcp, tcp6) give the listening socket's inode; the role's leader

@@ -1,6 +1,6 @@
 """When each role may start: `start: waves` waits for every role a role is wired to; `start: overlap`
 (the default where the installed versions allow it) starts together the roles whose engines
-tolerate a late peer (ENGINE-FACTS.md, "Start order"): an SGLang >= 0.5.17 language worker does not
+tolerate a late peer (the engines' facts: late_encoders_since): an SGLang >= 0.5.17 language worker does not
 contact its encoders while it starts: it lists them, probes them every 10 s, evicts one after 3
 failures and takes it back when healthy, unless it stayed evicted for
 SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL (600 s), which is set here from the encoders' ready timeouts so

@@ -124,7 +124,7 @@ class RoleRecord:
                           self.cgroup)
 
     def status_dict(self) -> dict[str, Any]:
-        """The role entry of `status --json` (SPEC section 5)."""
+        """The role entry of `status --json`."""
         return {
             "name": self.name, "kind": self.kind, "state": self.state.value,
             "pid": self.process.pid if self.process else None,
@@ -181,7 +181,7 @@ class DeploymentRecord:
         return replace(self, roles=tuple(record if r.name == record.name else r for r in self.roles))
 
     def status_dict(self) -> dict[str, Any]:
-        """`status --json` (SPEC section 5); supervisor_pid is null once no supervisor runs."""
+        """`status --json`; supervisor_pid is null once no supervisor runs."""
         return {
             "name": self.name, "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             "state": self.state.value, "roles": [r.status_dict() for r in self.roles],

@@ -79,7 +79,7 @@ def gpu_memory_now(record: DeploymentRecord, read: GpuReader) -> GpuMemory | Non
 
 def status_json(record: DeploymentRecord, health: dict[str, str | None],
                 versions: dict[str, str | None] | None = None, gpu_memory: GpuMemory | None = None) -> dict[str, Any]:
-    """SPEC section 5's shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
+    """`status --json`'s shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
     ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read); "versions": the
     installed release of each engine and router (null: not found here)."""
     out = record.status_dict()

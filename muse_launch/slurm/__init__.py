@@ -1,2 +1,2 @@
 """`up --on slurm`: one job per deployment, the same supervisor on the batch host, each role a
-named job step on its node (README "SLURM"; SPEC section 6)."""
+named job step on its node (README "SLURM")."""

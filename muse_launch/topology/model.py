@@ -1,4 +1,4 @@
-"""The topology file's schema (SPEC section 2): frozen pydantic models, unknown keys rejected."""
+"""The topology file's schema: frozen pydantic models, unknown keys rejected."""
 
 from __future__ import annotations
 
