@@ -21,6 +21,8 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.masks import no_arguments
 from muse_launch.run.ports import is_listening, port_holder
 from muse_launch.run.process import (
+    POLL_SECONDS,
+    GroupStop,
     Marker,
     ProcessRef,
     StopTarget,
@@ -28,6 +30,7 @@ from muse_launch.run.process import (
     is_alive,
     marked_processes,
     marked_roles,
+    stop_in_waves,
     stop_roles,
 )
 from muse_launch.run.state import (
@@ -218,13 +221,15 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         stopped: list[str] = []
         killed: list[str] = []
         survivors: list[str] = []
-        for wave in record.stop_waves:
+        def begin(wave: tuple[str, ...]) -> list[GroupStop]:
             targets = [record.role(name).stop_target(grace) for name in wave]
-            stopped += [t.role for t in targets
-                        if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup)]
-            report = stop_roles(targets, marker, mask=record.masks.token)
-            killed += report.killed
-            survivors += report.survivors
+            stopped.extend(t.role for t in targets
+                           if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup))
+            return [GroupStop(targets, marker, time.monotonic(), record.masks.token)]
+
+        report = stop_in_waves(record.stop_waves, begin, lambda: time.sleep(POLL_SECONDS))
+        killed += report.killed
+        survivors += report.survivors
         # Anything still marked (spawned by a supervisor killed between spawn and its state write, or one
         # that restarted a role while it could not write its state).
         leftover_roles = marked_roles(marker)

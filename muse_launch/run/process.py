@@ -350,6 +350,31 @@ class GroupStop:
         return None if self.stopping else StopReport(tuple(self.killed), tuple(self.survivors))
 
 
+class Polled(Protocol):
+    def poll(self, now: float, kill_now: bool) -> StopReport | None: ...
+
+
+def stop_in_waves(waves: Iterable[tuple[str, ...]], begin: Callable[[tuple[str, ...]], Iterable[Polled]],
+                  wait: Callable[[], None], now: Callable[[], float] = time.monotonic,
+                  kill_now: Callable[[], bool] = lambda: False) -> StopReport:
+    """The one wave-stop (the supervisor's, `down`'s, and `down` of a SLURM job): the waves in the order given
+    (last wave first), each wave's stops begun together, the next wave once every one of them reported."""
+    killed: list[str] = []
+    survivors: list[str] = []
+    for wave in waves:
+        pending = list(begin(wave))
+        while pending:
+            moment = now()
+            for stop in list(pending):
+                if (report := stop.poll(moment, kill_now())) is not None:
+                    killed += report.killed
+                    survivors += report.survivors
+                    pending.remove(stop)
+            if pending:
+                wait()
+    return StopReport(tuple(killed), tuple(survivors))
+
+
 def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None,
                mask: Callable[[str], str] = lambda arg: arg) -> StopReport:
     """Stop roles together and wait until none of their processes is alive (`down`: nothing else to do).

@@ -27,7 +27,14 @@ import httpx
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
-from muse_launch.run.process import RoleProcess, SpawnError, StopReport, StopTarget, describe_exit
+from muse_launch.run.process import (
+    RoleProcess,
+    SpawnError,
+    StopReport,
+    StopTarget,
+    describe_exit,
+    stop_in_waves,
+)
 from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
 from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
@@ -71,6 +78,21 @@ class RoleRun:
 def probe_pool(plan: Plan) -> ThreadPoolExecutor:
     """One probe in flight per role; room for the stale ones a restart leaves behind."""
     return ThreadPoolExecutor(max_workers=2 * len(plan.specs) + 2, thread_name_prefix="probe")
+
+
+@dataclass(frozen=True)
+class _RoleStop:
+    """A role's stop in the wave-stop: once it reports, the role is marked stopped."""
+
+    run: RoleRun
+    stopped: Callable[[RoleRun], None]
+
+    def poll(self, now: float, kill_now: bool) -> StopReport | None:
+        report = self.run.stopping.poll(now, kill_now)
+        if report is not None:
+            self.run.stopping = None
+            self.stopped(self.run)
+        return report
 
 
 class Supervisor:
@@ -206,22 +228,14 @@ class Supervisor:
     def stop(self) -> StopReport:
         """Stop every started role, last wave first; roles of one wave stop together, each through
         STOPPING (its stop signal sent, SIGKILL at the end of its grace or on a second Ctrl-C)."""
-        killed: list[str] = list(self.leftovers.killed)
-        survivors: list[str] = list(self.leftovers.survivors)
-        for wave in self.plan.stop_waves():
+        def begin(wave: tuple[str, ...]) -> list[_RoleStop]:
             for name in wave:
                 self._begin_stop(self.runs[name])
-            while stopping := [self.runs[n] for n in wave if self.runs[n].stopping]:
-                now = self.clock.monotonic()
-                for run in stopping:
-                    if (report := run.stopping.poll(now, self.kill_now)) is not None:
-                        killed += report.killed
-                        survivors += report.survivors
-                        run.stopping = None
-                        self._stopped(run)
-                if any(r.stopping for r in stopping):
-                    self.clock.wait(self.wakeup, STOPPING_TICK)
-        return StopReport(tuple(killed), tuple(survivors))
+            return [_RoleStop(self.runs[n], self._stopped) for n in wave if self.runs[n].stopping]
+
+        report = stop_in_waves(self.plan.stop_waves(), begin, lambda: self.clock.wait(self.wakeup, STOPPING_TICK),
+                               self.clock.monotonic, lambda: self.kill_now)
+        return StopReport(self.leftovers.killed + report.killed, self.leftovers.survivors + report.survivors)
 
     def _begin_stop(self, run: RoleRun) -> None:
         record = self.record.role(run.spec.name)

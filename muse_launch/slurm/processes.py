@@ -14,8 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -173,13 +171,3 @@ class StepStop:
             if (client := self.clients.get(t.role)) is not None:
                 client.poll()  # reap it
         return StopReport(tuple(self.killed), tuple(self.survivors))
-
-
-def stop_steps(job_id: str, targets: list[StopTarget], kill_now: threading.Event | None = None,
-               clients: Mapping[str, SpawnedProcess] | None = None,
-               known: Mapping[str, str] | None = None) -> StopReport:
-    """Stop roles' steps together and wait until they are gone (`down`: nothing else to do)."""
-    stop = StepStop(job_id, targets, time.monotonic(), clients, known)
-    while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
-        time.sleep(POLL_SECONDS)
-    return report
