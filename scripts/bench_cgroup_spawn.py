@@ -17,7 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from muse_launch.run import cgroups
+from muse_launch.proc import cgroups
 
 
 def main() -> None:

@@ -125,7 +125,7 @@ def hand_plan(plan, path: Path) -> None:
 
 
 def wait_closed(plan, seconds: float = 20.0) -> None:
-    from muse_launch.run.ports import busy_ports
+    from muse_launch.proc.ports import busy_ports
 
     deadline = time.monotonic() + seconds
     while busy_ports(plan) and time.monotonic() < deadline:

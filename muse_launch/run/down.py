@@ -13,14 +13,12 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import GpuReader
-from muse_launch.run import cgroups
-from muse_launch.run.cgroups import BEST_EFFORT_NOTE
-from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
-from muse_launch.run.identity import catches, holds_open
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.masks import no_arguments
-from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import (
+from muse_launch.proc import cgroups
+from muse_launch.proc.cgroups import BEST_EFFORT_NOTE
+from muse_launch.proc.identity import catches, holds_open
+from muse_launch.proc.masks import no_arguments
+from muse_launch.proc.ports import is_listening, port_holder
+from muse_launch.proc.process import (
     POLL_SECONDS,
     GroupStop,
     Marker,
@@ -33,6 +31,8 @@ from muse_launch.run.process import (
     stop_in_waves,
     stop_roles,
 )
+from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
+from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.state import (
     DeploymentLock,
     DeploymentRecord,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run.listeners import ListenerOwner
-from muse_launch.run.process import (
+from muse_launch.proc.listeners import ListenerOwner
+from muse_launch.proc.process import (
     GroupStop,
     Marker,
     RoleProcess,
@@ -98,7 +98,7 @@ class LocalProcesses:
 
     marker: Marker
     run_dir: RunDir
-    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (run/masks.py)
+    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (proc/masks.py)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)

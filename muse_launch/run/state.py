@@ -18,9 +18,9 @@ from muse_launch.addresses import connect_host
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.proc.masks import Masks
+from muse_launch.proc.process import ProcessRef, StopTarget
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
-from muse_launch.run.masks import Masks
-from muse_launch.run.process import ProcessRef, StopTarget
 
 LOCAL, SLURM = "local", "slurm"
 BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them

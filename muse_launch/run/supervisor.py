@@ -25,9 +25,7 @@ from enum import Enum
 import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
-from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
-from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
-from muse_launch.run.process import (
+from muse_launch.proc.process import (
     RoleProcess,
     SpawnError,
     StopReport,
@@ -35,6 +33,8 @@ from muse_launch.run.process import (
     describe_exit,
     stop_in_waves,
 )
+from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
+from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
 from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks

@@ -21,7 +21,9 @@ from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
 from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run import cgroups
+from muse_launch.proc import cgroups
+from muse_launch.proc.ports import busy_ports, taken_ports
+from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
@@ -29,8 +31,6 @@ from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps, forget_rotated
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter, LogWriter
-from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.progress import LiveProgress, PlainProgress
 from muse_launch.run.seams import LocalProcesses
 from muse_launch.run.start_policy import choose, engine_versions, recorded_versions

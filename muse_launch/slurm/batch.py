@@ -27,9 +27,9 @@ from muse_launch.addresses import is_wildcard
 from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.errors import UserError
+from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps
-from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 

@@ -14,9 +14,7 @@ import time
 from dataclasses import replace
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.run.down import DownReport
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.process import (
+from muse_launch.proc.process import (
     Marker,
     StopReport,
     StopTarget,
@@ -25,6 +23,8 @@ from muse_launch.run.process import (
     stop_in_waves,
     stop_roles,
 )
+from muse_launch.run.down import DownReport
+from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.state import DeploymentRecord, RunDir, read_state, write_state
 
 from . import cluster

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run.process import (
+from muse_launch.proc.process import (
     Marker,
     ProcessRef,
     SpawnedProcess,

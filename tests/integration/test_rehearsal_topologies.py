@@ -27,7 +27,7 @@ from rehearsal import (
 from muse_launch.core import load_plan
 from muse_launch.engines.argv import has_flag, last_value
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.ports import busy_ports
+from muse_launch.proc.ports import busy_ports
 from muse_launch.sim.config import parse_engine_args, startup_errors
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]

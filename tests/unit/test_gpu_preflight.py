@@ -14,6 +14,7 @@ from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.run.gpus import (
     GpuNeed,
     Owners,
@@ -26,7 +27,6 @@ from muse_launch.run.gpus import (
     role_gpu_memory,
 )
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.state import DeploymentRecord, RoleRecord
 from muse_launch.topology.hardware import PROFILES
 from muse_launch.topology.load import load_topology

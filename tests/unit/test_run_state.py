@@ -10,6 +10,7 @@ import pytest
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
+from muse_launch.proc.process import ProcessRef
 from muse_launch.run.lifecycle import (
     DeploymentState,
     InvalidTransition,
@@ -17,7 +18,6 @@ from muse_launch.run.lifecycle import (
     deployment_state,
     transition,
 )
-from muse_launch.run.process import ProcessRef
 from muse_launch.run.state import (
     DeploymentLock,
     RunDir,

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind
+from muse_launch.proc.process import ProcessRef, StopReport, StopTarget
 from muse_launch.run.lifecycle import DeploymentState, RoleState
-from muse_launch.run.process import ProcessRef, StopReport, StopTarget
 from muse_launch.run.state import DeploymentRecord, RunDir, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 

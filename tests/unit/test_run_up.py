@@ -9,7 +9,7 @@ import pytest
 
 from muse_launch.errors import UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.ports import busy_ports
+from muse_launch.proc.ports import busy_ports
 from muse_launch.run.up import select_only
 
 
@@ -68,7 +68,7 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
 
 def test_a_busy_port_says_how_to_move_the_role():
     """The `--set` names the file's role and key, also for a replica, a node rank or a second side channel."""
-    from muse_launch.run.ports import BusyPort
+    from muse_launch.proc.ports import BusyPort
     from muse_launch.run.up import busy_fix
 
     def spec(name: str, role: str) -> LaunchSpec:

@@ -17,8 +17,8 @@ import pytest
 from cli_run import muse
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
+from muse_launch.proc.process import ProcessRef
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.process import ProcessRef
 from muse_launch.run.state import RunDir, planned_record, write_state
 
 

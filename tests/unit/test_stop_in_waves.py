@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from muse_launch.run.process import StopReport, stop_in_waves
+from muse_launch.proc.process import StopReport, stop_in_waves
 
 
 @dataclass

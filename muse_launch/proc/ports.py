@@ -14,7 +14,7 @@ import psutil
 
 from muse_launch.addresses import WILDCARDS
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE
+from muse_launch.proc.process import MARKER_DEPLOYMENT, MARKER_ROLE
 
 DEFAULT_ADDRESSES = ("127.0.0.1", *WILDCARDS)  # not worth printing: the single-host case
 

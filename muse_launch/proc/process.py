@@ -3,8 +3,8 @@
 Every process of a deployment carries marker variables in its environment, inherited by all
 its descendants. That finds a child which called setsid, or one re-parented to PID 1 after
 its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone. Where the host
-offers cgroups, each role also runs in its own (run/cgroups.py), which finds even a child that
-cleared its environment; processes are known by their start ticks (run/identity.py), never by a
+offers cgroups, each role also runs in its own (proc/cgroups.py), which finds even a child that
+cleared its environment; processes are known by their start ticks (proc/identity.py), never by a
 pid alone, and signalled through a pidfd.
 """
 
@@ -25,8 +25,8 @@ import psutil
 from muse_launch.files import PlantedLink, open_nofollow
 from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run import cgroups
-from muse_launch.run.identity import (  # noqa: F401  (imported from here elsewhere)
+from muse_launch.proc import cgroups
+from muse_launch.proc.identity import (  # noqa: F401  (imported from here elsewhere)
     CREATE_TIME_SLACK,
     ProcessRef,
     boot_id,
@@ -72,7 +72,7 @@ def is_alive(proc: psutil.Process) -> bool:
 
 
 def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
-    """"pid N (command line)"; `mask` hides each argument that holds a secret (run/masks.py), before the line
+    """"pid N (command line)"; `mask` hides each argument that holds a secret (proc/masks.py), before the line
     is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
         if isinstance(proc, ProcessRef):
