@@ -113,8 +113,8 @@ def plan(
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
     }
     head, _, rest = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology).partition("\n")
-    comment = "# " if fmt is PlanFormat.shell else ""
-    typer.echo(f"{head}\n{comment}{installed}\n{rest}" if installed else f"{head}\n{rest}")
+    installed = render_text.comment(installed) if fmt is PlanFormat.shell else installed  # one comment line
+    typer.echo(f"{head}\n{installed}\n{rest}" if installed else f"{head}\n{rest}")
 
 
 def _sbatch_script(plan, topology, rehearse: bool, sets: list[str]) -> str:

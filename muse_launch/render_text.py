@@ -1,16 +1,47 @@
-"""Human renderings of a Plan: text, shell commands and docker run lines."""
+"""Human renderings of a Plan: text, shell commands and docker run lines.
+
+The shell and docker renderings are pasted into shells: every value from the file is quoted for the
+shell (`shlex.quote`), an environment name is written only if it is one (the loader refuses others),
+and a comment line is made by `comment`, which cannot end the line early (docs/security.md).
+"""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable
 
 from .engines import image_carrier, worker_facts
 from .plan.spec import LaunchSpec, Plan
+from .topology.grammar import ENV_NAME
 from .topology.hardware import PROFILES
 from .topology.model import Topology
 
 Redact = Callable[[str], str]
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """`text` with each control character (CR, LF, NUL, ESC...) written as an escape: it cannot end a line."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
+                            text)
+
+
+def comment(text: str) -> str:
+    """A shell comment line: whatever `text` holds, the next line is not part of it."""
+    return "# " + one_line(text)
+
+
+def env_name(name: str) -> str:
+    """`name`, checked again: one that is not a variable name is a bug (the loader refuses it)."""
+    if not ENV_NAME.fullmatch(name):
+        raise ValueError(f"not an environment variable name: {name!r}")
+    return name
+
+
+def assignment(name: str, value: str) -> str:
+    """`NAME=value` for a shell, the value quoted."""
+    return f"{env_name(name)}={shlex.quote(value)}"
 
 
 def _wave_of(plan: Plan) -> dict[str, int]:
@@ -48,11 +79,11 @@ def _wrapped(argv: tuple[str, ...], redact: Redact, indent: str = "  ") -> str:
 
 def plan_shell(plan: Plan, redact: Redact, topology: Topology) -> str:
     waves = _wave_of(plan)
-    out = [f"# {plan.name}: run each command in its own shell, waiting for each wave to be ready"]
+    out = [comment(f"{plan.name}: run each command in its own shell, waiting for each wave to be ready")]
     for spec in plan.specs:
-        env = " ".join(f"{k}={shlex.quote(redact(v))}" for k, v in spec.env.items())
-        out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind}), ready when "
-                   f"{_ready_hint(spec)}")
+        env = " ".join(assignment(k, redact(v)) for k, v in spec.env.items())
+        out.append("\n" + comment(f"wave {waves[spec.name]}: {spec.name} ({spec.kind}), ready when "
+                                  f"{redact(_ready_hint(spec))}"))
         out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
     return "\n".join(out)
 
@@ -72,14 +103,15 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
     variable, so the same indices as `plan` apply."""
     profile = PROFILES[topology.hardware]
     waves = _wave_of(plan)
-    out = [f"# {plan.name}: docker run lines, host network, in start order"]
+    out = [comment(f"{plan.name}: docker run lines, host network, in start order")]
     for spec in plan.specs:
         where = f", on {spec.node} ({redact(spec.host)})" if spec.node else ""
-        out.append(f"\n# wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}")
+        out.append("\n" + comment(f"wave {waves[spec.name]}: {spec.name} ({spec.kind}){where}"))
         image = image_for(spec, profile)
         if image is None:
-            out.append(f"# no image ships {redact(spec.argv[0]) if spec.argv else spec.engine}: run it on the host")
-            env = " ".join(shlex.quote(f"{k}={redact(v)}") for k, v in spec.env.items())
+            program = redact(spec.argv[0]) if spec.argv else spec.engine
+            out.append(comment(f"no image ships {program}: run it on the host"))
+            env = " ".join(assignment(k, redact(v)) for k, v in spec.env.items())
             out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
             continue
         argv = list(spec.argv)
@@ -90,7 +122,7 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
         facts = worker_facts(spec.engine)
         if facts and facts.privileged:
             options.append("--privileged")
-        options += [f"-e {shlex.quote(f'{k}={redact(v)}')}" for k, v in spec.env.items()]
+        options += [f"-e {shlex.quote(f'{env_name(k)}={redact(v)}')}" for k, v in spec.env.items()]
         options.append(f"-v {HF_CACHE_MOUNT}")
         if facts and facts.entrypoint:
             if tuple(argv[:len(facts.entrypoint)]) == facts.entrypoint:

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from ..engines import ENGINES, WORKER_ENGINES, router, worker_facts
 from ..engines.base import Context, Instance, Upstream
+from ..topology.grammar import instance_names
 from ..topology.hardware import PROFILES
 from ..topology.model import Role, Topology
 from .graph import waves
@@ -39,6 +40,9 @@ def build_plan(topology: Topology) -> Plan:
         depends_on = tuple(i.name for ref in role.references.values() for d in ref for i in instances[d])
         for inst in instances[name]:
             inst = _wire(inst, upstream)
+            if inst.name in specs:  # the loader refuses such a file; never let one process replace another
+                raise PlanError(f"roles.{name}: the instance name {inst.name!r} is also {specs[inst.name].role}'s; "
+                                f"rename one of the roles")
             rendered = ENGINES[engine].render(inst, ctx)
             env = {**topology.env, **role.env, **rendered.env}
             if inst.gpus and profile.visible_devices_var:
@@ -68,10 +72,11 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
     encoder_bootstrap = facts.encoder_bootstrap_port if facts and role.encoders else None
     base = dict(role_name=name, role=role, kind=role.kind, engine=engine,
                 model=role.model or topology.model if role.kind not in ("router", "command") else None)
+    names = instance_names(name, role.replicas, role.nodes)
     if role.nodes:
         addresses = [topology.nodes[n].address if n in topology.nodes else n for n in role.nodes]
         return [
-            Instance(name=f"{name}@{node}", host=addresses[rank], bind=role.bind or topology.bind or addresses[rank],
+            Instance(name=names[rank], host=addresses[rank], bind=role.bind or topology.bind or addresses[rank],
                      gpus=gpus, port=_port(role.port, 0), node=node, node_rank=rank, nnodes=len(role.nodes),
                      dist_init_host=addresses[0], dist_init_port=role.dist_init_port or DEFAULT_DIST_INIT_PORT,
                      bootstrap_port=_port(role.bootstrap_port, 0, _default_bootstrap(role, engine)),
@@ -88,7 +93,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
     for i in range(role.replicas):
         port = _port(role.port, i)
         out.append(Instance(
-            name=f"{name}-{i}" if role.replicas > 1 else name, host=host, bind=bind,
+            name=names[i], host=host, bind=bind,
             gpus=gpus[i * share:(i + 1) * share], port=port,
             bootstrap_port=_port(role.bootstrap_port, i, _default_bootstrap(role, engine, i)),
             encoder_bootstrap_port=_port(role.encoder_bootstrap_port, i,

@@ -15,6 +15,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from ..topology.grammar import path_part
+
 CGROUPS_SWITCH = "MUSE_LAUNCH_CGROUPS"  # "0": no cgroups, markers and sessions only
 LAYOUT_DIR = "muse-launch"
 BEST_EFFORT_NOTE = ("no cgroup here: a process that left the role's session and cleared its environment "
@@ -62,7 +64,7 @@ def deployment_dir(deployment: str, run_dir: str) -> Path | None:
     parts = base.relative_to(mount).parts
     if LAYOUT_DIR in parts:
         base = mount.joinpath(*parts[:parts.index(LAYOUT_DIR)])
-    return base / LAYOUT_DIR / f"{deployment[:60]}-{digest}"
+    return base / LAYOUT_DIR / path_part(f"{deployment[:60]}-{digest}", "deployment name")
 
 
 def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:
@@ -70,7 +72,7 @@ def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:
     parent = deployment_dir(deployment, run_dir)
     if parent is None:
         return None
-    path = parent / role
+    path = parent / path_part(role, "role name")  # never outside the deployment's subtree
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError:

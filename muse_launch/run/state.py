@@ -21,6 +21,7 @@ from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.proc.masks import Masks
 from muse_launch.proc.process import ProcessRef, StopTarget
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
+from muse_launch.topology.grammar import path_part
 
 LOCAL, SLURM = "local", "slurm"
 BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them
@@ -41,7 +42,7 @@ class RunDir:
 
     @classmethod
     def of(cls, name: str) -> RunDir:
-        return cls(state_home() / name)
+        return cls(state_home() / path_part(name, "deployment name"))
 
     @property
     def name(self) -> str:
@@ -65,7 +66,7 @@ class RunDir:
         return self.path / "logs"
 
     def log(self, role: str) -> Path:
-        return self.logs / f"{role}.log"
+        return self.logs / f"{path_part(role, 'role name')}.log"
 
     @property
     def supervisor_log(self) -> Path:
@@ -385,7 +386,10 @@ def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRec
     records = []
     for path in sorted(home.iterdir()) if home.is_dir() else []:
         try:
-            records.append(read_state(RunDir(path)))
+            record = read_state(RunDir(path))
+            if record is not None and record.name != path.name:  # never a path to another directory
+                raise StateDamaged(RunDir(path), f"it names the deployment {record.name[:80]!r}, not {path.name!r}")
+            records.append(record)
         except StateDamaged as exc:
             if damaged is not None:
                 damaged.append(exc)

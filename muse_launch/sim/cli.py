@@ -40,13 +40,21 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def path_part_problem(name: str) -> bool:
+    """Not one directory entry (`..`, a '/', a control character): it would leave the run directory."""
+    return name in ("", ".", "..") or "/" in name or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
+
+
 def default_state_dir(environ: Mapping[str, str] = os.environ) -> str | None:
     """Under muse-launch, the role's own directory in the deployment's run directory: it
     survives a SIGKILL in a place `down` and the next `up` know, never in /tmp."""
     run_dir = environ.get("MUSE_LAUNCH_RUN_DIR")
     if not run_dir:
         return None
-    return os.path.join(run_dir, "sim", environ.get("MUSE_LAUNCH_ROLE") or "engine")
+    role = environ.get("MUSE_LAUNCH_ROLE") or "engine"
+    if path_part_problem(role):
+        raise ArgvError(f"MUSE_LAUNCH_ROLE {role!r} cannot name a directory under the run directory")
+    return os.path.join(run_dir, "sim", role)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,12 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     engine_args = unknown + engine_args
     try:
         cfg = parse_engine_args(ns.engine, engine_args)
+        state_dir = ns.state_dir or default_state_dir()
     except ArgvError as e:
         print(f"usage error: {e}", file=sys.stderr, flush=True)
         return 2
     from .server import SimEngine, serve  # aiohttp import only when actually serving
     engine = SimEngine(cfg, ready_after=ns.ready_after,
-                       state_dir=ns.state_dir or default_state_dir(),
+                       state_dir=state_dir,
                        kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback)
     errs = startup_errors(cfg)
     if errs:

@@ -18,11 +18,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import TopologyError
+from . import grammar
 from .model import Topology
+from .scalars import keep_text
 
 Path_ = tuple[str | int, ...]
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 REDACTED = "***"
+STR_TAG = "tag:yaml.org,2002:str"
 MAX_FILE_BYTES = 1 << 20  # a topology is a few KiB; checked before reading, so /dev/zero or 50 MB cost nothing
 MAX_NODES = 100_000  # values after aliases are expanded: a billion-laughs file stops here, not in MemoryError
 
@@ -68,10 +71,18 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def dotted(path: Iterable[str | int]) -> str:
+    """`roles.prefill.args[2]`; a key outside letters, digits, '_' and '-' is quoted (`roles.'app\\n'`)."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        text = part if isinstance(part, str) and _PLAIN_KEY.fullmatch(part) else repr(part)
+        out += f".{text}" if out else text
     return out
 
 
@@ -126,12 +137,16 @@ def read_regular_file(path: Path) -> bytes:
 
 def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
                    environ: Mapping[str, str] = {}) -> LoadedTopology:
-    data, lines = _read_yaml(text, path)
+    texts: dict[Path_, str] = {}  # each plain scalar YAML did not read as a string, as written
+    data, lines = _read_yaml(text, path, texts)
     problems: list[str] = []
     for assignment in sets:
-        problem = _apply_set(data, assignment)
+        problem = _apply_set(data, assignment, texts)
         if problem:
             problems.append(problem)
+    given = [tuple(a.partition("=")[0].split(".")) for a in sets]
+    problems += keep_text(data, texts, lambda at: f"--set {dotted(at)}" if any(at[:len(g)] == g for g in given)
+                          else _where(path, lines, at))
     secrets: set[str] = set()
     values: dict[str, str] = {}
     data = _substitute_env(data, (), environ, secrets, problems, path, lines, values)
@@ -143,19 +158,57 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
     except ValidationError as exc:
         # Schema messages may quote a value that came from ${env:...}.
         raise TopologyError([redact(p, loaded_secrets) for p in _explain(exc, data, path, lines)]) from None
+    clashes = _name_clashes(topology, path, lines)
+    if clashes:
+        raise TopologyError(clashes)
     return LoadedTopology(topology, path, lines, loaded_secrets, values)
 
 
-def _read_yaml(text: str, path: Path) -> tuple[Any, dict[Path_, int]]:
+def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) -> list[str]:
+    """Two roles whose generated names meet (`w` with replicas: 2 makes w-1, beside a role `w-1`):
+    one would silently replace the other's process, log and cgroup."""
+    roles = {name: (role.replicas, role.nodes) for name, role in topology.roles.items()}
+    out = []
+    for role, other, name in grammar.name_clashes(roles):
+        makes = grammar.instance_names(other, *roles[other])
+        how = "" if name in makes + grammar.instance_names(role, *roles[role]) else \
+            "; a container or exported name writes '@' as '-'"
+        out.append(f"{_where(path, lines, ('roles', role))}: the name {name!r} is also one of roles.{other}'s "
+                   f"(roles.{other} makes {', '.join(makes)}{how})\n  fix: rename roles.{role} or roles.{other}")
+    return out
+
+
+def _where(path: Path, lines: Mapping[Path_, int], at: Path_) -> str:
+    line = next((lines[at[:end]] for end in range(len(at), -1, -1) if at[:end] in lines), None)
+    return f"{path}:{line}: {dotted(at)}" if line else f"{path}: {dotted(at)}"
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML whose mapping keys are the text as written: `on:` is the key 'on', `1:` the key '1'
+    (every mapping of a topology is keyed by names)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        self.flatten_mapping(node)
+        mapping: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
+            if not isinstance(key, typing.Hashable):
+                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
+                                                        "found unhashable key", key_node.start_mark)
+            mapping[key] = self.construct_object(value_node, deep=deep)
+        return mapping
+
+
+def _read_yaml(text: str, path: Path, texts: dict[Path_, str] | None = None) -> tuple[Any, dict[Path_, int]]:
     loader: yaml.SafeLoader | None = None
     lines: dict[Path_, int] = {(): 1}
     duplicates: list[str] = []
     try:
-        loader = yaml.SafeLoader(text)  # inside: the reader rejects NUL and other control characters here
+        loader = _Loader(text)  # inside: the reader rejects NUL and other control characters here
         node = loader.get_single_node()
         # Before constructing: construction flattens `<<` merges into the nodes in place.
         if node is not None:
-            _record_lines(node, (), lines, duplicates, path, budget=[MAX_NODES])
+            _record_lines(node, (), lines, duplicates, path, budget=[MAX_NODES], texts=texts)
         data = loader.construct_document(node) if node is not None else None
     except yaml.reader.ReaderError as exc:  # a control character (NUL...): the reader knows only its offset
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
@@ -193,9 +246,11 @@ class _TooManyValues(ValueError):
 
 
 def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path,
-                  inside: frozenset[int] = frozenset(), budget: list[int] | None = None) -> None:
-    """Walk the document as the constructed data will be, aliases expanded: record each key's line,
-    collect duplicate keys and self-containing aliases, and stop past `budget` values (billion laughs)."""
+                  inside: frozenset[int] = frozenset(), budget: list[int] | None = None,
+                  texts: dict[Path_, str] | None = None) -> None:
+    """Walk the document as the constructed data will be, aliases expanded: record each key's line (and in
+    `texts` each scalar YAML does not read as a string, as written), collect duplicate keys and
+    self-containing aliases, and stop past `budget` values (billion laughs)."""
     if budget is not None:
         budget[0] -= 1
         if budget[0] < 0:
@@ -205,6 +260,8 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
                           f"repeats forever; copy the values instead")
         return
     inside = inside | {id(node)}
+    if isinstance(node, yaml.ScalarNode) and texts is not None and node.tag != STR_TAG:
+        texts[at] = node.value
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         merged: list[yaml.Node] = []
@@ -223,21 +280,21 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
                                   f"{seen[key]}); keep one")
             seen.setdefault(key, line)
             lines[at + (key,)] = line
-            _record_lines(value_node, at + (key,), lines, duplicates, path, inside, budget)
+            _record_lines(value_node, at + (key,), lines, duplicates, path, inside, budget, texts)
         # `<<: *defaults` keys not overridden here: point at the anchor that gives them.
         for source in merged:
             if isinstance(source, yaml.MappingNode):
                 for key_node, value_node in source.value:
                     if key_node.value != "<<" and at + (key_node.value,) not in lines:
                         lines[at + (key_node.value,)] = key_node.start_mark.line + 1
-                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside, budget)
+                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside, budget, texts)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines[at + (index,)] = item.start_mark.line + 1
-            _record_lines(item, at + (index,), lines, duplicates, path, inside, budget)
+            _record_lines(item, at + (index,), lines, duplicates, path, inside, budget, texts)
 
 
-def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
+def _apply_set(data: dict[str, Any], assignment: str, texts: dict[Path_, str] | None = None) -> str | None:
     key, sep, raw = assignment.partition("=")
     if not sep or not key:
         return f"--set {assignment}: write KEY=VALUE, e.g. --set roles.prefill.mem_fraction=0.75"
@@ -253,8 +310,12 @@ def _apply_set(data: dict[str, Any], assignment: str) -> str | None:
         target = target[part]
     if not isinstance(target, dict):
         return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"
+    at = tuple(parts)
+    if texts is not None:
+        for old in [p for p in texts if p[:len(at)] == at]:  # what the file said there is replaced
+            del texts[old]
     try:
-        target[parts[-1]] = _set_value(raw, tuple(parts))
+        target[parts[-1]] = _set_value(raw, at, texts)
     except yaml.YAMLError:
         target[parts[-1]] = raw
     except (RecursionError, _TooManyValues, _SelfAlias):
@@ -269,15 +330,15 @@ class _SelfAlias(ValueError):
     pass
 
 
-def _set_value(raw: str, at: Path_) -> Any:
+def _set_value(raw: str, at: Path_, texts: dict[Path_, str] | None = None) -> Any:
     """A --set value read as YAML, under the file's limits: no alias inside its own anchor, no explosion."""
-    loader = yaml.SafeLoader(raw)
+    loader = _Loader(raw)
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         problems: list[str] = []
-        _record_lines(node, at, {}, problems, Path("--set"), budget=[MAX_NODES])
+        _record_lines(node, at, {}, problems, Path("--set"), budget=[MAX_NODES], texts=texts)
         if problems:
             raise _SelfAlias(problems[0])
         return loader.construct_document(node)
@@ -345,7 +406,8 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
                        f"{error['msg'][0].lower()}{error['msg'][1:]}")
         else:
             message = error["msg"].removeprefix("Value error, ")
-            out.append(f"{where}: {dotted(loc) or '(top level)'}: {message}")
+            fix = getattr(error.get("ctx", {}).get("error"), "fix", None)  # grammar.Refused says how
+            out.append(f"{where}: {dotted(loc) or '(top level)'}: {message}" + (f"\n  fix: {fix}" if fix else ""))
     return out
 
 

@@ -17,6 +17,7 @@ from pydantic import (
 )
 
 from .. import registry
+from . import grammar
 from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, METRICS_PORT_OFFSET, RESET_AFTER
 from .hardware import PROFILES
 
@@ -24,10 +25,10 @@ RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"
 WORKER_KINDS = ("encoder", "prefill", "decode", "worker")
 WORKER_ENGINES = tuple(registry.WORKER_ENGINES)
 ROUTER_ENGINES = tuple(registry.ROUTER_ENGINES)
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"  # for the JSON schema; the loader checks names whole (grammar.py)
 MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
 MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a billion never returns
-MAX_NAME = 63  # a DNS label; the run directory, log files and exported object names are built from names
+MAX_NAME = grammar.MAX_NAME
 MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
 MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
 LOG_MIN_SIZE = 64 * 1024  # smaller would rotate on every tick of a chatty role
@@ -52,10 +53,8 @@ _SCALAR = {"type": ["string", "number", "boolean"]}
 
 
 def _env_fits(env: dict[str, str]) -> dict[str, str]:
-    # execve takes NAME=VALUE strings ending at NUL: a name with `=` or NUL, or a value with NUL, cannot pass.
+    # execve takes NAME=VALUE strings ending at NUL: a value with NUL cannot pass (names: grammar.env_name).
     for key, value in env.items():
-        if not key or "=" in key or "\0" in key:
-            raise ValueError(f"environment name {key!r} cannot hold '=' or NUL, nor be empty")
         if "\0" in value:
             raise ValueError(f"environment value of {key} holds a NUL character, which no process can receive")
     return env
@@ -68,7 +67,12 @@ def _argv_fits(argv: list[str]) -> list[str]:
     return argv
 
 
-Env = Annotated[dict[str, str], AfterValidator(_env_fits),
+EnvName = Annotated[str, AfterValidator(grammar.env_name)]
+RoleName = Annotated[str, AfterValidator(grammar.role_name)]
+NodeName = Annotated[str, AfterValidator(grammar.node_name)]
+Host = Annotated[str, AfterValidator(grammar.host)]
+Line = Annotated[str, AfterValidator(grammar.one_line)]  # a single-line value: no CR, LF, NUL or other control
+Env = Annotated[dict[EnvName, str], AfterValidator(_env_fits),
                 WithJsonSchema({"type": "object", "additionalProperties": _SCALAR})]
 Argv = Annotated[list[str], AfterValidator(_argv_fits), WithJsonSchema({"type": "array", "items": _SCALAR})]
 Port = Annotated[int, Field(ge=1, le=65535)]
@@ -95,7 +99,7 @@ class ReadyProbe(Strict):
     http: str | None = Field(None, description="path polled with GET, e.g. /health")
     status: int = 200
     tcp: bool = False
-    log: str | None = Field(None, description="regex searched in the role's log")
+    log: Line | None = Field(None, description="regex searched in the role's log")
     timeout: Seconds | None = Field(None, gt=0, description="seconds before the role counts as failed")
     interval: Seconds = Field(0.5, gt=0)
 
@@ -119,7 +123,7 @@ class ReadyProbe(Strict):
 
 
 class StopConfig(Strict):
-    signal: str = "SIGTERM"
+    signal: Line = "SIGTERM"
     grace: float = Field(30.0, ge=0, le=MAX_GRACE, allow_inf_nan=False)
 
     @field_validator("signal")
@@ -169,7 +173,7 @@ class RehearseConfig(Strict):
 
 
 class NodeConfig(Strict):
-    address: str
+    address: Host
 
 
 PortSpec = Port | list[Port]
@@ -177,33 +181,33 @@ PortSpec = Port | list[Port]
 
 class Role(Strict):
     kind: RoleKind
-    engine: str | None = Field(None, description="sglang | vllm | sglang-router | smg | vllm-router")
-    model: str | None = None
+    engine: Line | None = Field(None, description="sglang | vllm | sglang-router | smg | vllm-router")
+    model: Line | None = None
     gpus: list[int] | str | None = Field(None, description="GPU indices, e.g. [0, 1] or '0-3'")
     port: PortSpec | None = None
-    host: str | None = None
-    bind: str | None = None
+    host: Host | None = None
+    bind: Host | None = None
     tp: int | None = Field(None, ge=1)
     ep: int | None = Field(None, ge=1)
     dp: int | None = Field(None, ge=1)
     pp: int | None = Field(None, ge=1)
     mem_fraction: float | None = Field(None, gt=0, le=1)
-    transfer_backend: str | None = None
+    transfer_backend: Line | None = None
     bootstrap_port: PortSpec | None = None
-    encoders: list[str] = []
+    encoders: list[Line] = []
     encoder_bootstrap_port: PortSpec | None = None
-    encoder_transfer_backend: str | None = None
-    kv_cache_dtype: str | None = None
+    encoder_transfer_backend: Line | None = None
+    kv_cache_dtype: Line | None = None
     page_size: int | None = Field(None, ge=1)
     kv_transfer_config: dict[str, Any] | None = Field(None, description="vLLM: extra fields of --kv-transfer-config")
     side_channel_port: PortSpec | None = Field(None, description="vLLM NIXL side channel / connector port")
-    prefill: list[str] = []
-    decode: list[str] = []
-    workers: list[str] = []
+    prefill: list[Line] = []
+    decode: list[Line] = []
+    workers: list[Line] = []
     metrics_port: PortSpec | None = Field(None, description="router Prometheus port (default: port + 21000)")
-    after: list[str] = []
+    after: list[Line] = []
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
-    nodes: list[str] = []
+    nodes: list[NodeName] = []
     dist_init_port: Port | None = None
     launcher: Argv | None = None
     command: Argv | None = None
@@ -267,23 +271,25 @@ class Role(Strict):
 
 class Topology(Strict):
     version: Literal[1]
-    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_NAME, description="deployment name (run directory, `down NAME`)")
+    name: Annotated[str, AfterValidator(grammar.deployment_name)] = Field(
+        json_schema_extra={"pattern": NAME_PATTERN, "maxLength": MAX_NAME},
+        description="deployment name (run directory, `down NAME`)")
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
-    model: str | None = None
+    model: Line | None = None
     engine: Literal[WORKER_ENGINES] = "sglang"  # type: ignore[valid-type]  (the registry's names)
-    host: str = "127.0.0.1"
-    bind: str | None = None
+    host: Host = "127.0.0.1"
+    bind: Host | None = None
     env: Env = {}
     args: Argv = []
     launcher: Argv | None = Field(None, description="default program for engine workers")
-    nodes: dict[str, NodeConfig] = {}
+    nodes: dict[NodeName, NodeConfig] = {}
     rehearse: RehearseConfig = RehearseConfig()
     logs: LogsConfig = Field(LogsConfig(), description="each role's log cap: {max_size: 100MiB, keep: 2}")
     start: Literal["overlap", "waves"] | None = Field(
         None, description="overlap: roles whose engines tolerate a late peer start together (default where the "
                           "installed versions allow it); waves: each role once all it is wired to are ready")
-    roles: dict[str, Role] = Field(min_length=1)
+    roles: dict[RoleName, Role] = Field(min_length=1)
 
     @field_validator("hardware")
     @classmethod
@@ -291,17 +297,6 @@ class Topology(Strict):
         if value not in PROFILES:
             raise ValueError(f"unknown hardware {value!r}; one of: {', '.join(PROFILES)}")
         return value
-
-    @field_validator("roles")
-    @classmethod
-    def _role_names(cls, roles: dict[str, Role]) -> dict[str, Role]:
-        for name in roles:
-            if not re.match(r"^[a-z][a-z0-9_-]*$", name):
-                raise ValueError(f"role name {name!r}: use lowercase letters, digits, '-' and '_'")
-            if len(name) > MAX_NAME:
-                raise ValueError(f"role name {name[:20]}... is {len(name)} characters; at most {MAX_NAME} "
-                                 f"(it names log files and run-directory entries)")
-        return roles
 
     def role_engine(self, role: Role) -> str:
         if role.engine:
