@@ -72,8 +72,8 @@ def validate(
             typer.echo(loaded.redact(note), err=True)
     failed = any(f.severity is Severity.ERROR or strict for f in findings)
     if as_json:
-        typer.echo(json.dumps({"file": str(file), "ok": not failed,
-                               "findings": [f.to_dict(loaded) for f in findings]}, indent=2))
+        report = {"file": str(file), "ok": not failed, "findings": [f.to_dict(loaded) for f in findings]}
+        typer.echo(json.dumps(redact_all(report, loaded.redact), indent=2))
     else:
         for f in findings:
             typer.echo(loaded.redact(f.format(loaded)), err=True)
@@ -107,14 +107,27 @@ def plan(
         installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
     renderers = {
         PlanFormat.text: render_text.plan_text,
-        PlanFormat.json: lambda p, r, t: json.dumps(p.to_dict(r), indent=2),
+        PlanFormat.json: lambda p, r, t: json.dumps(redact_all(p.to_dict(r), r), indent=2),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
     }
-    head, _, rest = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology).partition("\n")
+    # Every rendering (comments, URLs, probe paths too) with `${env:...}` values hidden once more as a whole.
+    rendered = renderers[fmt](loaded_plan.plan, loaded_plan.redact, loaded_plan.loaded.topology)
+    head, _, rest = (rendered if fmt is PlanFormat.json else loaded_plan.redact(rendered)).partition("\n")
     installed = render_text.comment(installed) if fmt is PlanFormat.shell else installed  # one comment line
     typer.echo(f"{head}\n{installed}\n{rest}" if installed else f"{head}\n{rest}")
+
+
+def redact_all(value, redact):
+    """Each string in a JSON value redacted (a probe path, a host from `${env:...}`), before it is encoded."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact_all(k, redact): redact_all(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_all(v, redact) for v in value]
+    return value
 
 
 def _sbatch_script(plan, topology, rehearse: bool, sets: list[str]) -> str:

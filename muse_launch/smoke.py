@@ -7,17 +7,19 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 
 from __future__ import annotations
 
-import json
-import re
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import httpx
 
+from muse_launch.bounded_json import load_answer
+from muse_launch.printable import one_line
+
 if TYPE_CHECKING:
-    from muse_launch.run.state import DeploymentRecord
+    from muse_launch.run.state import DeploymentRecord, RoleRecord
 
 SMOKE_FAILURE_CHARS = 800  # a failure is shown at length; a success in one line
 PLACEHOLDER_MODELS = {"", "unknown", "default"}  # what a router lists for a worker it knows no name of
@@ -50,7 +52,7 @@ def served_models(client: httpx.Client, base: str) -> list[str]:
     """The model ids the router lists, in its order (raises httpx.HTTPError, ValueError, KeyError)."""
     response = client.get(f"{base}/v1/models")
     response.raise_for_status()
-    return [str(m["id"]) for m in response.json()["data"]]
+    return [str(m["id"]) for m in load_answer(response.content)["data"]]
 
 
 def _named(listed: list[str]) -> list[str]:
@@ -114,7 +116,7 @@ def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
             data = line[5:].strip()
             if data == "[DONE]":
                 break
-            chunk = json.loads(data)
+            chunk = load_answer(data)
             if "error" in chunk:
                 return SmokeResult("chat", False, f"error in stream: {chunk['error']}", total=time.perf_counter() - start)
             for choice in chunk.get("choices", []):
@@ -139,7 +141,7 @@ def chat_once(client: httpx.Client, base: str, body: dict) -> tuple[dict | None,
     total = time.perf_counter() - start
     if response.status_code != 200:
         return None, total, f"HTTP {response.status_code}: {response.text[:300]}"
-    return response.json(), total, ""
+    return load_answer(response.content), total, ""
 
 
 REQUEST_ERRORS = (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError)  # gone, or not OpenAI's shape
@@ -156,11 +158,25 @@ def attempt(check: str, request: Callable[[], SmokeResult]) -> SmokeResult:
                            total=time.perf_counter() - start)
 
 
+class FrontAuth(httpx.Auth):
+    """The router's own key (`Authorization: Bearer`) on requests to the router, and to no one else."""
+
+    def __init__(self, base: str, headers: dict[str, str]):
+        self.base = base.rstrip("/") + "/"
+        self.headers = headers
+
+    def auth_flow(self, request: httpx.Request):
+        if str(request.url).startswith(self.base):
+            request.headers.update(self.headers)
+        yield request
+
+
 def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, workers: tuple[str, ...] = (),
-              declared: tuple[str, ...] = ()) -> list[SmokeResult]:
+              declared: tuple[str, ...] = (), headers: dict[str, str] | None = None) -> list[SmokeResult]:
     """The checks in order: the model the deployment reports (list_models), a streamed chat, then
-    reasoning and a tool call."""
-    with httpx.Client(timeout=timeout, verify=False) as client:  # role URLs are plain HTTP: no CA bundle
+    reasoning and a tool call. `headers`: what the front router wants on each request (its API key)."""
+    # role URLs are plain HTTP: no CA bundle
+    with httpx.Client(timeout=timeout, verify=False, auth=FrontAuth(base, headers or {})) as client:
         model, listed = list_models(client, base, workers, declared)
         if model is None:
             return [listed]
@@ -196,14 +212,20 @@ def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
     return SmokeResult("tool call", ok, detail, total=total)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The router's API key as state.json gives it (`${env:NAME}`, resolved here in this environment, as `up`
+    resolved it), and what is missing to send it: (headers, problem)."""
+    from muse_launch.engines import router
+    from muse_launch.topology.load import ENV_REF
 
-
-def one_line(text: str) -> str:
-    """A model's answer or a server's error body as one printable line: whitespace runs become one space, other
-    control characters (a terminal escape sequence, a NUL) are shown escaped, never sent to the terminal."""
-    text = " ".join(text.replace("\x0b", " ").replace("\x0c", " ").split())
-    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+    if front.api_key is None:
+        return {}, None
+    unset = [name for name in ENV_REF.findall(front.api_key) if name not in environ]
+    if unset:
+        return {}, (f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set "
+                    f"here: export {unset[0]}=... as for `up`, then smoke again")
+    key = ENV_REF.sub(lambda m: environ[m.group(1)], front.api_key)
+    return router.auth_headers([router.API_KEY, key]), None
 
 
 def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
@@ -231,7 +253,10 @@ def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[s
     declared = tuple(name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME)))
     base = front.url.replace("0.0.0.0", "127.0.0.1")
     echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
-    results = run_smoke(base, reasoning, tools, timeout, behind, declared)
+    headers, no_key = front_headers(front, os.environ)
+    if no_key:
+        echo(f"  note: {no_key}")
+    results = run_smoke(base, reasoning, tools, timeout, behind, declared, headers)
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"

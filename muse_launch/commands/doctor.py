@@ -35,7 +35,7 @@ def doctor_report(file: Path | None, read: GpuReader) -> dict[str, Any]:
         report["gpu_check"] = {"problems": [{"text": p.text, "fix": p.fix} for p in problems], "notes": notes}
     report["ports"] = [
         {"role": spec.name, "name": name, "port": port, "host": spec.bind, "free": free,
-         "holder": None if free else port_holder(port, spec.bind)}
+         "holder": None if free else port_holder(port, spec.bind, mask=loaded.redact)}
         for spec in plan.specs for name, port in spec.ports.items()
         for free in [can_bind(spec.bind, port)]
     ]

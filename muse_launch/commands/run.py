@@ -164,6 +164,8 @@ def logs(
     roles: list[str] | None = typer.Argument(None, help="roles to show (default: all)"),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
+    raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
+                             "carriage returns reach the terminal (shown escaped by default)"),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
@@ -186,7 +188,8 @@ def logs(
         raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
     chosen = roles or known
     console = _console()
-    printer = RolePrinter(console.file, chosen, colour=console.is_terminal)
+    # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (proc/masks.py).
+    printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
     files = backend_of(run_dir).log_files(run_dir, chosen)
     follower = LogFollower(files, from_end=True)  # before the tail: no line lost
     for role in chosen:

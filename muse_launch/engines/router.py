@@ -10,12 +10,15 @@ from urllib.parse import urlsplit
 from ..readiness import Probe, ProbeKind
 from ..topology.defaults import METRICS_PORT_OFFSET
 from . import vllm
-from .argv import has_flag, opt, values_after
+from .argv import has_flag, last_value, opt, values_after
 from .base import Context, Instance, Rendered
 
 PREFILL, DECODE, WORKER_URLS = "--prefill", "--decode", "--worker-urls"
 WIRING = {PREFILL: "prefill", DECODE: "decode", WORKER_URLS: "workers"}  # rendered from references
 HOST, PORT = "--host", "--port"
+# Given a key, sglang-router and smg answer 401 on /workers and on inference without `Authorization: Bearer
+# KEY` (/health and /readiness stay open); vllm-router answers its worker list either way.
+API_KEY = "--api-key"
 METRICS_PORT, METRICS_HOST = "--prometheus-port", "--prometheus-host"
 SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendered after `args`: the key wins
 PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
@@ -43,6 +46,13 @@ class RouterFacts:
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
     shipped_in: str | None = None  # the worker engine whose container image carries it
+
+
+def auth_headers(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """What a request to the router's worker list or inference must carry, given the command line it runs
+    with (its key in clear: from the plan in memory or the live process, never from state.json)."""
+    key = last_value(argv, API_KEY)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def listed_workers(answer: object) -> dict[str, bool]:

@@ -10,7 +10,7 @@ import yaml
 
 from .manifests import Manifest, render
 from .names import FLAVOURS
-from .transform import ExportError, ExportPlan, export_plan
+from .transform import SECRET_MARK_RE, ExportError, ExportPlan, export_plan
 from .validate import Problem, check_dir_problems, check_documents
 
 
@@ -26,6 +26,13 @@ def build(path: str | Path, flavour: str = "lws", namespace: str = "default", im
     """Plan, render and validate, writing nothing."""
     plan = export_plan(path, FLAVOURS[flavour], namespace, sets)
     files = tuple(render(plan, images))
+    for f in files:  # a secret is a secretKeyRef or $(NAME) read from one; an internal mark is never written
+        if (left := SECRET_MARK_RE.search(f.text())) is not None:
+            name = left.group(1)
+            raise ExportError(f"{plan.loaded.source}: ${{env:{name}}} lands in {f.path} where Kubernetes "
+                              "cannot read it from a Secret",
+                              fix=f"use ${{env:{name}}} only in args, command or env values, or write the "
+                              "value in the file")
     docs = [(f.path, doc) for f in files for doc in yaml.safe_load_all(f.text()) if doc is not None]
     problems = check_documents(docs, [f.path for f in files])
     return Exported(plan, files, tuple(problems))
@@ -37,6 +44,10 @@ def export(path: str | Path, out: Path, flavour: str = "lws", namespace: str = "
     done = build(path, flavour, namespace, images, sets)
     if done.problems:
         return done
+    if out.exists() and not out.is_dir() or out.is_symlink() and not out.exists():
+        what = "a link to nothing" if out.is_symlink() and not out.exists() else "a file"
+        raise ExportError(f"{out}: is {what}, not a directory (-o names the directory the manifests go into)",
+                          fix="give -o a new or an empty directory")
     out.mkdir(parents=True, exist_ok=True)
     stale = sorted(p.name for p in out.iterdir() if p.suffix in (".yaml", ".yml")) if out.is_dir() else []
     ours = {f.path for f in done.files}

@@ -152,6 +152,14 @@ def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names
             problems.append(f"{_where(loaded, name)}: roles.{name}: its Kubernetes name {label!r} is also "
                             f"roles.{labels[label]}'s; rename one")
         labels[label] = name
+        role = topology.roles[name]
+        ready = getattr(role, "ready", None)
+        for path in _probe_paths(ready):
+            if (found := SECRET_MARK_RE.search(path)) is not None:
+                problems.append(f"{_where(loaded, name)}: roles.{name}.ready: the probe path takes "
+                                f"${{env:{found.group(1)}}}, and a Kubernetes httpGet path cannot read a "
+                                "Secret (it would stand in the manifest in clear); fix: write the path in "
+                                "the file")
         for obj in (names.workload(name), names.group_service(name), names.pod(name, 99, True)):
             if len(obj) > 63 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", obj):
                 problems.append(f"{_where(loaded, name)}: roles.{name}: {obj!r} is not a valid Kubernetes "
@@ -160,6 +168,11 @@ def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names
                 break
     if problems:
         raise ExportError("\n".join(dict.fromkeys(problems)))
+
+
+def _probe_paths(ready) -> list[str]:
+    paths = getattr(ready, "http", None) if ready is not None else None
+    return [paths] if isinstance(paths, str) else [p for p in paths or () if isinstance(p, str)]
 
 
 def _where(loaded: LoadedTopology, role: str) -> str:

@@ -1,1 +1,1 @@
-"""What this host offers: its GPUs (NVML, AMD SMI), the engines and routers installed, where a program is found."""
+"""What this host offers: its GPUs (NVML, AMD SMI) and the engines and routers installed."""

@@ -126,9 +126,12 @@ class GpuView:
 
 
 def command_of(pid: int) -> str | None:
+    """A GPU holder's command line, secret-looking flags' values hidden (it may be anyone's)."""
+    from muse_launch.proc.masks import command_line
+
     try:
         proc = psutil.Process(pid)
-        return " ".join(proc.cmdline()).strip()[:100] or proc.name()
+        return command_line(proc.cmdline())[:100] or proc.name()
     except psutil.Error:
         return None  # gone, or in another PID namespace (a container)
 

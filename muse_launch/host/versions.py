@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..engines import ENGINES, ROUTER_ENGINES
 from ..plan.spec import LaunchSpec, Plan
-from .programs import program_path
+from ..proc.programs import program_path
 
 PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 CONSOLE_SCRIPT_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import ", re.M)

@@ -58,13 +58,17 @@ def deployment_dir(deployment: str, run_dir: str) -> Path | None:
     mount, own = cgroup2_mount(), own_cgroup()
     if not enabled() or mount is None or own is None:
         return None
-    digest = hashlib.sha256(run_dir.encode()).hexdigest()[:12]
     base = mount / own.strip("/") if own.strip("/") else mount
     # Never nest under a role's own cgroup (muse-launch started from inside a role): go beside it.
     parts = base.relative_to(mount).parts
     if LAYOUT_DIR in parts:
         base = mount.joinpath(*parts[:parts.index(LAYOUT_DIR)])
-    return base / LAYOUT_DIR / path_part(f"{deployment[:60]}-{digest}", "deployment name")
+    return base / LAYOUT_DIR / path_part(deployment_dir_name(deployment, run_dir), "deployment name")
+
+
+def deployment_dir_name(deployment: str, run_dir: str) -> str:
+    """The name of the deployment's directory in the layout: its name, and a hash of its run directory."""
+    return f"{deployment[:60]}-{hashlib.sha256(run_dir.encode()).hexdigest()[:12]}"
 
 
 def create_role_cgroup(deployment: str, run_dir: str, role: str) -> Path | None:

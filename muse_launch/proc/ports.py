@@ -6,14 +6,16 @@ its own loopback address (127.0.0.1, 127.0.0.2, ...), so two roles may plan the 
 
 from __future__ import annotations
 
+import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import psutil
 
 from muse_launch.addresses import WILDCARDS
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.proc.masks import command_line
 from muse_launch.proc.process import MARKER_DEPLOYMENT, MARKER_ROLE
 
 DEFAULT_ADDRESSES = ("127.0.0.1", *WILDCARDS)  # not worth printing: the single-host case
@@ -51,9 +53,13 @@ def _blocks(listening_on: str, host: str | None) -> bool:
     return listening_on in (host, f"::ffff:{host}")
 
 
-def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | None = None) -> str:
+def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | None = None,
+                mask: Callable[[str], str] = lambda text: text) -> str:
     """Who holds (host, port) (no host: any address). A role is named from `roles` (pid -> role), else
-    from the marker in its environment (which a process that sets its title, like sglang-router, wipes)."""
+    from the marker in its environment (which a process that sets its title, like sglang-router, wipes).
+    A role is described by its program alone (its command line may hold its deployment's secrets, which this
+    one cannot know); any other process by its command line, secret-looking flags' values hidden, and what
+    `mask` hides (proc/masks.py)."""
     for conn in psutil.net_connections(kind="inet"):
         if not conn.laddr or conn.laddr.port != port or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE):
             continue
@@ -63,7 +69,7 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
             return "a process this user cannot see"
         try:
             proc = psutil.Process(conn.pid)
-            command = " ".join(proc.cmdline()).strip()[:100] or proc.name()
+            command = mask(command_line(proc.cmdline()))[:100] or proc.name()
         except psutil.Error:
             return f"pid {conn.pid}"
         role = (roles or {}).get(conn.pid)
@@ -73,13 +79,18 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
                 role = f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}" if MARKER_ROLE in environ else None
             except psutil.Error:
                 pass
+        if role:
+            try:
+                command = os.path.basename((proc.cmdline() or [""])[0]) or proc.name()
+            except psutil.Error:
+                pass
         return f"pid {conn.pid} ({'role ' + role + ', ' if role else ''}{command})"
     return "an unknown process"
 
 
-def busy_ports(plan: Plan) -> list[BusyPort]:
+def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text) -> list[BusyPort]:
     return [
-        BusyPort(spec.name, name, port, port_holder(port, spec.bind), spec.bind)
+        BusyPort(spec.name, name, port, port_holder(port, spec.bind, mask=mask), spec.bind)
         for spec in plan.specs
         for name, port in spec.ports.items()
         if not can_bind(spec.bind, port)

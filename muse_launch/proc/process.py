@@ -23,7 +23,6 @@ from typing import Protocol
 import psutil
 
 from muse_launch.files import PlantedLink, open_nofollow
-from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.proc import cgroups
 from muse_launch.proc.identity import (  # noqa: F401  (imported from here elsewhere)
@@ -36,6 +35,8 @@ from muse_launch.proc.identity import (  # noqa: F401  (imported from here elsew
     start_ticks,
     stat_of,
 )
+from muse_launch.proc.masks import command_line
+from muse_launch.proc.programs import program_path
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -77,7 +78,7 @@ def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lam
     try:
         if isinstance(proc, ProcessRef):
             proc = psutil.Process(proc.pid)
-        command = " ".join(map(mask, proc.cmdline())).strip() or proc.name()
+        command = command_line(proc.cmdline(), mask) or proc.name()
     except psutil.Error:
         command = "?"
     return f"pid {proc.pid} ({command[:100]})"

@@ -34,7 +34,8 @@ class LocalBackend:
         if not request.rehearse:
             refuse_multi_node(loaded.plan)
         options = UpOptions(detach=request.detach, fail_fast=request.fail_fast, keep=request.keep,
-                            only=request.only, start=loaded.loaded.topology.start)
+                            only=request.only, start=loaded.loaded.topology.start,
+                            secret_sources=loaded.loaded.secret_sources)
         skipped = ("--skip-gpu-check" if request.skip_gpu_check
                    else "a rehearsal runs no GPU engine" if request.rehearse else None)
         gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from muse_launch.files import open_nofollow
+from muse_launch.printable import escaped
 from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
@@ -47,19 +49,26 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 
 class RolePrinter:
-    """Writes `role | line`, the role padded to the longest name and coloured when `colour`."""
+    """Writes `role | line`, the role padded to the longest name and coloured when `colour`; the line's own
+    escape sequences and carriage returns shown escaped (muse_launch/printable.py) unless `raw`, and what
+    `mask` hides (a secret) hidden."""
 
-    def __init__(self, out: TextIO, roles: list[str], colour: bool):
+    def __init__(self, out: TextIO, roles: list[str], colour: bool, raw: bool = False,
+                 mask: Callable[[str], str] | None = None):
         self.out = out
         self.width = max((len(r) for r in roles), default=0)
         self.colours = {r: COLOURS[i % len(COLOURS)] for i, r in enumerate(roles)}
         self.colour = colour
+        self.raw = raw
+        self.mask = mask
 
     def line(self, role: str, text: str) -> None:
         prefix = f"{role:<{self.width}} |"
         if self.colour:
             prefix = f"\x1b[{self.colours.get(role, '0')}m{prefix}\x1b[0m"
-        self.out.write(f"{prefix} {text}\n")
+        if self.mask is not None:
+            text = self.mask(text)
+        self.out.write(f"{prefix} {text if self.raw else escaped(text)}\n")
 
     def flush(self) -> None:
         self.out.flush()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_launch.addresses import connect_host
+from muse_launch.engines.argv import last_value
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
@@ -29,7 +30,16 @@ WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
 def state_home() -> Path:
-    return Path(os.environ.get("MUSE_LAUNCH_HOME") or Path.home() / ".local" / "state" / "muse-launch")
+    """MUSE_LAUNCH_HOME, else ~/.local/state/muse-launch: a directory, or nothing yet (made by the first
+    `up`)."""
+    given = os.environ.get("MUSE_LAUNCH_HOME")
+    home = Path(given or Path.home() / ".local" / "state" / "muse-launch")
+    what = "a link to nothing" if home.is_symlink() and not home.exists() else \
+        "not a directory" if home.exists() and not home.is_dir() else None
+    if what:
+        raise UsageError(f"{'MUSE_LAUNCH_HOME=' if given else 'the state home '}{home} is {what}",
+                         fix="point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)")
+    return home
 
 
 def now_iso(epoch: float) -> str:
@@ -97,6 +107,9 @@ class RoleRecord:
     wiring: tuple[tuple[str, int, int], ...] = ()
     cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
     reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
+    # A router's API key as the file gives it (`${env:NAME}`, resolved by whoever needs it, never the value of
+    # a secret): what `smoke` sends; None for a role that takes none (engines/router.py API_KEY).
+    api_key: str | None = None
 
     @property
     def restarts_text(self) -> str:
@@ -141,7 +154,7 @@ class RoleRecord:
             **(self.process.to_json() if self.process else {"create_time": None}), cgroup=self.cgroup,
             started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
             stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
-            wiring_counts=[list(w) for w in self.wiring],
+            wiring_counts=[list(w) for w in self.wiring], api_key=self.api_key,
         )
         return out
 
@@ -155,7 +168,7 @@ class RoleRecord:
                    d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
                    d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
                    tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"),
-                   d.get("restarts_reset_after"))
+                   d.get("restarts_reset_after"), d.get("api_key"))
 
 
 @dataclass(frozen=True)
@@ -218,9 +231,11 @@ def _backend_name(value: object) -> str | None:
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
-                   versions: Mapping[str, str | None] | None = None, backend: str = LOCAL) -> DeploymentRecord:
+                   versions: Mapping[str, str | None] | None = None,
+                   sources: Mapping[str, str] | None = None, backend: str = LOCAL) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
-    `${env:...}`."""
+    `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
+    so)."""
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
 
     wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
@@ -228,12 +243,26 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
         RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
                    s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
                    argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()),
-                   reset_after=s.restart.reset_after)
+                   reset_after=s.restart.reset_after, api_key=_api_key(s, redact, sources or {}))
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
     return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks,
                             backend=backend)
+
+
+def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:
+    """A router's key as written: `${env:NAME}` where it came from the environment; a key written in the file
+    as it is (it is no secret there); None where the reference is lost (shown redacted: `smoke` goes
+    without)."""
+    from muse_launch.engines import ROUTER_ENGINES, router
+
+    key = last_value(spec.argv, router.API_KEY) if spec.engine in ROUTER_ENGINES else None
+    if key is None:
+        return None
+    joined = f"{router.API_KEY}="  # `--api-key=${env:K}` as one argument
+    written = sources.get(key) or sources.get(joined + key, "").removeprefix(joined)
+    return written or (key if redact(key) == key else None)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
@@ -295,16 +324,18 @@ class StateDamaged(RuntimeFailure):
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
+    from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_state_json
+
     try:
-        text = read_nofollow(run_dir.state_file, root=run_dir.home).decode()
+        data = read_nofollow(run_dir.state_file, root=run_dir.home, limit=MAX_STATE_BYTES + 1)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
-    try:
-        return DeploymentRecord.from_json(json.loads(text))
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
+    try:  # untrusted: bounded, then every field checked (run/state_schema.py)
+        return DeploymentRecord.from_json(check_state(load_state_json(data), run_dir.name, str(run_dir.path)))
+    except Damaged as exc:
+        raise StateDamaged(run_dir, str(exc)) from None
 
 
 # The lock cannot be made or opened for writing: a read-only or full run directory, or a link planted there.
@@ -328,7 +359,10 @@ class DeploymentLock:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self.fd)
-            record = read_state(run_dir)
+            try:
+                record = read_state(run_dir)
+            except StateDamaged:  # still running: that is what to say
+                record = None
             holder = f" (supervisor pid {record.supervisor.pid})" if record and record.supervisor else ""
             raise RuntimeFailure(
                 f"deployment {run_dir.name!r} is already running{holder}; "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -11,6 +12,7 @@ import httpx
 from rich.table import Table
 from rich.text import Text
 
+from muse_launch.errors import UsageError
 from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import ListenerOwner
@@ -97,7 +99,12 @@ def status_json(record: DeploymentRecord, health: dict[str, str | None],
 def since(iso: str | None) -> str:
     if iso is None:
         return "-"
-    moment = datetime.fromisoformat(iso).astimezone()
+    try:
+        moment = datetime.fromisoformat(iso).astimezone()
+    except (ValueError, OverflowError):  # the local zone's offset is a day or more: TZ=UTC+27
+        raise UsageError(f"the local time zone (TZ={os.environ.get('TZ', '')!r}) is a day or more from UTC; "
+                         "times cannot be shown in it",
+                         fix="set TZ to a real zone: TZ=UTC, TZ=Europe/Berlin") from None
     age = int((datetime.now(moment.tzinfo) - moment).total_seconds())
     return f"{moment:%H:%M:%S} ({age // 3600}h{age // 60 % 60:02d}m)" if age >= 3600 else \
         f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"

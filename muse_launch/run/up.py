@@ -10,8 +10,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -19,11 +19,12 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
-from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.printable import escaped
 from muse_launch.proc import cgroups
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.proc.programs import program_path
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
@@ -58,6 +59,7 @@ class UpOptions:
     only: str | None = None
     start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
+    secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -141,7 +143,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     try:
         claim(run_dir)
         refuse_leftovers(run_dir)
-        if busy := busy_ports(plan):
+        if busy := busy_ports(plan, redact):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
         if gpus:
@@ -149,7 +151,8 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
             os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
             forget_rotated(run_dir.log(spec.name))
-        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions))
+        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions),
+                                options.secret_sources)
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
             return _detach(plan, record, run_dir, options, console, lock, policy.start_after)
@@ -218,7 +221,8 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                 if outcome is Outcome.READY:
                     _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
                     progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
-                    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+                    printer = RolePrinter(console.file, [s.name for s in plan.specs],
+                                          colour=console.is_terminal, mask=options.redact)
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
                     outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
@@ -272,7 +276,7 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
         lines = [str(exc)]
     say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
     for line in lines:
-        say(f"  {failed.name} | {line}")
+        say(f"  {failed.name} | {escaped(line)}")
     for line in explain_addresses("\n".join([failed.reason or "", *lines]), record, unknown_only=True):
         say(f"note: {line}")
 
@@ -340,15 +344,16 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
                                      saying(console))
             received = _handle_signals(sup)
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-            os.write(pipe, f"pid {os.getpid()}\n".encode())
+            pipe = _tell(pipe, f"pid {os.getpid()}\n")
             outcome = sup.start()
             if outcome is Outcome.READY:
-                os.write(pipe, b"ready\n")
-                os.close(pipe)
-                pipe = -1
+                pipe = _tell(pipe, "ready\n")
+                if pipe >= 0:
+                    os.close(pipe)
+                    pipe = -1
                 outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
             elif outcome is Outcome.RELEASED:
-                os.write(pipe, b"released\n")  # `up` says `down` stopped it, not that it went away
+                pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)
             sup.close()
             return code
@@ -361,6 +366,40 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
             os.close(pipe)
 
 
+def _tell(pipe: int, message: str) -> int:
+    """One message to the waiting `up`; -1 once it is gone (killed, its terminal closed): the supervisor
+    carries on without it, never writing to it again (EPIPE, not a crash)."""
+    if pipe < 0:
+        return pipe
+    try:
+        os.write(pipe, message.encode())
+        return pipe
+    except OSError:
+        os.close(pipe)
+        return -1
+
+
+def _say_left_running(say: Callable[[str], None], record: DeploymentRecord, supervisor_pid: list[int],
+                      signum: int) -> None:
+    """What an `up -d` interrupted while it waited leaves behind: the detached supervisor starts on."""
+    pid = supervisor_pid[0] if supervisor_pid else record.supervisor.pid if record.supervisor else None
+    starting = ", ".join(r.name for r in record.roles if r.state is not RoleState.READY) or "none"
+    try:
+        say(f"{signal.Signals(signum).name}: stopped waiting; deployment {record.name} is left running: its "
+            f"supervisor{f' (pid {pid})' if pid else ''} goes on starting it (not ready yet: {starting})")
+        say(f"`{invoked_as()} status {record.name}` shows it, `{invoked_as()} down {record.name}` stops it")
+    except OSError:  # the terminal is gone (SIGHUP): nobody to tell
+        _lose_terminal()
+
+
+def _lose_terminal() -> None:
+    """stdout and stderr to /dev/null: a flush at exit must not fail on the terminal that closed."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord,
                     redact: Callable[[str], str]) -> int:
     """Show the detached supervisor's progress from state.json until it says ready or goes away."""
@@ -370,23 +409,28 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
     supervisor_pid: list[int] = []
     interrupted: list[int] = []
 
-    def forward(signum: int, frame) -> None:  # Ctrl-C here stops the detached start-up
+    def leave(signum: int, frame) -> None:  # Ctrl-C, kill, a closed terminal: this `up` only stops waiting
         interrupted.append(signum)
-        if supervisor_pid:
-            os.kill(supervisor_pid[0], signal.SIGINT)
 
-    signal.signal(signal.SIGINT, forward)
-    with progress:
-        while True:
-            readable, _, _ = select.select([pipe], [], [], 0.1)
-            progress.update(read_state(run_dir) or record)
-            if not readable:
-                continue
-            chunk = os.read(pipe, 4096)
-            messages += chunk
-            supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n") if line.startswith(b"pid ")]
-            if not chunk or b"ready\n" in messages or b"released\n" in messages:
-                break
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
+    try:
+        with progress:
+            while not interrupted:
+                readable, _, _ = select.select([pipe], [], [], 0.1)
+                progress.update(read_state(run_dir) or record)
+                if not readable:
+                    continue
+                chunk = os.read(pipe, 4096)
+                messages += chunk
+                supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n")
+                                     if line.startswith(b"pid ")]
+                if not chunk or b"ready\n" in messages or b"released\n" in messages:
+                    break
+    except OSError:  # the terminal went away (EIO) as its SIGHUP came: nobody to draw progress for
+        if not interrupted:
+            raise
+        _lose_terminal()
     os.close(pipe)
     final = read_state(run_dir) or record
     say = _redacting(saying(console), redact)
@@ -394,7 +438,7 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
         _say_ready(console, final, time.monotonic() - started, detached=True)
         return 0
     if interrupted:
-        say(f"{final.name}: stopped")
+        _say_left_running(say, final, supervisor_pid, interrupted[0])
         return 128 + interrupted[0]
     if b"released\n" in messages:
         say(f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started")

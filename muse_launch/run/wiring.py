@@ -10,11 +10,12 @@ engines/sglang.py ENCODER_LIST_PATH).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from muse_launch.addresses import connect_host
+from muse_launch.bounded_json import load_answer
 from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, worker_facts
 from muse_launch.plan.spec import Plan
 from muse_launch.run.probe import HTTP_TIMEOUT, base_url
@@ -42,17 +43,21 @@ class WiringCheck:
     role: str
     list_url: str
     wires: tuple[Wire, ...]
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False)  # a router's key: never printed
 
     def check(self, client: httpx.Client) -> WiringResult:
         try:
-            answer = client.get(self.list_url, timeout=HTTP_TIMEOUT)
-            listed = _listed(answer.json()) if answer.status_code == 200 else None
+            answer = client.get(self.list_url, timeout=HTTP_TIMEOUT, headers=self.headers)
+            listed = _listed(load_answer(answer.content)) if answer.status_code == 200 else None
         except httpx.TimeoutException:
             return WiringResult(self.wires, f"GET {self.list_url}: no answer within {HTTP_TIMEOUT:g}s")
         except (httpx.HTTPError, ValueError) as e:
             return WiringResult(self.wires, f"GET {self.list_url}: {type(e).__name__}")
         if listed is None:
-            return WiringResult(self.wires, f"GET {self.list_url} answered {answer.status_code}")
+            refused = "" if answer.status_code != 401 else \
+                " (the router refuses the --api-key it was given)" if self.headers else \
+                " (it wants a key: give the router --api-key in its args)"
+            return WiringResult(self.wires, f"GET {self.list_url} answered {answer.status_code}{refused}")
         missing = tuple(w for w in self.wires if not listed.get(w.url.rstrip("/"), False))
         return WiringResult(missing, "wired" if not missing else "missing " + ", ".join(w.url for w in missing))
 
@@ -83,10 +88,12 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
     checks: dict[str, WiringCheck] = {}
     for spec in plan.specs:
         peers = [specs[d] for d in spec.depends_on if d in specs and specs[d].url]
+        headers: dict[str, str] = {}
         if spec.engine in ROUTER_ENGINES and spec.ports.get("http"):
             wires = tuple(Wire(p.name, p.kind, p.url) for p in peers if p.kind in ROUTED_KINDS)
             path = ENGINES[spec.engine].FACTS.workers_path
             port = spec.ports["http"]
+            headers = router.auth_headers(spec.argv)
         elif (facts := worker_facts(spec.engine)) and facts.encoder_list_path and spec.ports.get("encoder_bootstrap"):
             wires = tuple(Wire(p.name, "encoder", p.url) for p in peers if p.kind == "encoder")
             path = facts.encoder_list_path
@@ -95,6 +102,6 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
             continue
         if wires:
             host = (hosts or {}).get(spec.name) or connect_host(spec.bind)
-            checks[spec.name] = WiringCheck(spec.name, base_url(host, port) + path, wires)
+            checks[spec.name] = WiringCheck(spec.name, base_url(host, port) + path, wires, headers)
     return checks
 

@@ -76,10 +76,14 @@ class SlurmFiles:
         return read_nofollow(path, root=self.run_dir.home).decode()
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
+        """An object, or None where the file is gone or damaged (bounded before parsing: bounded_json.py)."""
+        from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
+
         try:
-            return json.loads(self.read_text(path))
-        except (FileNotFoundError, PlantedLink, UnicodeDecodeError, json.JSONDecodeError):
+            data = load_state_json(read_nofollow(path, root=self.run_dir.home, limit=MAX_STATE_BYTES + 1))
+        except (FileNotFoundError, PlantedLink, Damaged):
             return None
+        return data if isinstance(data, dict) else None
 
     def job_id(self) -> str | None:
         data = self.read_json(self.job)

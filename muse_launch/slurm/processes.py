@@ -17,7 +17,6 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from muse_launch.host.programs import program_path
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.proc.process import (
     Marker,
@@ -28,6 +27,7 @@ from muse_launch.proc.process import (
     StopTarget,
     open_role_log,
 )
+from muse_launch.proc.programs import program_path
 from muse_launch.run.state import RunDir
 
 from . import cluster

@@ -38,6 +38,8 @@ class LoadedTopology:
     secrets: frozenset[str] = frozenset()
     # each whole value that held ${env:...}, as substituted -> as written with *** for each reference
     secret_values: Mapping[str, str] = field(default_factory=dict)
+    # the same values -> as written, `${env:NAME}` and all: what a later command resolves in its environment
+    secret_sources: Mapping[str, str] = field(default_factory=dict)
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -149,7 +151,8 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
                           else _where(path, lines, at))
     secrets: set[str] = set()
     values: dict[str, str] = {}
-    data = _substitute_env(data, (), environ, secrets, problems, path, lines, values)
+    sources: dict[str, str] = {}
+    data = _substitute_env(data, (), environ, secrets, problems, path, lines, values, sources)
     if problems:
         raise TopologyError(problems)
     loaded_secrets = frozenset(s for s in secrets if s)
@@ -161,7 +164,7 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
     clashes = _name_clashes(topology, path, lines)
     if clashes:
         raise TopologyError(clashes)
-    return LoadedTopology(topology, path, lines, loaded_secrets, values)
+    return LoadedTopology(topology, path, lines, loaded_secrets, values, sources)
 
 
 def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) -> list[str]:
@@ -348,12 +351,12 @@ def _set_value(raw: str, at: Path_, texts: dict[Path_, str] | None = None) -> An
 
 def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
                     problems: list[str], path: Path, lines: Mapping[Path_, int],
-                    values: dict[str, str] | None = None) -> Any:
+                    values: dict[str, str] | None = None, sources: dict[str, str] | None = None) -> Any:
     if isinstance(value, dict):
-        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines, values)
+        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines, values, sources)
                 for k, v in value.items()}
     if isinstance(value, list):
-        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines, values)
+        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines, values, sources)
                 for i, v in enumerate(value)]
     if not isinstance(value, str) or "${env:" not in value:
         return value
@@ -371,6 +374,8 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
     out = ENV_REF.sub(replace, value)
     if values is not None and out:
         values[out] = ENV_REF.sub(REDACTED, value)
+    if sources is not None and out:
+        sources[out] = value
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -155,7 +156,7 @@ def _size_bytes(value: Any) -> Any:
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
     if not match or match.group(2).lower() not in SIZE_UNITS:
         raise ValueError(f"cannot read size {value!r}; write bytes or e.g. 512KiB, 100MiB, 2GiB")
-    return int(float(match.group(1)) * SIZE_UNITS[match.group(2).lower()])
+    return int(Decimal(match.group(1)) * SIZE_UNITS[match.group(2).lower()])  # exact: 400 digits are no float
 
 
 class LogsConfig(Strict):

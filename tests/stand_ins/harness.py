@@ -126,7 +126,7 @@ class Deployment:
         state = self.run_dir / "state.json"
         try:
             pid = json.loads(state.read_text()).get("supervisor_pid")
-        except (OSError, ValueError, AttributeError):  # none, or damaged on purpose
+        except (OSError, ValueError, AttributeError, RecursionError):  # none, or damaged on purpose
             pid = None
         if pid:
             try:

@@ -42,7 +42,7 @@ def test_a_backend_name_read_back_is_checked(home):
     write_state(run_dir, planned_record(PLAN, "demo.yaml", str))
     state = json.loads(run_dir.state_file.read_text())
     run_dir.state_file.write_text(json.dumps({**state, "backend": "../../etc"}))
-    with pytest.raises(StateDamaged, match="backend '../../etc' is not one of local, slurm"):
+    with pytest.raises(StateDamaged, match="backend"):
         read_state(run_dir)
 
 

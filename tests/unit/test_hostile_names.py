@@ -320,4 +320,4 @@ def test_a_state_naming_another_directory_is_damaged_not_followed(tmp_path: Path
     assert [d.run_dir.name for d in damaged] == ["bad"] and "'../x', not 'bad'" in str(damaged[0])
     result = cli(tmp_path, "ls")
     assert result.returncode == 0 and "state damaged" in result.stdout, result.stdout + result.stderr
-    assert "it names the deployment '../x', not 'bad'" in result.stderr
+    assert "it names deployment '../x', not 'bad'" in result.stderr

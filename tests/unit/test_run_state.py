@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import replace
@@ -85,7 +86,7 @@ def test_a_second_lock_on_one_name_refuses_naming_the_supervisor(tmp_path, monke
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
     run_dir = RunDir.of("demo")
     record = planned_record(PLAN, "demo.yaml", str)
-    write_state(run_dir, replace(record, supervisor=ProcessRef(4242, 1.0)))
+    write_state(run_dir, replace(record, supervisor=ProcessRef(4242, 1)))
     held = DeploymentLock(run_dir)
     with pytest.raises(RuntimeFailure, match=r"'demo' is already running \(supervisor pid 4242\); .*down demo"):
         DeploymentLock(run_dir)
@@ -105,3 +106,69 @@ def test_names_resolve_from_a_name_a_file_or_the_one_running(tmp_path, monkeypat
     assert resolve_name("demo").name == "demo"
     with pytest.raises(UsageError, match=r"no deployment named 'other' \(known: demo\)"):
         resolve_name("other")
+
+
+def _damaged_by(tmp_path, change) -> str:
+    from muse_launch.run.state import StateDamaged
+
+    run_dir = RunDir(tmp_path / "demo")
+    write_state(run_dir, planned_record(PLAN, "demo.yaml", str))
+    data = json.loads(run_dir.state_file.read_text())
+    text = change(data)
+    run_dir.state_file.write_text(text if isinstance(text, str) else json.dumps(data))
+    with pytest.raises(StateDamaged) as caught:
+        read_state(run_dir)
+    return str(caught.value)
+
+
+def _role(key, value):
+    return lambda d: d["roles"][0].__setitem__(key, value)
+
+
+@pytest.mark.faults("18.4 a damaged state.json: every field checked, size and depth bounded before parsing")
+@pytest.mark.parametrize("change, problem", [
+    (_role("start_ticks", "x"), "roles.0.start_ticks"),
+    (_role("pid", True), "roles.0.pid"),  # not 1
+    (_role("ports", {"http": "30001"}), "roles.0.ports.http"),
+    (_role("ports", {"http": 70000}), "port 70000"),
+    (_role("stop", {"signal": "SIGCONT", "grace": 1}), "roles.0.stop.signal"),
+    (_role("stop", {"signal": "SIGTERM", "grace": 1e300}), "roles.0.stop.grace"),
+    (_role("ready_at", 17), "roles.0.ready_at"),
+    (_role("started_at", "yesterday"), "not an ISO 8601 time"),
+    (_role("url", ["http://x"]), "roles.0.url"),
+    (_role("url", "file:///etc/passwd"), "not an http(s) URL"),
+    (_role("wiring_counts", [["worker", "1", 2]]), "roles.0.wiring_counts"),
+    (_role("cgroup", "/sys/fs/cgroup/user.slice"), "not the role's own"),
+    (_role("probe", {"kind": "http", "paths": ["/x\nGET /y"], "timeout": 1, "interval": 1}),
+     "control character"),
+    (lambda d: d["stop_waves"].insert(0, ["ghost"]), "a stop wave names no role: 'ghost'"),
+    (lambda d: d["stop_waves"].pop(), "do not list every role"),
+    (lambda d: d.__setitem__("name", "other"), "names deployment 'other'"),
+    (lambda d: d.__setitem__("roles", {}), "roles"),
+    (lambda d: "[" * 100_000 + "]" * 100_000, "nested more than 16 deep"),
+    (lambda d: '"' + "x" * (9 << 20) + '"', "larger than 8 MiB"),
+    (lambda d: "[1, 2]", "a JSON list, not an object"),
+])
+def test_a_damaged_state_is_named_damaged_never_a_crash(tmp_path, change, problem):
+    assert problem in _damaged_by(tmp_path, change)
+
+
+def test_brackets_inside_strings_do_not_count_as_depth(tmp_path):
+    run_dir = RunDir(tmp_path / "demo")
+    record = planned_record(replace(PLAN, specs=(replace(PLAN.specs[0], args=("[" * 100 + '"\\"{',)),
+                                                 *PLAN.specs[1:])), "demo.yaml", str)
+    write_state(run_dir, record)
+    assert read_state(run_dir) == record
+
+
+@pytest.mark.parametrize("args", [("--api-key", "sekrit-key-1"), ("--api-key=sekrit-key-1",)])
+def test_a_routers_key_is_kept_as_its_reference_never_its_value(tmp_path, args):
+    router = replace(PLAN.specs[1], args=args)
+    plan = replace(PLAN, specs=(PLAN.specs[0], router))
+    sources = {"sekrit-key-1": "${env:K}", "--api-key=sekrit-key-1": "--api-key=${env:K}"}
+    record = planned_record(plan, "demo.yaml", lambda s: s.replace("sekrit-key-1", "***"), sources=sources)
+    assert record.role("router").api_key == "${env:K}" and record.role("prefill").api_key is None
+    run_dir = RunDir(tmp_path / "demo")
+    write_state(run_dir, record)
+    assert "sekrit" not in run_dir.state_file.read_text()
+    assert read_state(run_dir).role("router").api_key == "${env:K}"

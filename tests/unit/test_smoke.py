@@ -43,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         body = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
-        self._send(200, "application/json", body.encode())
+        self._send(200, "application/json", getattr(self.server, "raw", None) or body.encode())
 
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -187,3 +187,16 @@ def test_an_answer_is_printed_as_one_line_without_terminal_escapes() -> None:
 
     assert one_line("Sure!\n\n  It is \x1b[2J\x1b[31mred\x1b[0m\x00.\r\n") == r"Sure! It is \x1b[2J\x1b[31mred\x1b[0m\x00."
     assert one_line("café ☕") == "café ☕"
+
+
+@pytest.mark.faults("18.7 exit 70 on user input: a server answering smoke with deeply nested JSON")
+@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000,
+                                 b'{"data": ' * 50_000 + b"1" + b"}" * 50_000, b"[1]"],
+                         ids=["array", "object", "not an object"])
+def test_a_deeply_nested_answer_fails_the_check_not_the_command(home: Path, router: FakeRouter, raw) -> None:
+    router.raw = raw
+    deployment(router.server_address[1])
+    run = muse("smoke", "demo", "--timeout", "10")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "FAIL models" in run.stdout and "not an OpenAI model list" in run.stdout, run.stdout
+    assert "fix: `muse-launch status demo`" in run.stdout
