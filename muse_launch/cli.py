@@ -2,7 +2,7 @@
 
 Start-up time is part of the interface (`--help` < 0.15 s): this module imports typer and the
 standard library only, and each command imports what it needs inside its body; the runtime
-commands (run/commands.py) follow the same rule. Help and usage errors are click's plain text
+commands (commands/run.py) follow the same rule. Help and usage errors are click's plain text
 (typer's rich formatting costs ~70 ms of imports on every call).
 """
 
@@ -12,7 +12,6 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -49,15 +48,15 @@ def validate(
     file: Path = typer.Argument(..., help="topology file"),
     strict: bool = typer.Option(False, "--strict", help="warnings fail too"),
     as_json: bool = typer.Option(False, "--json", help="findings as JSON, for tools"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     engine_check: bool = typer.Option(False, "--engine-check", help="parse each command with the installed "
                                       "engine's and router's own parser too (what `up` does)"),
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
     import json
 
-    from .core import check_file
     from .checks import Severity
+    from .core import check_file
 
     try:
         loaded, findings, plan = check_file(file, set_)
@@ -66,7 +65,7 @@ def validate(
             raise
         typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems,
                                **({"fix": exc.fix} if exc.fix else {})}, indent=2))
-        raise typer.Exit(exc.exit_code)
+        raise typer.Exit(exc.exit_code) from None
     if engine_check and plan is not None:
         from .checks.engine import check
 
@@ -93,7 +92,7 @@ def plan(
     file: Path = typer.Argument(..., help="topology file"),
     fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch | mermaid | dot"),
     rehearse: bool = typer.Option(False, "--rehearse", help="the plan `up --rehearse` would run"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
     """Show each role's exact argv, env, GPUs, ports and probe, in start order."""
     import json
@@ -168,8 +167,8 @@ def init(
     hardware: str = typer.Option(..., "--hardware", help="b300 | b200 | gb300 | gb200 | h200 | mi355x | mi350x | xeon | cpu"),
     mode: str = typer.Option("pd", "--mode", help="epd | pd | agg"),
     engine: str = typer.Option("sglang", "--engine", help="sglang | vllm"),
-    quant: Optional[str] = typer.Option(None, "--quant", help="nvfp4 | mxfp4 | bf16 | int4 (default: the hardware's)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="write here instead of stdout"),
+    quant: str | None = typer.Option(None, "--quant", help="nvfp4 | mxfp4 | bf16 | int4 (default: the hardware's)"),
+    output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of stdout"),
 ) -> None:
     """Write a validated topology for a hardware x mode x engine x quantization, like the cookbook's panel."""
     from .init import render_init
@@ -185,7 +184,7 @@ def init(
 # Modules that add commands: each exposes register(app) and imports typer only at module level (its
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
-COMMAND_MODULES = ("muse_launch.run.commands", "muse_launch.export.command", "muse_launch.host.command",
+COMMAND_MODULES = ("muse_launch.commands.run", "muse_launch.commands.export", "muse_launch.commands.host",
                    "muse_launch.top.command", "muse_launch.bench.command")
 _registered: list[str] = []
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from .checks import Finding, Severity, recheck_placement, run_checks
 from .errors import CheckFailed
@@ -51,3 +51,21 @@ def load_plan(path: str | Path, sets: Iterable[str] = (), rehearse: bool = False
             raise CheckFailed("\n".join(["the rehearsal moves every machine to a loopback address, and then:",
                                           *(f.format(loaded) for f in moved)]))
     return LoadedPlan(plan, loaded, tuple(findings))
+
+
+@dataclass(frozen=True)
+class UpRequest:
+    """What `up` was asked, for any backend; a backend refuses the options it cannot honour."""
+
+    detach: bool = False
+    fail_fast: bool = False
+    rehearse: bool = False
+    keep: bool = False  # this host: leave the others running when a role fails to start
+    only: str | None = None  # this host: start this role alone
+    skip_gpu_check: bool = False  # this host: do not read its GPUs first
+    sets: tuple[str, ...] = ()
+    # SLURM: sbatch's --partition, --account, --time, and more options as given
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    sbatch: tuple[str, ...] = field(default_factory=tuple)

@@ -13,7 +13,8 @@ import errno
 import os
 import sys
 import traceback
-from typing import Iterable, TextIO
+from collections.abc import Iterable
+from typing import TextIO
 
 OK = 0
 FAILED = 1
@@ -69,6 +70,12 @@ class CheckFailed(UserError):
 
 class RuntimeFailure(UserError):
     """A role failed to start, a deployment is gone or could not be stopped cleanly."""
+
+    exit_code = FAILED
+
+
+class NotSupported(UserError):
+    """A backend that cannot do what was asked (yet): says which backend and what it can do instead."""
 
     exit_code = FAILED
 

@@ -9,19 +9,29 @@ for the same combinations plan exactly the same commands.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
 from .engines import sglang, vllm
 from .errors import UsageError
 from .plan.build import DEFAULT_DIST_INIT_PORT
-from .topology.hardware import (BF16_CHECKPOINT, CHECKPOINT_VRAM_GB, DFLASH_DRAFT, INT4_CHECKPOINT, MXFP4_CHECKPOINT,
-                                NVFP4_CHECKPOINT, PROFILES, HardwareProfile, Vendor)
+from .topology.hardware import (
+    BF16_CHECKPOINT,
+    CHECKPOINT_VRAM_GB,
+    DFLASH_DRAFT,
+    INT4_CHECKPOINT,
+    MXFP4_CHECKPOINT,
+    NVFP4_CHECKPOINT,
+    PROFILES,
+    HardwareProfile,
+    Vendor,
+)
 
 MODES = ("epd", "pd", "agg")
-ENGINES = ("sglang", "vllm")
+ENGINES = (sglang.NAME, vllm.NAME)  # the engines whose recipes the tables below hold
 QUANTS = ("nvfp4", "mxfp4", "bf16", "int4")
 
 CHECKPOINTS = {"nvfp4": NVFP4_CHECKPOINT, "mxfp4": MXFP4_CHECKPOINT, "bf16": BF16_CHECKPOINT,
@@ -62,10 +72,10 @@ VLLM_AMD_ARGS = ["--dtype", "bfloat16", "--distributed-executor-backend", "mp", 
 VLLM_AMD_ENV = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_MUSE_MOE_REDUCE_DTYPE": "bf16",
                 "VLLM_USE_BREAKABLE_CUDAGRAPH": "1"}  # hardware_overrides.amd.extra_env
 VLLM_AMD_VARIANT_ARGS = {  # variants.<v>.hardware_overrides.amd.extra_args
-    "mxfp4": ["--attention-backend", "ROCM_AITER_FA", "--max-model-len", "32768", "--max-num-seqs", "128",
-              "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.90"],
-    "bf16": ["--moe-backend", "triton", "--attention-backend", "ROCM_AITER_FA", "--max-model-len", "32768",
-             "--max-num-seqs", "32", "--max-num-batched-tokens", "4096", "--gpu-memory-utilization", "0.95"],
+    "mxfp4": [vllm.FACTS.attention_backend_flag, "ROCM_AITER_FA", "--max-model-len", "32768", "--max-num-seqs",
+              "128", "--max-num-batched-tokens", "8192", vllm.FACTS.mem_fraction_flag, "0.90"],
+    "bf16": ["--moe-backend", "triton", vllm.FACTS.attention_backend_flag, "ROCM_AITER_FA", "--max-model-len",
+             "32768", "--max-num-seqs", "32", "--max-num-batched-tokens", "4096", vllm.FACTS.mem_fraction_flag, "0.95"],
 }
 VLLM_PORT, VLLM_PREFILL_PORT, VLLM_DECODE_PORT = 8000, 8001, 8002  # vLLM's default; pd_cluster's
 VLLM_SIDE_CHANNELS = (5557, 5558)  # pd_cluster's prefill / decode VLLM_NIXL_SIDE_CHANNEL_PORT

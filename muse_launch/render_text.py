@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
+from .engines import image_carrier, worker_facts
 from .plan.spec import LaunchSpec, Plan
 from .topology.grammar import ENV_NAME
 from .topology.hardware import PROFILES
@@ -118,7 +119,6 @@ def _ready_hint(spec: LaunchSpec) -> str:
 
 
 HF_CACHE_MOUNT = "~/.cache/huggingface:/root/.cache/huggingface"  # unquoted: the shell expands ~
-VLLM_ENTRYPOINT = ("vllm", "serve")  # the vLLM images' entrypoint
 
 
 def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
@@ -143,13 +143,14 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
                    "--network host --ipc host --shm-size 32g"]
         if spec.gpus and profile.docker_gpu_args:
             options.append(" ".join(profile.docker_gpu_args))
-        if spec.engine == "vllm":
-            options.append("--privileged")  # as the recipe's docker command (NIXL/RDMA devices)
+        facts = worker_facts(spec.engine)
+        if facts and facts.privileged:
+            options.append("--privileged")
         options += [f"-e {shlex.quote(f'{env_name(k)}={redact(v)}')}" for k, v in spec.env.items()]
         options.append(f"-v {HF_CACHE_MOUNT}")
-        if spec.engine == "vllm":
-            if tuple(argv[:2]) == VLLM_ENTRYPOINT:
-                argv = argv[2:]
+        if facts and facts.entrypoint:
+            if tuple(argv[:len(facts.entrypoint)]) == facts.entrypoint:
+                argv = argv[len(facts.entrypoint):]
             else:
                 options.append(f"--entrypoint {shlex.quote(argv.pop(0))}")
         options.append(image)
@@ -158,10 +159,7 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
 
 
 def image_for(spec: LaunchSpec, profile) -> str | None:
-    """The image that ships the role's program: the engine's image for this hardware; the SGLang
-    image also carries sglang-router. vllm-router, smg and command roles run on the host."""
-    if spec.engine == "vllm":
-        return profile.vllm_image
-    if spec.engine in ("sglang", "sglang-router"):
-        return profile.sglang_image
-    return None
+    """The image that ships the role's program: the engine's image for this hardware, or for a router the
+    image of the worker engine that carries it (engines' FACTS); the others run on the host."""
+    carrier = image_carrier(spec.engine)
+    return carrier.image(profile) if carrier else None

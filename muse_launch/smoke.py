@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -245,9 +246,8 @@ def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str],
     if record.state is DeploymentState.STOPPED:
         raise RuntimeFailure(f"deployment {record.name!r} is not running: no role of it is alive",
                              fix=f"muse-launch up {record.source} -d")
-    routers = [r for r in record.roles if r.kind == "router" and r.url]
-    front = routers[0] if routers else next((r for r in record.roles if r.url and r.kind != "command"), None)
-    if front is None:
+    front = next(iter(record.entry_roles()), None)
+    if front is None or front.kind == "command":
         raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
     workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
     readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]

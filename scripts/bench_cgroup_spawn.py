@@ -1,6 +1,6 @@
 """What a role's own cgroup costs at spawn, side by side in one run: Popen of /bin/true as the runtime
 spawns a role (its own session), plain and moved into a fresh cgroup v2 by a preexec_fn before exec
-(run/process.spawn_role). Alternated, `--runs` each; prints medians, the worst, and the ratio.
+(proc/process.spawn_role). Alternated, `--runs` each; prints medians, the worst, and the ratio.
 
     .venv/bin/python scripts/bench_cgroup_spawn.py [--runs N]
 
@@ -17,7 +17,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from muse_launch.run import cgroups
+from muse_launch.proc import cgroups
 
 
 def main() -> None:

@@ -114,7 +114,7 @@ def startup(env: dict[str, str], runs: int) -> None:
 def hand_plan(plan, path: Path) -> None:
     """What the hand-written launcher reads: the waves, each role's argv, env, probe and address."""
     from muse_launch.addresses import connect_host
-    from muse_launch.run.process import program_path
+    from muse_launch.proc.programs import program_path
 
     roles = {s.name: s for s in plan.specs}
     path.write_text(json.dumps({"waves": [[{
@@ -125,7 +125,7 @@ def hand_plan(plan, path: Path) -> None:
 
 
 def wait_closed(plan, seconds: float = 20.0) -> None:
-    from muse_launch.run.ports import busy_ports
+    from muse_launch.proc.ports import busy_ports
 
     deadline = time.monotonic() + seconds
     while busy_ports(plan) and time.monotonic() < deadline:

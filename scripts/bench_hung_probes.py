@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import yaml
-
 from bench_bringup import REPO, STAND_IN, free_ports  # noqa: E402  scripts/ is this script's path
 
 HUNG = 5

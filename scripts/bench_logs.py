@@ -18,7 +18,7 @@ from pathlib import Path
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.run import logfiles
 from muse_launch.run.logfiles import LogCaps
-from muse_launch.run.process import Marker, open_role_log
+from muse_launch.proc.process import Marker, open_role_log
 
 MiB = 1024 * 1024
 WRITER = """

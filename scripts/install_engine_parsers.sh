@@ -9,7 +9,7 @@
 #   PATH="$(scripts/install_engine_parsers.sh | tail -n1):$PATH"
 # puts its `sglang` and `vllm` programs first, as an engine host has them. Progress goes to stderr.
 #
-# What goes in:
+# What goes in (checks/parser_runner.py drives these parsers):
 #   torch==2.13.0          the CPU wheel that lies on these machines; never let pip resolve another
 #                          (any other resolution downloads a multi-GB CUDA build)
 #   sglang==0.5.23         --no-deps, plus the packages its server_args imports at module level

@@ -40,7 +40,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         row[0] += 1
         row[1] += failed
         if left is not None:
-            row[2] = tuple(a + b for a, b in zip(row[2] or (0, 0), left))
+            row[2] = tuple(a + b for a, b in zip(row[2] or (0, 0), left, strict=True))
     number = lambda s: (int(s.split(".")[0]) if s.split(".")[0].isdigit() else 99, s)  # noqa: E731
     width = max(map(len, rows))
     terminalreporter.section("fault scenarios")

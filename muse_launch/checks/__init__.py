@@ -7,15 +7,24 @@ nothing below it imports it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
-from typing import Iterable
 
 from ..plan.build import PlanError, build_plan
 from ..plan.spec import Plan
 from ..topology.load import LoadedTopology
 from ..topology.model import Topology
 from . import addresses, engine_rules, gpus, hardware, pairs, ports  # noqa: F401  registers the plan rules
-from .findings import PLACEMENT_CHECKS, PLAN_CHECKS, CheckContext, Finding, PlanCheck, Severity, error, has_errors
+from .findings import (
+    PLACEMENT_CHECKS,
+    PLAN_CHECKS,
+    CheckContext,
+    Finding,
+    PlanCheck,
+    Severity,
+    error,
+    has_errors,
+)
 from .structural import structural_checks
 
 __all__ = ["Finding", "Severity", "has_errors", "recheck_placement", "run_checks"]

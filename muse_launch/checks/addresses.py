@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..addresses import is_loopback, is_wildcard
 from ..plan.spec import LaunchSpec

@@ -21,10 +21,10 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Iterable
 
 from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, vllm
 from ..engines.argv import last_value
@@ -91,9 +91,9 @@ class EngineCheck:
         specs = [s for s in self.plan.specs if s.engine in ENGINE_MODULES or s.engine in ROUTERS]
         programs = [(s.engine, resolve_program(s.launcher, s.env)) for s in specs]
         found = installed(programs)  # ~0.1 s, one query per interpreter: the releases key the remembered passes
-        by_name = {spec.name: f for spec, f in zip(specs, found)}
+        by_name = {spec.name: f for spec, f in zip(specs, found, strict=True)}
         self.versions = by_name
-        for spec, (engine, program) in zip(specs, programs):
+        for spec, (engine, program) in zip(specs, programs, strict=True):
             if engine not in ENGINE_MODULES:
                 continue
             entry = ENGINE_MODULES[engine].parser_entry(program.module, program.rest)

@@ -3,7 +3,7 @@ exclude each other, wiring, and flags in `args` that a key overrides or that ove
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, sglang, vllm
 from ..engines.argv import as_float, as_int, has_flag, last_value, value

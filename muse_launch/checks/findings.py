@@ -3,9 +3,9 @@ plan), and the registry of plan-level rules."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Callable, Iterable
 
 from ..plan.spec import Plan
 from ..topology.hardware import PROFILES, HardwareProfile

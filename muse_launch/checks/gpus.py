@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines import sglang
 from ..plan.spec import LaunchSpec
 from ..topology.hardware import CHECKPOINT_VRAM_GB
 from .findings import CheckContext, Finding, error, plan_check, warning
-from .reading import free_gpus, gpu_text, join, key_flags, machine, mem_fraction, model, origin, parallel, roles
+from .reading import (
+    free_gpus,
+    gpu_text,
+    join,
+    key_flags,
+    machine,
+    mem_fraction,
+    model,
+    origin,
+    parallel,
+    roles,
+)
 
 MIN_HEADROOM = 0.1  # memory share left to a GPU-sharing role without mem_fraction (the cookbook leaves 0.2)
 

@@ -4,7 +4,7 @@ MegaMoE, DFlash, the checkpoints' hardware, vLLM on AMD, DSpark, Xeon's page siz
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines import sglang, vllm
 from ..engines.argv import as_int, has_flag, last_value

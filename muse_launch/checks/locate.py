@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from ..engines import ENGINES, router, sglang, vllm
 from ..plan.spec import LaunchSpec

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..engines import ENGINES, ROUTER_ENGINES, router
 from ..engines.argv import has_flag
@@ -10,7 +10,6 @@ from ..plan.spec import LaunchSpec
 from .findings import CheckContext, Finding, error, plan_check
 from .ports import by_url
 from .reading import key_flags, origin, roles
-
 
 # (what, structured key, the engine module's reader of it)
 PAIR_FACTS = (

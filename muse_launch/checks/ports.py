@@ -4,9 +4,9 @@ encoder bootstrap ports per language worker, and the KV bootstrap port the route
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
-from ..engines import ENGINES, router, sglang, sglang_router, smg
+from ..engines import ENGINES, router, sglang_router, smg, worker_facts
 from ..engines.argv import as_int, has_flag, last_value
 from ..plan.spec import LaunchSpec
 from .findings import CheckContext, Finding, error, placement_check, plan_check
@@ -54,9 +54,11 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         used[machine(spec)].update(bound_ports(spec).values())
     seen: dict[tuple[str, int], LaunchSpec] = {}
     for spec in ctx.plan.specs:
-        port = bound_ports(spec).get("encoder_bootstrap") if spec.engine == sglang.NAME else None
+        facts = worker_facts(spec.engine)
+        port = bound_ports(spec).get("encoder_bootstrap") if facts and facts.encoder_bootstrap_port else None
         if port is None:
             continue
+        engine = ENGINES[spec.engine]
         key = (machine(spec), port)
         if key not in seen:
             seen[key] = spec
@@ -64,9 +66,9 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         other = seen[key]
         free = free_port(used[key[0]], port)
         used[key[0]].add(free)
-        yield error(origin(ctx, spec, sglang.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
+        yield error(origin(ctx, spec, engine.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
                     f"{spec.name} and {other.name} both bind encoder bootstrap port {port} on {key[0]}; each "
-                    f"{sglang.LANGUAGE_ONLY} worker needs its own",
+                    f"{engine.LANGUAGE_ONLY} worker needs its own",
                     f"give {spec.role} encoder_bootstrap_port {free}", spec.name, other.name)
 
 
@@ -87,13 +89,14 @@ def by_url(ctx: CheckContext) -> dict[str, LaunchSpec]:
 def router_bootstrap_port(ctx: CheckContext) -> Iterator[Finding]:
     """The port the router tells decode to fetch KV from is the one the prefill really binds."""
     urls = by_url(ctx)
-    bootstrap_flag = sglang.KEY_FLAGS["bootstrap_port"][0]
     for front in roles(ctx, (sglang_router.NAME, smg.NAME)):
         for url, told in router.prefills(front.args):
             prefill = urls.get(url)
-            if prefill is None or prefill.engine != sglang.NAME:
+            facts = worker_facts(prefill.engine) if prefill else None
+            if prefill is None or facts is None or facts.bootstrap_port is None:
                 continue
-            binds = as_int(last_value(prefill.args, bootstrap_flag)) or sglang.DEFAULT_BOOTSTRAP_PORT
+            bootstrap_flag = ENGINES[prefill.engine].KEY_FLAGS["bootstrap_port"][0]
+            binds = as_int(last_value(prefill.args, bootstrap_flag)) or facts.bootstrap_port
             if as_int(told) == binds:
                 continue
             router_given = has_flag(ctx.topology.roles[front.role].args, router.PREFILL)

@@ -3,7 +3,7 @@ point a finding at the key or argument that decided it."""
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ..addresses import is_wildcard
 from ..engines import ENGINES, WORKER_ENGINES

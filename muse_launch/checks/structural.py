@@ -4,7 +4,7 @@ They run before there is a plan (a dangling reference has none)."""
 from __future__ import annotations
 
 import difflib
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..plan.build import role_dependencies
 from ..plan.graph import Cycle, waves

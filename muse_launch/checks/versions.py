@@ -3,8 +3,8 @@ recipe's minimum for its model; and the one line `plan` prints of what is instal
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
-from typing import Iterable
 
 from ..engines import ENGINES, WORKER_ENGINES
 from ..engines.argv import has_flag

@@ -2,14 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..plan.spec import Probe
+from ..readiness import Probe
 
 if TYPE_CHECKING:  # annotations only: the simulated engine imports the engines' facts without pydantic
     from ..topology.hardware import HardwareProfile
     from ..topology.model import Role, Topology
+
+
+@dataclass(frozen=True)
+class WorkerFacts:
+    """What the planner, the checks, the runtime, init and the renderers ask of a worker engine (the routers'
+    counterpart is router.RouterFacts). None: the engine has no such thing."""
+
+    name: str
+    title: str  # as users write it in prose: "SGLang"
+    default_launcher: tuple[str, ...]
+    # The program its container images start with (plan --format docker drops it from the argv), and the
+    # hardware profile's field naming its image; an engine without an image runs on the host.
+    entrypoint: tuple[str, ...] | None
+    image_field: str | None
+    privileged: bool  # its containers need the host's devices (vLLM: NIXL/RDMA)
+    binds: tuple[str, ...]  # the port kinds of the plan it listens on
+    bootstrap_port: int | None  # a prefill's KV bootstrap server by default (replicas step from it)
+    encoder_bootstrap_port: int | None  # a language worker's encoder bootstrap server by default
+    # Where a language worker lists the encoders it reached (GET on its encoder bootstrap port), and the first
+    # release that takes back an encoder started after it, with the env var and default seconds that keep
+    # an evicted encoder that long.
+    encoder_list_path: str | None
+    late_encoders_since: str | None
+    encoder_evicted_ttl_env: tuple[str, float] | None
+    peer_flags: Mapping[str, str]  # how it is told its peers: flag -> the references rendered into it
+    mem_fraction_flag: str
+    attention_backend_flag: str
+    rehearsed_as: str  # the simulated engine's dialect that plays it in a rehearsal (muse_launch/sim)
+
+    def image(self, profile: HardwareProfile) -> str | None:
+        return getattr(profile, self.image_field) if self.image_field else None
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
 from .base import Context, Instance, Rendered
 
 NAME = "command"

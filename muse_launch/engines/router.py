@@ -3,11 +3,12 @@ options) and its reader. Each router's own facts are in its module: sglang_route
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 from urllib.parse import urlsplit
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
+from ..topology.defaults import METRICS_PORT_OFFSET
 from . import vllm
 from .argv import has_flag, last_value, opt, values_after
 from .base import Context, Instance, Rendered
@@ -21,7 +22,6 @@ API_KEY = "--api-key"
 METRICS_PORT, METRICS_HOST = "--prometheus-port", "--prometheus-host"
 SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendered after `args`: the key wins
 PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
-METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the routers' own default
 # muse-launch restarts a dead worker on the same URL; these let the router take it back within a
 # second of its being ready (scripts/bench_recovery.py: 0.7 s, against 1.7 s with the router's defaults).
 RECOVERY_DEFAULTS = (("--health-check-interval-secs", "1"), ("--health-success-threshold", "1"),
@@ -45,6 +45,7 @@ class RouterFacts:
     # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are in);
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
+    shipped_in: str | None = None  # the worker engine whose container image carries it
 
 
 def auth_headers(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -70,7 +71,7 @@ def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:
     args: list[str] = []
     if inst.prefill or inst.decode:
         args.append(facts.pd_flag)
-        for p, port in zip(inst.prefill, _prefill_bootstrap_ports(inst, ctx)):
+        for p, port in zip(inst.prefill, _prefill_bootstrap_ports(inst, ctx), strict=True):
             args += [PREFILL, p.url]
             if port or facts.bootstrap_none:
                 args.append(str(port) if port else "none")

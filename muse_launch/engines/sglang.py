@@ -4,9 +4,9 @@ knows about SGLang's command line is written here once."""
 
 from __future__ import annotations
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
-from .base import Context, Instance, Parallel, Rendered
+from .base import Context, Instance, Parallel, Rendered, WorkerFacts
 
 NAME = "sglang"
 DEFAULT_LAUNCHER = ("sglang", "serve")
@@ -120,8 +120,17 @@ ENCODER_HEALTH_CHECK_TIMEOUT_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEO
 ENCODER_EVICTED_TTL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)  # 0: never dropped
 ENCODER_FAIL_THRESHOLD = 3
 # From this release a language worker takes an evicted encoder back when it turns healthy (0.5.16
-# dropped it for good), so it may start before its encoders (run/start_policy.py).
+# dropped it for good), so it may start before its encoders (run/start_policy.py: the overlap start).
 LATE_ENCODERS_SINCE = "0.5.17"
+
+FACTS = WorkerFacts(
+    name=NAME, title="SGLang", default_launcher=DEFAULT_LAUNCHER,
+    entrypoint=None, image_field="sglang_image", privileged=False,  # its images take the whole command
+    binds=("http", "bootstrap", "encoder_bootstrap", "dist_init"),
+    bootstrap_port=DEFAULT_BOOTSTRAP_PORT, encoder_bootstrap_port=DEFAULT_ENCODER_BOOTSTRAP_PORT,
+    encoder_list_path=ENCODER_LIST_PATH, late_encoders_since=LATE_ENCODERS_SINCE,
+    encoder_evicted_ttl_env=ENCODER_EVICTED_TTL_ENV, peer_flags=WIRING,
+    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0], attention_backend_flag=ATTENTION_BACKEND, rehearsed_as=NAME)
 
 
 def _flag(key: str) -> str:

@@ -8,11 +8,12 @@ DSpark's --speculative-config) are plain env and args of the topology file.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..plan.spec import Probe, ProbeKind
+from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
-from .base import Context, Instance, Parallel, Rendered
+from .base import Context, Instance, Parallel, Rendered, WorkerFacts
 
 if TYPE_CHECKING:
     from ..topology.model import Role, Topology
@@ -75,6 +76,18 @@ INTEGER_FLAGS = (*KEY_FLAGS["tp"], *KEY_FLAGS["pp"], *KEY_FLAGS["dp"], NNODES, *
 PORT_FLAGS = {"dist_init": MASTER_PORT}
 # vLLM answers /health before its OpenAI routes are mounted in some versions: wait for both.
 READY = Probe(ProbeKind.HTTP, ("/health", "/v1/models"))
+ATTENTION_BACKEND = "--attention-backend"
+ENTRYPOINT = ("vllm", "serve")  # the vLLM images' entrypoint
+
+# A prefill's KV bootstrap port is the connector's (MooncakeConnector only: mooncake_bootstrap_port below);
+# vLLM has no encoder roles of its own.
+FACTS = WorkerFacts(
+    name=NAME, title="vLLM", default_launcher=DEFAULT_LAUNCHER,
+    entrypoint=ENTRYPOINT, image_field="vllm_image", privileged=True,  # as the recipe's docker command
+    binds=("http", "dist_init", "side_channel", "bootstrap"),
+    bootstrap_port=None, encoder_bootstrap_port=None, encoder_list_path=None, late_encoders_since=None,
+    encoder_evicted_ttl_env=None, peer_flags={},
+    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0], attention_backend_flag=ATTENTION_BACKEND, rehearsed_as=NAME)
 
 
 def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:

@@ -4,7 +4,7 @@ is NAME's value when NAME is defined, and is left as written when it is not."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 
 def expand(text: str, defined: Mapping[str, str]) -> str:

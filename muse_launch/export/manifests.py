@@ -4,11 +4,13 @@ the router's Deployment, and a kustomization.yaml listing them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
+from ..engines import WORKER_ENGINES
 from ..plan.spec import ProbeKind
 from ..render_text import image_for
 from ..topology.hardware import PROFILES, Vendor
@@ -22,7 +24,6 @@ GPU_RESOURCE = {Vendor.NVIDIA: "nvidia.com/gpu", Vendor.AMD: "amd.com/gpu"}
 SHM_SIZE = "32Gi"  # as `plan --format docker` gives each container (--shm-size 32g)
 STARTUP_PERIOD = 10  # seconds between start-up probes; the plan's timeout sets how many may fail
 READY_PERIOD = 5
-WORKER_ENGINES = ("sglang", "vllm")
 SINGLE_POD_KINDS = ("router", "command")  # nothing addresses them by pod: a Deployment (LWS flavour)
 
 

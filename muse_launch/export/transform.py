@@ -10,16 +10,16 @@ proven by expanding it back, as Kubernetes will, into each rank's exact argv and
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
 
+from ..checks import Severity, run_checks
 from ..errors import CheckFailed, TopologyError, UserError
 from ..plan.build import PlanError, build_plan
 from ..plan.build import expand as role_instances
 from ..plan.rehearse import simulated
 from ..plan.spec import LaunchSpec, Plan
-from ..checks import Severity, run_checks
 from ..topology.hardware import PROFILES
 from ..topology.load import ENV_REF, LoadedTopology, load_topology, read_regular_file
 from ..topology.model import NodeConfig, Role, Topology
@@ -284,7 +284,7 @@ def _leader_worker(role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], 
         argv, env = replay(pod, injected)
         want = _visible_env(spec)
         if argv != list(spec.argv) or {k: v for k, v in env.items() if k in want or k not in pod.secrets} != want:
-            diff = [f"{spec.argv[i - 1]} {b} where the template gives {a}" for i, (a, b) in enumerate(zip(argv, spec.argv))
+            diff = [f"{spec.argv[i - 1]} {b} where the template gives {a}" for i, (a, b) in enumerate(zip(argv, spec.argv, strict=False))
                     if a != b][:3] or ["their flags differ"]
             raise ExportError(
                 f"roles.{role}: {flavour.name.upper()} gives every worker of a group one template, but "

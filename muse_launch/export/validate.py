@@ -16,10 +16,11 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import jsonschema
 import yaml
@@ -73,13 +74,13 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-@lru_cache(maxsize=None)
+@cache
 def _crd_validator(file: str) -> jsonschema.Validator:
     schema = strict(json.loads((SCHEMAS / file).read_text()))
     return jsonschema.Draft7Validator(schema)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _core_registry():
     import importlib.resources
 
@@ -91,7 +92,7 @@ def _core_registry():
     return folder, Resource.from_contents(definitions) @ Registry()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _core_validator(ref: str) -> jsonschema.Validator | None:
     """`ref`: a definition (io.k8s.api.core.v1.PodTemplateSpec) or a file of kubernetes-validate's."""
     folder, registry = _core_registry()

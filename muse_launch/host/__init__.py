@@ -1,0 +1,1 @@
+"""What this host offers: its GPUs (NVML, AMD SMI) and the engines and routers installed."""

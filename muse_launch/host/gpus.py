@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import psutil
 
@@ -112,7 +113,7 @@ class GpuView:
     def save(self, path: Path) -> None:
         """Atomically: a reader in another process (`down` polling the view) sees the old view or the new one,
         never a half-written file."""
-        from muse_launch.run.files import replace_file
+        from muse_launch.files import replace_file
 
         replace_file(Path(path), (json.dumps(self.to_json(), indent=2) + "\n").encode(), mode=0o644)
 
@@ -121,12 +122,12 @@ class GpuView:
         try:
             return cls.from_json(json.loads(path.read_text()), source=str(path))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})")
+            raise UsageError(f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})") from e
 
 
 def command_of(pid: int) -> str | None:
     """A GPU holder's command line, secret-looking flags' values hidden (it may be anyone's)."""
-    from muse_launch.run.masks import command_line
+    from muse_launch.proc.masks import command_line
 
     try:
         proc = psutil.Process(pid)

@@ -15,14 +15,14 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from ..engines import ENGINES, ROUTER_ENGINES
 from ..plan.spec import LaunchSpec, Plan
-from ..run.process import program_path
+from ..proc.programs import program_path
 
 PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 CONSOLE_SCRIPT_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import ", re.M)
@@ -148,12 +148,12 @@ def installed(programs: Iterable[tuple[str, Program]]) -> list[Installed]:
     """The installed engine behind each (engine, program): one query per interpreter, in parallel."""
     programs = list(programs)
     wanted: dict[str, dict[str, tuple[str, ...]]] = {}
-    for engine, program in programs:
+    for _engine, program in programs:
         if program.python and program.top in MODULE_ENGINES:
             candidates = DISTRIBUTIONS.get(MODULE_ENGINES.get(program.top, ""), ())
             wanted.setdefault(program.python, {})[program.top] = candidates
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted)))) as pool:
-        answers = dict(zip(wanted, pool.map(lambda py: query_interpreter(py, wanted[py]), wanted)))
+        answers = dict(zip(wanted, pool.map(lambda py: query_interpreter(py, wanted[py]), wanted), strict=True))
     out = []
     for engine, program in programs:
         if not (program.python and program.top):
@@ -175,7 +175,7 @@ def role_versions(plan: Plan) -> dict[str, Installed]:
     """spec name -> what its engine or router is, for every spec that runs one (not `command`)."""
     specs = [s for s in plan.specs if s.engine in DISTRIBUTIONS]
     programs = {s.name: resolve_program(s.launcher, s.env) for s in specs}
-    return dict(zip(programs, installed((s.engine, programs[s.name]) for s in specs)))
+    return dict(zip(programs, installed((s.engine, programs[s.name]) for s in specs), strict=True))
 
 
 def installed_versions(plan: Plan) -> dict[str, str | None]:
@@ -199,7 +199,7 @@ def argv_versions(roles: Iterable[tuple[str, tuple[str, ...], str | None]]) -> d
         engine = engine if engine in DISTRIBUTIONS else MODULE_ENGINES.get(program.top or "")
         if engine:
             programs[name] = (engine, program)
-    return dict(zip(programs, installed(programs.values())))
+    return dict(zip(programs, installed(programs.values()), strict=True))
 
 
 def deployment_versions(roles) -> dict[str, str | None]:

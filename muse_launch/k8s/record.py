@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.run.files import PlantedLink, read_nofollow, replace_file
+from muse_launch.files import PlantedLink, read_nofollow, replace_file
 from muse_launch.run.state import RunDir
 
 KEYS = ("kubeconfig", "context", "server", "namespace", "flavour", "instance", "objects", "roles")

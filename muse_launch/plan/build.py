@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..engines import ENGINES, WORKER_ENGINES, router, sglang
+from ..engines import ENGINES, WORKER_ENGINES, router, worker_facts
 from ..engines.base import Context, Instance, Upstream
 from ..topology.grammar import instance_names
 from ..topology.hardware import PROFILES
@@ -69,7 +69,8 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
     host = role.host or topology.host
     bind = role.bind or topology.bind or host
     gpus = tuple(role.gpus or ())
-    language = bool(role.encoders)
+    facts = worker_facts(engine)
+    encoder_bootstrap = facts.encoder_bootstrap_port if facts and role.encoders else None
     base = dict(role_name=name, role=role, kind=role.kind, engine=engine,
                 model=role.model or topology.model if role.kind not in ("router", "command") else None)
     names = instance_names(name, role.replicas, role.nodes)
@@ -81,7 +82,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
                      dist_init_host=addresses[0], dist_init_port=role.dist_init_port or DEFAULT_DIST_INIT_PORT,
                      bootstrap_port=_port(role.bootstrap_port, 0, _default_bootstrap(role, engine)),
                      encoder_bootstrap_port=_port(role.encoder_bootstrap_port, 0,
-                                                  sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT if language else None),
+                                                  encoder_bootstrap),
                      side_channel_port=_port(role.side_channel_port, 0),
                      **base)
             for rank, node in enumerate(role.nodes)
@@ -97,7 +98,7 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
             gpus=gpus[i * share:(i + 1) * share], port=port,
             bootstrap_port=_port(role.bootstrap_port, i, _default_bootstrap(role, engine, i)),
             encoder_bootstrap_port=_port(role.encoder_bootstrap_port, i,
-                                         sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT + i if language else None),
+                                         encoder_bootstrap + i if encoder_bootstrap else None),
             side_channel_port=_port(role.side_channel_port, i),
             metrics_port=_port(role.metrics_port, i,
                                router.default_metrics_port(port) if role.kind == "router" else None),
@@ -106,8 +107,10 @@ def expand(topology: Topology, name: str, role: Role) -> list[Instance]:
 
 
 def _default_bootstrap(role: Role, engine: str, replica: int = 0) -> int | None:
-    """SGLang prefills bind a KV bootstrap port; replicas step from the default like explicit ports."""
-    return sglang.DEFAULT_BOOTSTRAP_PORT + replica if role.kind == "prefill" and engine == sglang.NAME else None
+    """A prefill binds its engine's KV bootstrap port, if it has one; replicas step from the default like explicit
+    ports."""
+    facts = worker_facts(engine)
+    return facts.bootstrap_port + replica if role.kind == "prefill" and facts and facts.bootstrap_port else None
 
 
 def _port(spec: int | list[int] | None, index: int, default: int | None = None) -> int | None:

@@ -10,11 +10,11 @@ transformed plan's addresses and ports again (checks.recheck_placement).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Mapping
 
 from ..addresses import is_loopback, is_wildcard
-from ..engines import ROUTER_ENGINES, WORKER_ENGINES
+from ..engines import ROUTER_ENGINES, WORKERS
 from ..topology.model import Topology
 from .spec import LaunchSpec, Plan
 
@@ -75,10 +75,11 @@ def simulated(plan: Plan, python: str) -> Plan:
     as they are (a rehearsal on Kubernetes keeps the cluster's DNS names)."""
     specs = []
     for spec in plan.specs:
-        if spec.engine in WORKER_ENGINES:
+        spec = _relocated(spec, addresses)
+        if spec.engine in WORKERS:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
-            launcher = (python, "-m", SIMULATED, "--engine", spec.engine, "--ready-after", f"{delay:g}",
-                        *sim_rate_args(spec.sim_rates), "--")
+            launcher = (python, "-m", SIMULATED, "--engine", WORKERS[spec.engine].rehearsed_as,
+                        "--ready-after", f"{delay:g}", *sim_rate_args(spec.sim_rates), "--")
             spec = replace(spec, launcher=launcher)
         elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.
@@ -93,4 +94,5 @@ def simulated_version(engine: str, argv: tuple[str, ...]) -> str | None:
         return None
     from ..sim.config import SGLANG_VERSION, VLLM_VERSION
 
-    return {"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION}.get(engine)
+    facts = WORKERS.get(engine)
+    return {"sglang": SGLANG_VERSION, "vllm": VLLM_VERSION}.get(facts.rehearsed_as) if facts else None

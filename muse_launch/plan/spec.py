@@ -2,36 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
+from muse_launch.readiness import Probe, ProbeKind
 from muse_launch.topology.defaults import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
-
-
-class ProbeKind(str, Enum):
-    HTTP = "http"
-    TCP = "tcp"
-    LOG = "log"
-    PROCESS = "process"  # no endpoint (a non-zero node rank): ready once alive for a moment
-
-
-@dataclass(frozen=True)
-class Probe:
-    kind: ProbeKind
-    paths: tuple[str, ...] = ()  # HTTP: each must answer `status`, in order
-    status: int = 200
-    pattern: str | None = None  # LOG: a regex matched against the role's log
-    timeout: float = 1800.0
-    interval: float = 0.5
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind.value, "timeout": self.timeout, "interval": self.interval}
-        if self.kind is ProbeKind.HTTP:
-            out.update(paths=list(self.paths), status=self.status)
-        if self.kind is ProbeKind.LOG:
-            out["pattern"] = self.pattern
-        return out
 
 
 @dataclass(frozen=True)

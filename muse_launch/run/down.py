@@ -13,16 +13,34 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import GpuReader
-from muse_launch.run import cgroups
-from muse_launch.run.cgroups import BEST_EFFORT_NOTE
+from muse_launch.proc import cgroups
+from muse_launch.proc.cgroups import BEST_EFFORT_NOTE
+from muse_launch.proc.identity import catches, holds_open
+from muse_launch.proc.masks import no_arguments
+from muse_launch.proc.ports import is_listening, port_holder
+from muse_launch.proc.process import (
+    POLL_SECONDS,
+    GroupStop,
+    Marker,
+    ProcessRef,
+    StopTarget,
+    describe,
+    is_alive,
+    marked_processes,
+    marked_roles,
+    stop_in_waves,
+    stop_roles,
+)
 from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
-from muse_launch.run.identity import catches, holds_open
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.masks import no_arguments
-from muse_launch.run.ports import is_listening, port_holder
-from muse_launch.run.process import (Marker, ProcessRef, StopTarget, describe, is_alive, marked_processes,
-                                     marked_roles, stop_roles)
-from muse_launch.run.state import DeploymentLock, DeploymentRecord, RunDir, StateDamaged, read_state, write_state
+from muse_launch.run.state import (
+    DeploymentLock,
+    DeploymentRecord,
+    RunDir,
+    StateDamaged,
+    read_state,
+    write_state,
+)
 
 SUPERVISOR_EXIT_SECONDS = 5.0
 PORTS_CLOSE_SECONDS = 10.0
@@ -203,13 +221,15 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         stopped: list[str] = []
         killed: list[str] = []
         survivors: list[str] = []
-        for wave in record.stop_waves:
+        def begin(wave: tuple[str, ...]) -> list[GroupStop]:
             targets = [record.role(name).stop_target(grace) for name in wave]
-            stopped += [t.role for t in targets
-                        if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup)]
-            report = stop_roles(targets, marker, mask=record.masks.token)
-            killed += report.killed
-            survivors += report.survivors
+            stopped.extend(t.role for t in targets
+                           if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup))
+            return [GroupStop(targets, marker, time.monotonic(), record.masks.token)]
+
+        report = stop_in_waves(record.stop_waves, begin, lambda: time.sleep(POLL_SECONDS))
+        killed += report.killed
+        survivors += report.survivors
         # Anything still marked (spawned by a supervisor killed between spawn and its state write, or one
         # that restarted a role while it could not write its state).
         leftover_roles = marked_roles(marker)

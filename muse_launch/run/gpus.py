@@ -10,17 +10,18 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import psutil
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuReader, GpuView, command_of, gib, index_ranges
 from muse_launch.plan.spec import Plan
-from muse_launch.run import cgroups
-from muse_launch.run.identity import CREATE_TIME_SLACK, start_ticks
-from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
+from muse_launch.proc import cgroups
+from muse_launch.proc.identity import CREATE_TIME_SLACK, start_ticks
+from muse_launch.proc.process import MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
 from muse_launch.run.state import DeploymentRecord
 from muse_launch.topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, HardwareProfile
 

@@ -30,12 +30,12 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
+from muse_launch.files import open_nofollow
 from muse_launch.plan.spec import LogPolicy
-from muse_launch.run.files import open_nofollow
 from muse_launch.topology.defaults import LOG_MAX_KEEP
 
 READ_CHUNK = 64 * 1024  # the most any reader holds of a log at once; a longer line is split at it

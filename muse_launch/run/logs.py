@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
+from muse_launch.files import open_nofollow
 from muse_launch.printable import escaped
-from muse_launch.run.files import open_nofollow
-from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
+from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller

@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 FOLLOW_SECONDS = 0.25  # how often new role log lines are printed
 

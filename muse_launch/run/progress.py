@@ -5,7 +5,6 @@ process or from state.json written by a detached one."""
 from __future__ import annotations
 
 import re
-
 import time
 from datetime import datetime
 from typing import TextIO

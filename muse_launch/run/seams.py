@@ -6,13 +6,21 @@ from __future__ import annotations
 import os
 import select
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run.listeners import ListenerOwner
-from muse_launch.run.process import (GroupStop, Marker, RoleProcess, StopReport, StopTarget, open_role_log,
-                                     spawn_role)
+from muse_launch.proc.listeners import ListenerOwner
+from muse_launch.proc.process import (
+    GroupStop,
+    Marker,
+    RoleProcess,
+    StopReport,
+    StopTarget,
+    open_role_log,
+    spawn_role,
+)
 from muse_launch.run.state import RunDir
 
 
@@ -76,6 +84,10 @@ class Stopping(Protocol):
 class Processes(Protocol):
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess: ...
 
+    def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner | None:
+        """Whose listener the role's probe must find answering; None where the role's processes cannot be
+        looked at from here (a step on another node)."""
+
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
         """Send the stop signals now; the returned stop is polled until it is done."""
 
@@ -86,7 +98,7 @@ class LocalProcesses:
 
     marker: Marker
     run_dir: RunDir
-    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (run/masks.py)
+    mask: Callable[[str], str] = lambda arg: arg  # hides secrets in what it reports killed (proc/masks.py)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> RoleProcess:
         log = self.run_dir.log(spec.name)

@@ -1,6 +1,6 @@
 """When each role may start: `start: waves` waits for every role a role is wired to; `start: overlap`
 (the default where the installed versions allow it) starts together the roles whose engines
-tolerate a late peer: an SGLang >= 0.5.17 language worker does not
+tolerate a late peer (the engines' facts: late_encoders_since): an SGLang >= 0.5.17 language worker does not
 contact its encoders while it starts: it lists them, probes them every 10 s, evicts one after 3
 failures and takes it back when healthy, unless it stayed evicted for
 SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL (600 s), which is set here from the encoders' ready timeouts so
@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from muse_launch.engines import sglang
+from muse_launch.engines import WORKERS, worker_facts
 from muse_launch.host.versions import installed_versions, version_key
 from muse_launch.plan.rehearse import simulated_version
 from muse_launch.plan.spec import LaunchSpec, Plan
 
 OVERLAP, WAVES = "overlap", "waves"
-MIN_SGLANG = sglang.LATE_ENCODERS_SINCE
 TTL_MARGIN = 60.0  # seconds beyond the slowest encoder's ready timeout
 
 
@@ -54,8 +53,9 @@ def recorded_versions(plan: Plan, versions: dict[str, str | None]) -> dict[str, 
 
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
     """Whether `spec` starts sooner, all told, by not waiting for `peer` (given new enough versions)."""
-    return spec.engine == sglang.NAME and bool(spec.ports.get("encoder_bootstrap")) \
-        and peer.kind == "encoder" and peer.engine == sglang.NAME
+    facts = worker_facts(spec.engine)
+    return bool(facts and facts.late_encoders_since and spec.ports.get("encoder_bootstrap")) \
+        and peer.kind == "encoder" and peer.engine == spec.engine
 
 
 def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -> StartPolicy:
@@ -68,7 +68,7 @@ def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -
     why_not = [f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))]
     if why_not and requested != OVERLAP:
         return StartPolicy(WAVES, everything, plan,
-                           f"start: waves, since overlap needs SGLang >= {MIN_SGLANG}; here: "
+                           f"start: waves, since overlap needs {_minimum(engines)}; here: "
                            f"{', '.join(why_not)}")
     older = [e for e in engines if versions.get(e) and not _new_enough(e, versions.get(e))]
     kept = {(a, d) for a, d in relaxable if specs[a].engine in older}
@@ -80,20 +80,26 @@ def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -
     return StartPolicy(OVERLAP, start_after, _with_eviction_ttl(plan, relaxed), note)
 
 
+def _minimum(engines: list[str]) -> str:
+    return ", ".join(f"{WORKERS[e].title} >= {WORKERS[e].late_encoders_since}" for e in engines)
+
+
 def _new_enough(engine: str, version: str | None) -> bool:
     if version is None:
         return False
-    return version_key(version) >= version_key(MIN_SGLANG) if engine == sglang.NAME else True
+    since = facts.late_encoders_since if (facts := worker_facts(engine)) else None
+    return version_key(version) >= version_key(since) if since else True
 
 
 def _with_eviction_ttl(plan: Plan, relaxed: set[tuple[str, str]]) -> Plan:
     """A language worker started before its encoders keeps each evicted one long enough for it to come up."""
-    ttl_var, ttl_default = sglang.ENCODER_EVICTED_TTL_ENV
     specs = {s.name: s for s in plan.specs}
     changed = []
     for spec in plan.specs:
         encoders = [specs[d] for a, d in relaxed if a == spec.name and specs[d].kind == "encoder"]
-        if encoders and ttl_var not in spec.env:
+        facts = worker_facts(spec.engine)
+        ttl_var, ttl_default = (facts and facts.encoder_evicted_ttl_env) or (None, 0.0)
+        if encoders and ttl_var and ttl_var not in spec.env:
             ttl = max(ttl_default, math.ceil(max(e.probe.timeout for e in encoders) + TTL_MARGIN))
             spec = replace(spec, env={**spec.env, ttl_var: f"{ttl:g}"})
         changed.append(spec)

@@ -8,22 +8,24 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from muse_launch.addresses import connect_host
 from muse_launch.engines.argv import last_value
 from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
-from muse_launch.run.files import PlantedLink, open_nofollow, read_nofollow, replace_file
+from muse_launch.proc.masks import Masks
+from muse_launch.proc.process import ProcessRef, StopTarget
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
-from muse_launch.run.masks import Masks
-from muse_launch.run.process import ProcessRef, StopTarget
 from muse_launch.topology.grammar import path_part
 
-
+LOCAL, SLURM = "local", "slurm"
+BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 
@@ -41,7 +43,7 @@ def state_home() -> Path:
 
 
 def now_iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class RunDir:
 
     @property
     def home(self) -> Path:
-        """Trusted as it is; below it, no link is followed (run/files.py)."""
+        """Trusted as it is; below it, no link is followed (muse_launch/files.py)."""
         return self.path.parent
 
     @property
@@ -180,6 +182,7 @@ class DeploymentRecord:
     # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
     versions: Mapping[str, str | None] = field(default_factory=dict)
     masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
+    backend: str | None = LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
 
     @property
     def state(self) -> DeploymentState:
@@ -204,7 +207,7 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
             "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
-            "versions": dict(self.versions), "masks": self.masks.to_json(),
+            "versions": dict(self.versions), "masks": self.masks.to_json(), "backend": self.backend,
         }
 
     @classmethod
@@ -212,12 +215,24 @@ class DeploymentRecord:
         supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
         return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
                    tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
-                   Masks.from_json(d.get("masks")))
+                   Masks.from_json(d.get("masks")), _backend_name(d.get("backend")))
+
+    def entry_roles(self) -> tuple[RoleRecord, ...]:
+        """Where clients send requests: the routers; without one, the last role in start order with a URL
+        (the one the others feed). The one rule for `up`'s ready line, the batch host's and smoke's."""
+        routers = tuple(r for r in self.roles if r.kind == "router" and r.url)
+        return routers or tuple(r for r in self.roles if r.url)[-1:]
+
+
+def _backend_name(value: object) -> str | None:
+    if value is not None and value not in BACKEND_NAMES:  # read back from disk: untrusted
+        raise ValueError(f"backend {value!r} is not one of {', '.join(BACKEND_NAMES)}")
+    return None if value is None else str(value)
 
 
 def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
                    versions: Mapping[str, str | None] | None = None,
-                   sources: Mapping[str, str] | None = None) -> DeploymentRecord:
+                   sources: Mapping[str, str] | None = None, backend: str = LOCAL) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
     so)."""
@@ -232,7 +247,8 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks)
+    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks,
+                            backend=backend)
 
 
 def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from muse_launch.bounded_json import Damaged, load_bounded_json
-from muse_launch.run.cgroups import LAYOUT_DIR, deployment_dir_name
+from muse_launch.proc.cgroups import LAYOUT_DIR, deployment_dir_name
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.topology.model import MAX_GRACE, STOP_SIGNALS
 
@@ -44,15 +44,15 @@ Pid = Field(gt=0, lt=1 << 22)  # the kernel's pid_max is at most 2^22
 
 class ProbeModel(_Strict):
     kind: str = Field(pattern="^(http|tcp|log|process)$")
-    paths: List[str] = []
+    paths: list[str] = []
     status: int = Field(200, ge=100, le=599)
-    pattern: Optional[str] = None
+    pattern: str | None = None
     timeout: float = Field(ge=0, allow_inf_nan=False)
     interval: float = Field(gt=0, allow_inf_nan=False)
 
     @field_validator("paths")
     @classmethod
-    def _paths(cls, paths: List[str]) -> List[str]:
+    def _paths(cls, paths: list[str]) -> list[str]:
         for path in paths:
             if not path.startswith("/"):
                 raise ValueError(f"probe path {path!r} does not start with /")
@@ -72,7 +72,7 @@ class StopModel(_Strict):
         return value
 
 
-def _iso(value: Optional[str]) -> Optional[str]:
+def _iso(value: str | None) -> str | None:
     if value is None:
         return None
     try:
@@ -88,30 +88,30 @@ class RoleModel(_Strict):
     name: str = Field(min_length=1, max_length=200)
     kind: str
     state: RoleState = Field(strict=False)  # its value, as written
-    pid: Optional[int] = Pid
-    create_time: Optional[float] = Field(None, ge=0, allow_inf_nan=False)
-    start_ticks: Optional[int] = Field(None, ge=0)
-    boot_id: Optional[str] = None
-    gpus: List[int] = Field(max_length=4096)
-    url: Optional[str] = None
-    ports: Dict[str, int]
+    pid: int | None = Pid
+    create_time: float | None = Field(None, ge=0, allow_inf_nan=False)
+    start_ticks: int | None = Field(None, ge=0)
+    boot_id: str | None = None
+    gpus: list[int] = Field(max_length=4096)
+    url: str | None = None
+    ports: dict[str, int]
     restarts: int = Field(ge=0)
-    restarts_reset_after: Optional[float] = Field(None, ge=0, allow_inf_nan=False)
-    started_at: Optional[str] = None
-    ready_at: Optional[str] = None
-    reason: Optional[str] = None
+    restarts_reset_after: float | None = Field(None, ge=0, allow_inf_nan=False)
+    started_at: str | None = None
+    ready_at: str | None = None
+    reason: str | None = None
     probe: ProbeModel
     probe_host: str = Field(min_length=1, max_length=253)
     stop: StopModel
-    argv: List[str] = []
+    argv: list[str] = []
     engine: str = ""
-    wiring_counts: List[Tuple[str, int, int]] = []
-    cgroup: Optional[str] = None
-    api_key: Optional[str] = None
+    wiring_counts: list[tuple[str, int, int]] = []
+    cgroup: str | None = None
+    api_key: str | None = None
 
     @field_validator("started_at", "ready_at")
     @classmethod
-    def _times(cls, value: Optional[str]) -> Optional[str]:
+    def _times(cls, value: str | None) -> str | None:
         return _iso(value)
 
     @field_validator("wiring_counts", mode="before")
@@ -127,21 +127,21 @@ class RoleModel(_Strict):
 
     @field_validator("url")
     @classmethod
-    def _url(cls, value: Optional[str]) -> Optional[str]:
+    def _url(cls, value: str | None) -> str | None:
         if value is not None and not re.match(r"https?://[^/?#\s]+", _plain(value, "a URL")):
             raise ValueError(f"{value[:60]!r} is not an http(s) URL")
         return value
 
     @field_validator("ports")
     @classmethod
-    def _ports(cls, ports: Dict[str, int]) -> Dict[str, int]:
+    def _ports(cls, ports: dict[str, int]) -> dict[str, int]:
         if bad := [p for p in ports.values() if not 1 <= p <= 65535]:
             raise ValueError(f"port {bad[0]} is not in 1-65535")
         return ports
 
     @field_validator("gpus")
     @classmethod
-    def _gpus(cls, gpus: List[int]) -> List[int]:
+    def _gpus(cls, gpus: list[int]) -> list[int]:
         if any(g < 0 for g in gpus):
             raise ValueError("a negative GPU index")
         return gpus
@@ -149,20 +149,21 @@ class RoleModel(_Strict):
 
 class MasksModel(_Strict):
     salt: str
-    sha256: Dict[str, str]
+    sha256: dict[str, str]
 
 
 class StateModel(_Strict):
     name: str = Field(min_length=1)
     source: str
-    supervisor_pid: Optional[int] = Pid
-    supervisor_create_time: Optional[float] = Field(None, ge=0, allow_inf_nan=False)
-    supervisor_start_ticks: Optional[int] = Field(None, ge=0)
-    supervisor_boot_id: Optional[str] = None
-    stop_waves: List[List[str]]
-    roles: List[RoleModel]
-    versions: Dict[str, Optional[str]] = {}
-    masks: Optional[MasksModel] = None
+    supervisor_pid: int | None = Pid
+    supervisor_create_time: float | None = Field(None, ge=0, allow_inf_nan=False)
+    supervisor_start_ticks: int | None = Field(None, ge=0)
+    supervisor_boot_id: str | None = None
+    stop_waves: list[list[str]]
+    roles: list[RoleModel]
+    versions: dict[str, str | None] = {}
+    masks: MasksModel | None = None
+    backend: Literal["local", "slurm"] | None = None  # None: written before records named their backend
 
     @model_validator(mode="after")
     def _waves(self) -> StateModel:

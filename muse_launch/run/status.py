@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 from rich.table import Table
@@ -13,14 +14,14 @@ from rich.text import Text
 
 from muse_launch.errors import UsageError
 from muse_launch.host.gpus import GpuReader, gib
+from muse_launch.proc.identity import is_suspended
+from muse_launch.proc.listeners import ListenerOwner
+from muse_launch.proc.process import Marker
 from muse_launch.run.gpus import role_gpu_memory
-from muse_launch.run.identity import is_suspended
 from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState
-from muse_launch.run.listeners import ListenerOwner
 from muse_launch.run.probe import ReadinessCheck
-from muse_launch.run.process import Marker
 from muse_launch.run.progress import STATE_STYLES
-from muse_launch.run.state import DeploymentRecord, RunDir
+from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
 
 
 def observed(record: DeploymentRecord) -> DeploymentRecord:
@@ -40,12 +41,20 @@ def observed(record: DeploymentRecord) -> DeploymentRecord:
     return replace(record, supervisor=None, roles=roles)
 
 
-def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
-               local: bool = True) -> dict[str, str | None]:
-    """"ok", or what the role's probe sees now; None for a role without a live process. `local`: its roles
-    run on this host, so the listener that answers must be the role's own (not on SLURM)."""
-    out: dict[str, str | None] = {}
+OwnerOf = Callable[[RoleRecord], ListenerOwner | None]  # whose listener a role's probe must find, if seen
+
+
+def local_owners(record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
+    """On this host a role's processes can be looked at: the listener that answers must be the role's own."""
     marker = Marker(record.name, str(run_dir.path))
+    return lambda role: ListenerOwner(role.process.pid, role.name, marker.env(role.name), role.cgroup) \
+        if role.process else None
+
+
+def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
+               owner_of: OwnerOf = lambda role: None) -> dict[str, str | None]:
+    """"ok", or what the role's probe sees now; None for a role without a live process."""
+    out: dict[str, str | None] = {}
     for role in record.roles:
         if role.process is None or not role.live:
             out[role.name] = None
@@ -53,9 +62,8 @@ def health_now(record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
         if role.process.find() and is_suspended(role.process.pid):  # its probe would only time out
             out[role.name] = "stopped (SIGSTOP)"
             continue
-        owner = ListenerOwner(role.process.pid, role.name, marker.env(role.name), role.cgroup) if local else None
         check = ReadinessCheck(role.probe, role.probe_host, role.ports.get("http"), run_dir.log(role.name), client,
-                               owner)
+                               owner_of(role))
         out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen
     return out
 

@@ -17,17 +17,24 @@ crash a week is not a crash loop, and must not use up the restarts the deploymen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable
 
 import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
+from muse_launch.proc.process import (
+    RoleProcess,
+    SpawnError,
+    StopReport,
+    StopTarget,
+    describe_exit,
+    stop_in_waves,
+)
 from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
-from muse_launch.run.process import RoleProcess, SpawnError, StopReport, StopTarget, describe_exit
 from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
 from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
 from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
@@ -38,6 +45,8 @@ STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
 SERVING = (RoleState.READY, RoleState.UNHEALTHY)  # became ready; UNHEALTHY: stopped by SIGSTOP since
+
+SYSTEM_CLOCK = SystemClock()  # stateless: one serves every supervisor
 
 
 class Outcome(Enum):
@@ -71,10 +80,25 @@ def probe_pool(plan: Plan) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2 * len(plan.specs) + 2, thread_name_prefix="probe")
 
 
+@dataclass(frozen=True)
+class _RoleStop:
+    """A role's stop in the wave-stop: once it reports, the role is marked stopped."""
+
+    run: RoleRun
+    stopped: Callable[[RoleRun], None]
+
+    def poll(self, now: float, kill_now: bool) -> StopReport | None:
+        report = self.run.stopping.poll(now, kill_now)
+        if report is not None:
+            self.run.stopping = None
+            self.stopped(self.run)
+        return report
+
+
 class Supervisor:
     def __init__(
         self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
-        clock: Clock = SystemClock(), on_change: Callable[[DeploymentRecord], None] = lambda record: None,
+        clock: Clock = SYSTEM_CLOCK, on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
         probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
         redact: Callable[[str], str] = lambda text: text, tend: Callable[[], None] = lambda: None,
@@ -204,22 +228,14 @@ class Supervisor:
     def stop(self) -> StopReport:
         """Stop every started role, last wave first; roles of one wave stop together, each through
         STOPPING (its stop signal sent, SIGKILL at the end of its grace or on a second Ctrl-C)."""
-        killed: list[str] = list(self.leftovers.killed)
-        survivors: list[str] = list(self.leftovers.survivors)
-        for wave in self.plan.stop_waves():
+        def begin(wave: tuple[str, ...]) -> list[_RoleStop]:
             for name in wave:
                 self._begin_stop(self.runs[name])
-            while stopping := [self.runs[n] for n in wave if self.runs[n].stopping]:
-                now = self.clock.monotonic()
-                for run in stopping:
-                    if (report := run.stopping.poll(now, self.kill_now)) is not None:
-                        killed += report.killed
-                        survivors += report.survivors
-                        run.stopping = None
-                        self._stopped(run)
-                if any(r.stopping for r in stopping):
-                    self.clock.wait(self.wakeup, STOPPING_TICK)
-        return StopReport(tuple(killed), tuple(survivors))
+            return [_RoleStop(self.runs[n], self._stopped) for n in wave if self.runs[n].stopping]
+
+        report = stop_in_waves(self.plan.stop_waves(), begin, lambda: self.clock.wait(self.wakeup, STOPPING_TICK),
+                               self.clock.monotonic, lambda: self.kill_now)
+        return StopReport(self.leftovers.killed + report.killed, self.leftovers.survivors + report.survivors)
 
     def _begin_stop(self, run: RoleRun) -> None:
         record = self.record.role(run.spec.name)
@@ -257,8 +273,7 @@ class Supervisor:
         run.next_probe_at = run.started_at + spec.probe.interval
         run.probe = None
         run.ready_since = None
-        # Whose listener answers: only processes on this host can be looked at (SLURM's steps offer no owner).
-        owner = self.processes.listener_owner(spec, run.process) if hasattr(self.processes, "listener_owner") else None
+        owner = self.processes.listener_owner(spec, run.process)  # whose listener answers, where that is seen
         run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
                                    self.run_dir.log(spec.name), self.client, owner)
         self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,

@@ -10,32 +10,41 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
 
 import httpx
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.files import open_fresh
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.printable import escaped
-from muse_launch.run import cgroups
+from muse_launch.proc import cgroups
+from muse_launch.proc.ports import busy_ports, taken_ports
+from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.proc.programs import program_path
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.files import open_fresh
 from muse_launch.run.logfiles import LogCaps, forget_rotated
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.output import BackgroundWriter, LogWriter
-from muse_launch.run.ports import busy_ports, taken_ports
-from muse_launch.run.process import Marker, ProcessRef, program_path
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import (DeploymentLock, DeploymentRecord, RunDir, StateSaver,
-                                   planned_record, read_state, running_deployments, write_state)
-from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.seams import LocalProcesses
+from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
+from muse_launch.run.state import (
+    DeploymentLock,
+    DeploymentRecord,
+    RunDir,
+    StateSaver,
+    planned_record,
+    read_state,
+    running_deployments,
+    write_state,
+)
 from muse_launch.run.supervisor import Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20
@@ -117,7 +126,7 @@ def refuse_multi_node(plan: Plan) -> None:
 def busy_fix(plan: Plan, busy) -> str:
     """The `--set` that moves the first busy port, in the file's key (http: `port`, others `NAME_port`;
     vLLM's extra side channels side_channel_1, _2... are `side_channel_port`), on the file's role."""
-    from muse_launch.run.ports import holding_deployments
+    from muse_launch.proc.ports import holding_deployments
 
     others = [name for name in holding_deployments(busy) if name != plan.name]
     if others:
@@ -134,7 +143,7 @@ def busy_fix(plan: Plan, busy) -> str:
 def refuse_foreign_addresses(plan: Plan) -> None:
     """A role that binds another machine's address cannot start here: say so, not "in use by an unknown
     process"."""
-    from muse_launch.run.ports import foreign_addresses
+    from muse_launch.proc.ports import foreign_addresses
 
     if foreign := foreign_addresses(plan):
         where = "; ".join(f"{address} ({', '.join(names)})" for address, names in foreign.items())
@@ -168,8 +177,10 @@ def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda te
 
 
 def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
-             gpus: GpuPreflight | None = None) -> int:
-    """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N."""
+             gpus: GpuPreflight | None = None, claim: Callable[[RunDir], None] = lambda run_dir: None) -> int:
+    """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N.
+    `claim` runs under the name's lock before anything starts: it refuses the name while another backend's
+    deployment of it runs, else makes that backend forget it."""
     options = replace(options, redact=redact)
     if options.only:
         full = plan
@@ -182,9 +193,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
     run_dir = RunDir.of(plan.name)
     lock = DeploymentLock(run_dir)  # "already running" comes before anything about how it would start
     try:
-        from muse_launch.slurm.commands import leave_slurm
-
-        leave_slurm(run_dir)  # refuses while this name's SLURM job runs; else forgets that job
+        claim(run_dir)
         refuse_leftovers(run_dir)
         refuse_foreign_addresses(plan)
         if busy := busy_ports(plan, redact):
@@ -328,8 +337,7 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
 
 
 def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detached: bool) -> None:
-    entry = [r for r in record.roles if r.kind == "router"] or [record.roles[-1]]
-    urls = ", ".join(r.url for r in entry if r.url)
+    urls = ", ".join(r.url for r in record.entry_roles() if r.url)
     supervisor = f"; supervisor pid {record.supervisor.pid}" if detached and record.supervisor else ""
     say = saying(console)
     say(f"{record.name}: ready in {seconds:.2f}s{': ' + urls if urls else ''}{supervisor}")

@@ -9,14 +9,14 @@ engines/sglang.py ENCODER_LIST_PATH).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import httpx
 
 from muse_launch.addresses import connect_host
 from muse_launch.bounded_json import load_answer
-from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, sglang
+from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, worker_facts
 from muse_launch.plan.spec import Plan
 from muse_launch.run.probe import HTTP_TIMEOUT, base_url
 
@@ -94,9 +94,9 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
             path = ENGINES[spec.engine].FACTS.workers_path
             port = spec.ports["http"]
             headers = router.auth_headers(spec.argv)
-        elif spec.engine == sglang.NAME and spec.ports.get("encoder_bootstrap"):
+        elif (facts := worker_facts(spec.engine)) and facts.encoder_list_path and spec.ports.get("encoder_bootstrap"):
             wires = tuple(Wire(p.name, "encoder", p.url) for p in peers if p.kind == "encoder")
-            path = sglang.ENCODER_LIST_PATH
+            path = facts.encoder_list_path
             port = spec.ports["encoder_bootstrap"]
         else:
             continue

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from .config import ArgvError, parse_engine_args, startup_errors
 from .timing import (DEFAULT_ITL_PER_RUNNING_S, DEFAULT_ITL_S, DEFAULT_MAX_RUNNING, DEFAULT_PREFILL_TOKENS_PER_S,

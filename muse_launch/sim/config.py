@@ -261,13 +261,8 @@ def parse_sglang(argv: list[str]) -> SimConfig:
         node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, ignored=rest)
 
 
-def parse_vllm(argv: list[str]) -> SimConfig:
-    args = list(argv)
-    if args and args[0] == "serve":  # tolerate "vllm serve ..." passed whole
-        args = args[1:]
-    positional_model = None
-    if args and not args[0].startswith("-"):
-        positional_model, args = args[0], args[1:]
+def _vllm_parser() -> _Parser:
+    """`vllm serve`'s options that the simulated engine acts on; the rest are ignored (and listed)."""
     p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
     p.add_argument(*VLLM_FLAGS["model"], dest="model")
     p.add_argument("--tokenizer", dest="tokenizer")
@@ -298,32 +293,25 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     p.add_argument(vllm.MASTER_PORT, dest="master_port", type=int,
                    default=vllm.DEFAULT_MASTER_PORT)
     _bool_flag(p, vllm.HEADLESS, dest="headless")
-    ns, rest = p.parse_known_args(args)
+    return p
+
+
+def parse_vllm(argv: list[str]) -> SimConfig:
+    args = list(argv)
+    if args and args[0] == "serve":  # tolerate "vllm serve ..." passed whole
+        args = args[1:]
+    positional_model = None
+    if args and not args[0].startswith("-"):
+        positional_model, args = args[0], args[1:]
+    ns, rest = _vllm_parser().parse_known_args(args)
     model = ns.model or positional_model
     if ns.model and positional_model and ns.model != positional_model:
         raise ArgvError(f"vllm serve: error: model given both positionally and with "
                         f"{VLLM_FLAGS['model'][0]}")
     if not model:
         model = "Qwen/Qwen3-0.6B"  # vLLM's own default model
-    kvc = None
-    if ns.kv_transfer_config:
-        try:
-            kvc = json.loads(ns.kv_transfer_config)
-        except json.JSONDecodeError as e:
-            raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: invalid "
-                            f"JSON ({e})") from None
-        if not isinstance(kvc, dict):
-            raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: expected a "
-                            "JSON object")
-    max_len = DEFAULT_CONTEXT_LENGTH
-    if ns.max_model_len:
-        s = ns.max_model_len.strip().lower()
-        mult = {"k": 1000, "m": 1000000}.get(s[-1:], 1)
-        try:
-            max_len = int(float(s[:-1] if mult > 1 else s) * mult)
-        except ValueError:
-            raise ArgvError(f"vllm serve: error: argument --max-model-len: invalid value "
-                            f"{ns.max_model_len!r}") from None
+    kvc = _kv_transfer_config(ns.kv_transfer_config)
+    max_len = _max_model_len(ns.max_model_len)
     served = ns.served_model_name or [model]
     ep = ns.tp_size * ns.dp_size if ns.enable_expert_parallel else 1
     dist = f"{ns.master_addr}:{ns.master_port}" if ns.nnodes > 1 else None
@@ -349,6 +337,33 @@ def parse_vllm(argv: list[str]) -> SimConfig:
         dp_start_rank=ns.dp_start_rank, dp_size_local=local,
         dp_api_per_node=ns.dp_hybrid_lb or ns.dp_external_lb,
         kv_transfer_config=kvc, ignored=rest)
+
+
+def _kv_transfer_config(text: str | None) -> dict | None:
+    if not text:
+        return None
+    try:
+        kvc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: invalid "
+                        f"JSON ({e})") from None
+    if not isinstance(kvc, dict):
+        raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: expected a "
+                        "JSON object")
+    return kvc
+
+
+def _max_model_len(text: str | None) -> int:
+    """--max-model-len as vLLM reads it: 32768, 32k, 1m."""
+    if not text:
+        return DEFAULT_CONTEXT_LENGTH
+    s = text.strip().lower()
+    mult = {"k": 1000, "m": 1000000}.get(s[-1:], 1)
+    try:
+        return int(float(s[:-1] if mult > 1 else s) * mult)
+    except ValueError:
+        raise ArgvError(f"vllm serve: error: argument --max-model-len: invalid value "
+                        f"{text!r}") from None
 
 
 def parse_engine_args(engine: str, argv: list[str]) -> SimConfig:

@@ -30,7 +30,8 @@ import asyncio
 import os
 import time
 import uuid
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -174,7 +175,7 @@ class EncoderWiring:
             return
         results = await asyncio.gather(*(self._probe_one(u) for u in candidates))
         evicted, revived = [], []
-        for url, problem in zip(candidates, results):
+        for url, problem in zip(candidates, results, strict=True):
             if problem is None:
                 self.fail_counts.pop(url, None)
                 if url in self.evicted:
@@ -209,7 +210,7 @@ class EncoderWiring:
                   f"encoder disaggregation.")
             return n_items * tg.TOKENS_PER_MEDIA_ITEM
         shares = [len(range(i, n_items, len(urls))) for i in range(len(urls))]
-        parts = [(url, n) for url, n in zip(urls, shares) if n]
+        parts = [(url, n) for url, n in zip(urls, shares, strict=True) if n]
         results = await asyncio.gather(*(self._encode_on(url, n, rid, i, len(parts))
                                          for i, (url, n) in enumerate(parts)))
         e.log(f"encoders {', '.join(u for u, _ in parts)} embedded {n_items} media item(s) "

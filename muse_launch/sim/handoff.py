@@ -47,126 +47,144 @@ class KVHandoff:
         if self.computes_prefill(body):  # before a prefill registers its room: the decode waits for it
             await eng.batch.prefill(prompt_tokens)
         if c.engine == "sglang" and c.disaggregation_mode in ("prefill", "decode"):
-            room = body.get("bootstrap_room")
-            host = body.get("bootstrap_host")
-            port = body.get("bootstrap_port")
-            if room is None or host is None:
-                raise GenError(400, f"this server runs with --disaggregation-mode "
-                               f"{c.disaggregation_mode}: requests need bootstrap_host, "
-                               f"bootstrap_port and bootstrap_room (send them through the "
-                               f"PD router)")
-            if c.transfer_backend == "fake":
-                eng.log(f"kv: fake transfer backend, bootstrap_room {room} not transferred")
-                return {"_max_tokens": 1} if c.disaggregation_mode == "prefill" else {}
-            if c.disaggregation_mode == "prefill":
-                key = str(room)
-                try:
-                    slot = eng.slots.register(key, eng.kv_identity() | {
-                        "room": room, "prompt_tokens": prompt_tokens, "rid": rid})
-                except tr.KVTransferError as e:
-                    raise GenError(500, f"bootstrap_room {room}: {e}") from None
-                eng.log(f"bootstrap: bootstrap_room {room} registered ({prompt_tokens} "
-                        f"prompt tokens), waiting for the decode")
-                try:
-                    await asyncio.wait_for(slot.fetched.wait(), eng.kv_timeout)
-                except asyncio.TimeoutError:
-                    eng.log(f"ERROR: bootstrap_room {room}: no decode fetched the KV cache "
-                            f"within {eng.kv_timeout:.1f}s; aborting the request")
-                    raise GenError(500, f"KV transfer timed out for bootstrap_room {room}: "
-                                   f"no decode connected to this prefill's bootstrap server "
-                                   f"{c.advertised_host}:{c.bootstrap_port} within "
-                                   f"{eng.kv_timeout:.1f}s") from None
-                finally:
-                    eng.slots.drop(key)
-                return {"_max_tokens": 1}
-            # decode
-            if port is None:
-                port = c.bootstrap_port
-            try:
-                info = await tr.sglang_fetch(eng, str(host), int(port), room, prompt_tokens)
-            except tr.KVTransferError as e:
-                eng.log(f"ERROR: {e}")
-                raise GenError(500, str(e)) from None
-            eng.log(f"kv: bootstrap_room {room} fetched from {host}:{port} "
-                    f"({info.get('prompt_tokens')} prompt tokens)")
-            return extra
+            return await self._sglang(body, prompt_tokens, rid)
         if c.engine != "vllm":
-            return extra
+            return {}
         kvp = body.get("kv_transfer_params")
         conn = c.kv_connector
         if isinstance(kvp, dict) and kvp and not conn:
-            eng.log("warning: request carries kv_transfer_params but no "
-                    "--kv-transfer-config is set; they are ignored")
+            self.engine.log("warning: request carries kv_transfer_params but no "
+                            "--kv-transfer-config is set; they are ignored")
         if not conn:
             return {"kv_transfer_params": None}
-        extra["kv_transfer_params"] = None
         kvp = kvp if isinstance(kvp, dict) else {}
-        block = c.page_size or 16
         if conn == EXAMPLE:
-            path = c.shared_storage_path
-            if c.vllm_is_consumer:
-                hit = tr.example_lookup(path, token_ids, block)
-                if hit:
-                    eng.log(f"kv: External Cache Hit! {hit.get('stored_tokens')} tokens loaded "
-                            f"from {path}")
-                    probs = tr.compat_problems(eng.kv_identity(), hit)
-                    if probs:
-                        raise GenError(500, "KV cache in shared storage is incompatible: "
-                                       + "; ".join(probs))
-                else:
-                    eng.log(f"kv: no external cache hit in {path} for a {len(token_ids)}-token"
-                            f" prompt; computing the prefill locally")
-            if c.vllm_is_producer and not (c.vllm_is_consumer and kvp.get("do_remote_prefill")):
-                n = tr.example_store(path, token_ids, eng.kv_identity() | {
-                    "prompt_tokens": prompt_tokens}, block)
-                eng.log(f"kv: saved KV of {n} tokens to {path}")
-            return extra
+            self._example_storage(kvp, prompt_tokens, token_ids)
+            return {"kv_transfer_params": None}
         if kvp.get("do_remote_decode") and c.vllm_is_producer:
-            if conn == NIXL:
-                host, port = c.nixl_side_channel
-                key = rid
-                blocks = list(range(0, max(1, -(-prompt_tokens // block))))
-                params = {"do_remote_prefill": True, "do_remote_decode": False,
-                          "remote_block_ids": blocks, "remote_engine_id": eng.engine_id,
-                          "remote_request_id": key, "remote_host": host, "remote_port": port,
-                          "tp_size": c.tp_size}
-            elif conn == MOONCAKE:
-                host, port = c.mooncake_bootstrap
-                key = str(kvp.get("transfer_id") or rid)
-                params = {"do_remote_prefill": True, "do_remote_decode": False,
-                          "transfer_id": key, "remote_engine_id": eng.engine_id,
-                          "remote_bootstrap_addr":
-                              f"http://{hostport(c.advertised_host, port)}"}
-            else:
-                eng.log(f"kv: {conn} hand-off is not modelled; no kv_transfer_params returned")
-                return extra
-            try:
-                eng.slots.register(key, eng.kv_identity() | {
-                    "prompt_tokens": prompt_tokens, "rid": rid})
-            except tr.KVTransferError as e:
-                raise GenError(500, str(e)) from None
-            eng.log(f"kv: prefill of {rid} done, KV held for the decode ({conn} "
-                    f"{params.get('remote_host', '')}{params.get('remote_bootstrap_addr', '')}"
-                     f"{':' + str(params['remote_port']) if 'remote_port' in params else ''})")
-            extra["kv_transfer_params"] = params
-            extra["_max_tokens"] = 1
-            return extra
+            return self._vllm_prefill(conn, kvp, prompt_tokens, rid)
         if kvp.get("do_remote_prefill") and c.vllm_is_consumer:
+            await self._vllm_decode(conn, kvp, prompt_tokens)
+        return {"kv_transfer_params": None}
+
+    async def _sglang(self, body: dict, prompt_tokens: int, rid: str) -> dict[str, Any]:
+        """SGLang PD: a prefill registers its bootstrap room and waits for the decode to fetch it."""
+        c, eng = self.cfg, self.engine
+        room = body.get("bootstrap_room")
+        host = body.get("bootstrap_host")
+        port = body.get("bootstrap_port")
+        if room is None or host is None:
+            raise GenError(400, f"this server runs with --disaggregation-mode "
+                           f"{c.disaggregation_mode}: requests need bootstrap_host, "
+                           f"bootstrap_port and bootstrap_room (send them through the "
+                           f"PD router)")
+        if c.transfer_backend == "fake":
+            eng.log(f"kv: fake transfer backend, bootstrap_room {room} not transferred")
+            return {"_max_tokens": 1} if c.disaggregation_mode == "prefill" else {}
+        if c.disaggregation_mode == "prefill":
+            key = str(room)
             try:
-                if conn == NIXL:
-                    info = await tr.nixl_fetch(eng, kvp)
-                elif conn == MOONCAKE:
-                    info = await tr.mooncake_fetch(eng, kvp)
-                else:
-                    eng.log(f"kv: {conn} hand-off is not modelled; computing locally")
-                    return extra
+                slot = eng.slots.register(key, eng.kv_identity() | {
+                    "room": room, "prompt_tokens": prompt_tokens, "rid": rid})
             except tr.KVTransferError as e:
-                eng.log(f"ERROR: {e}")
-                raise GenError(500, str(e)) from None
-            if info.get("prompt_tokens") not in (None, prompt_tokens):
-                raise GenError(500, f"KV transfer mismatch: the prefill computed "
-                               f"{info.get('prompt_tokens')} prompt tokens, this request has "
-                               f"{prompt_tokens}")
-            eng.log(f"kv: loaded remote KV of {info.get('prompt_tokens')} prompt tokens "
-                    f"({conn})")
+                raise GenError(500, f"bootstrap_room {room}: {e}") from None
+            eng.log(f"bootstrap: bootstrap_room {room} registered ({prompt_tokens} "
+                    f"prompt tokens), waiting for the decode")
+            try:
+                await asyncio.wait_for(slot.fetched.wait(), eng.kv_timeout)
+            except TimeoutError:
+                eng.log(f"ERROR: bootstrap_room {room}: no decode fetched the KV cache "
+                        f"within {eng.kv_timeout:.1f}s; aborting the request")
+                raise GenError(500, f"KV transfer timed out for bootstrap_room {room}: "
+                               f"no decode connected to this prefill's bootstrap server "
+                               f"{c.advertised_host}:{c.bootstrap_port} within "
+                               f"{eng.kv_timeout:.1f}s") from None
+            finally:
+                eng.slots.drop(key)
+            return {"_max_tokens": 1}
+        if port is None:  # decode
+            port = c.bootstrap_port
+        try:
+            info = await tr.sglang_fetch(eng, str(host), int(port), room, prompt_tokens)
+        except tr.KVTransferError as e:
+            eng.log(f"ERROR: {e}")
+            raise GenError(500, str(e)) from None
+        eng.log(f"kv: bootstrap_room {room} fetched from {host}:{port} "
+                f"({info.get('prompt_tokens')} prompt tokens)")
+        return {}
+
+    def _example_storage(self, kvp: dict, prompt_tokens: int, token_ids: list[int]) -> None:
+        """vLLM's ExampleConnector: KV through a shared directory."""
+        c, eng = self.cfg, self.engine
+        path, block = c.shared_storage_path, c.page_size or 16
+        if c.vllm_is_consumer:
+            hit = tr.example_lookup(path, token_ids, block)
+            if hit:
+                eng.log(f"kv: External Cache Hit! {hit.get('stored_tokens')} tokens loaded "
+                        f"from {path}")
+                probs = tr.compat_problems(eng.kv_identity(), hit)
+                if probs:
+                    raise GenError(500, "KV cache in shared storage is incompatible: "
+                                   + "; ".join(probs))
+            else:
+                eng.log(f"kv: no external cache hit in {path} for a {len(token_ids)}-token"
+                        f" prompt; computing the prefill locally")
+        if c.vllm_is_producer and not (c.vllm_is_consumer and kvp.get("do_remote_prefill")):
+            n = tr.example_store(path, token_ids, eng.kv_identity() | {
+                "prompt_tokens": prompt_tokens}, block)
+            eng.log(f"kv: saved KV of {n} tokens to {path}")
+
+    def _vllm_prefill(self, conn: str, kvp: dict, prompt_tokens: int, rid: str) -> dict[str, Any]:
+        """A vLLM producer holds the KV and answers with the params its decode fetches it by."""
+        c, eng = self.cfg, self.engine
+        extra: dict[str, Any] = {"kv_transfer_params": None}
+        if conn == NIXL:
+            host, port = c.nixl_side_channel
+            key = rid
+            blocks = list(range(0, max(1, -(-prompt_tokens // (c.page_size or 16)))))
+            params = {"do_remote_prefill": True, "do_remote_decode": False,
+                      "remote_block_ids": blocks, "remote_engine_id": eng.engine_id,
+                      "remote_request_id": key, "remote_host": host, "remote_port": port,
+                      "tp_size": c.tp_size}
+        elif conn == MOONCAKE:
+            host, port = c.mooncake_bootstrap
+            key = str(kvp.get("transfer_id") or rid)
+            params = {"do_remote_prefill": True, "do_remote_decode": False,
+                      "transfer_id": key, "remote_engine_id": eng.engine_id,
+                      "remote_bootstrap_addr":
+                          f"http://{hostport(c.advertised_host, port)}"}
+        else:
+            eng.log(f"kv: {conn} hand-off is not modelled; no kv_transfer_params returned")
+            return extra
+        try:
+            eng.slots.register(key, eng.kv_identity() | {
+                "prompt_tokens": prompt_tokens, "rid": rid})
+        except tr.KVTransferError as e:
+            raise GenError(500, str(e)) from None
+        eng.log(f"kv: prefill of {rid} done, KV held for the decode ({conn} "
+                f"{params.get('remote_host', '')}{params.get('remote_bootstrap_addr', '')}"
+                f"{':' + str(params['remote_port']) if 'remote_port' in params else ''})")
+        extra["kv_transfer_params"] = params
+        extra["_max_tokens"] = 1
         return extra
+
+    async def _vllm_decode(self, conn: str, kvp: dict, prompt_tokens: int) -> None:
+        """A vLLM consumer fetches the prefill's KV before it decodes."""
+        eng = self.engine
+        try:
+            if conn == NIXL:
+                info = await tr.nixl_fetch(eng, kvp)
+            elif conn == MOONCAKE:
+                info = await tr.mooncake_fetch(eng, kvp)
+            else:
+                eng.log(f"kv: {conn} hand-off is not modelled; computing locally")
+                return
+        except tr.KVTransferError as e:
+            eng.log(f"ERROR: {e}")
+            raise GenError(500, str(e)) from None
+        if info.get("prompt_tokens") not in (None, prompt_tokens):
+            raise GenError(500, f"KV transfer mismatch: the prefill computed "
+                           f"{info.get('prompt_tokens')} prompt tokens, this request has "
+                           f"{prompt_tokens}")
+        eng.log(f"kv: loaded remote KV of {info.get('prompt_tokens')} prompt tokens "
+                f"({conn})")

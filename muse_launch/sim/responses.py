@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from .textgen import Output
+
 
 def new_id(engine: str, kind: str) -> str:
     h = uuid.uuid4().hex

@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web

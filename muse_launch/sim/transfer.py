@@ -82,7 +82,7 @@ class SlotTable:
             slot = self.slots[key] = Slot()
         try:
             await asyncio.wait_for(slot.registered.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if slot.info is None and self.slots.get(key) is slot:
                 self.slots.pop(key, None)
             return None
@@ -213,7 +213,7 @@ async def _get_json(session, url: str, timeout: float, what: str) -> dict:
             return body
     except KVTransferError:
         raise
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise KVTransferError(f"{what} did not answer within {timeout:.1f}s") from None
     except aiohttp.ClientConnectorError as e:
         reason = os.strerror(e.errno).lower() if e.errno else str(e)

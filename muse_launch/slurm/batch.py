@@ -27,10 +27,10 @@ from muse_launch.addresses import is_wildcard
 from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.errors import UserError
+from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.process import Marker, ProcessRef
 from muse_launch.run.logfiles import LogCaps
-from muse_launch.run.state import DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
+from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 from muse_launch.signals import reset_inherited
 
@@ -77,28 +77,14 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     run_dir = RunDir(Path(args.run_dir))
     files = SlurmFiles(run_dir)
     job_id = os.environ["SLURM_JOB_ID"]
-    allocation = allocation_nodes()
-    checked = load_plan(args.topology, args.set)  # the same checks as at submission
-    topology = checked.loaded.topology
-    plan = allocated_plan(checked.plan, topology, allocation, args.rehearse, sys.executable)
-    findings = recheck_placement(topology, plan)
-    for f in findings:
-        print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)
-    if any(f.severity is Severity.ERROR for f in findings):
-        print("muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
-              flush=True)
+    placed = _placed(args, files, job_id)
+    if placed is None:
         return 1
-    where = placement(checked.plan, topology, allocation)
-    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
-    files.write_json(files.placement, {
-        "job_id": job_id, "batch_host": allocation[0].name, "started_at": time.time(),
-        "nodes": [{"name": n.name, "address": n.address} for n in allocation],
-        "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
-    })
-    loaded = checked.loaded
+    plan, loaded, where = placed
     me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
-    record = replace(reached_at(planned_record(plan, source, loaded.redact), plan), supervisor=me)
+    record = replace(reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan), supervisor=me)
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
     processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
                                cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
     stopping = threading.Event()
@@ -115,32 +101,59 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked), daemon=True)
         watcher.start()
         try:
-            outcome = sup.start()
-            if outcome is Outcome.READY:
-                ready = [r for r in sup.record.roles if r.kind == "router"] or [sup.record.roles[-1]]
-                print(f"muse-launch: {plan.name} ready at {now_iso(time.time())}: "
-                      f"{', '.join(r.url for r in ready if r.url)}", flush=True)
-                outcome = sup.supervise(args.fail_fast, on_tick=saver.retry)
-            if outcome is Outcome.FAILED:
-                failed = sup.record.role(sup.failed_role) if sup.failed_role else None
-                print(f"muse-launch: role {failed.name if failed else '?'} failed: "
-                      f"{failed.reason if failed else ''}; stopping everything", flush=True)
-            if asked.get("grace") is not None:  # `down --grace S`
-                grace = float(asked["grace"])
-                sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))
-            report = sup.stop()
-            stopped["killed"], stopped["survivors"] = list(report.killed), list(report.survivors)
-            for line in report.killed:
-                print(f"muse-launch: had to SIGKILL {line}", flush=True)
-            for line in report.survivors:
-                print(f"muse-launch: still there after SIGKILL: {line}", flush=True)
-            sup.sign_off()
+            _supervise(sup, saver, args.fail_fast, asked, stopped)
         finally:
             stopping.set()
             files.heartbeat.unlink(missing_ok=True)
     print(f"muse-launch: {plan.name} stopped", flush=True)
     failed = any(r.state is RoleState.FAILED for r in sup.record.roles)
     return 1 if failed else 0
+
+
+def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
+    """The checked plan moved onto the allocated nodes, and where each role runs; None (said why) where the
+    moved plan fails its checks. The placement is written for `status` and `down`."""
+    allocation = allocation_nodes()
+    checked = load_plan(args.topology, args.set)  # the same checks as at submission
+    topology = checked.loaded.topology
+    plan = allocated_plan(checked.plan, topology, allocation, args.rehearse, sys.executable)
+    findings = recheck_placement(topology, plan)
+    for f in findings:
+        print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)
+    if any(f.severity is Severity.ERROR for f in findings):
+        print("muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
+              flush=True)
+        return None
+    where = placement(checked.plan, topology, allocation)
+    files.write_json(files.placement, {
+        "job_id": job_id, "batch_host": allocation[0].name, "started_at": time.time(),
+        "nodes": [{"name": n.name, "address": n.address} for n in allocation],
+        "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
+    })
+    return plan, checked.loaded, where
+
+
+def _supervise(sup: Supervisor, saver: StateSaver, fail_fast: bool, asked: dict, stopped: dict) -> None:
+    """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
+    outcome = sup.start()
+    if outcome is Outcome.READY:
+        print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: "
+              f"{', '.join(r.url for r in sup.record.entry_roles() if r.url)}", flush=True)
+        outcome = sup.supervise(fail_fast, on_tick=saver.retry)
+    if outcome is Outcome.FAILED:
+        failed = sup.record.role(sup.failed_role) if sup.failed_role else None
+        print(f"muse-launch: role {failed.name if failed else '?'} failed: "
+              f"{failed.reason if failed else ''}; stopping everything", flush=True)
+    if asked.get("grace") is not None:  # `down --grace S`
+        grace = float(asked["grace"])
+        sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))
+    report = sup.stop()
+    stopped["killed"], stopped["survivors"] = list(report.killed), list(report.survivors)
+    for line in report.killed:
+        print(f"muse-launch: had to SIGKILL {line}", flush=True)
+    for line in report.survivors:
+        print(f"muse-launch: still there after SIGKILL: {line}", flush=True)
+    sup.sign_off()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muse_launch.run.files import PlantedLink, read_nofollow, replace_file
+from muse_launch.files import PlantedLink, read_nofollow, replace_file
 from muse_launch.run.state import RunDir
 
 HEARTBEAT_SECONDS = 1.0
@@ -66,7 +66,7 @@ class SlurmFiles:
         return self.job.exists()
 
     def write_text(self, path: Path, text: str) -> None:
-        """Atomically, and replacing (never writing through) a link planted there (run/files.py)."""
+        """Atomically, and replacing (never writing through) a link planted there (muse_launch/files.py)."""
         replace_file(path, text.encode(), root=self.run_dir.home)
 
     def write_json(self, path: Path, data: Any) -> None:

@@ -13,8 +13,8 @@ VLLM_NIXL_SIDE_CHANNEL_HOST). No flag is written here: the engine modules render
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 from ..addresses import is_loopback, is_wildcard
 from ..plan.rehearse import loopback_addresses, rehearsal_plan, relocate

@@ -14,14 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
-
 
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run.process import (
+from muse_launch.proc.process import (
     Marker,
     ProcessRef,
     SpawnedProcess,
@@ -29,8 +26,8 @@ from muse_launch.run.process import (
     StopReport,
     StopTarget,
     open_role_log,
-    program_path,
 )
+from muse_launch.proc.programs import program_path
 from muse_launch.run.state import RunDir
 
 from . import cluster
@@ -111,6 +108,10 @@ class SlurmProcesses:
         self.clients[spec.name] = process
         return process
 
+    def listener_owner(self, spec: LaunchSpec, process: SpawnedProcess) -> None:
+        """A step's processes run on its node: the batch host cannot see whose listener answers."""
+        return None
+
     def step_of(self, role: str) -> str | None:
         if role not in self.step_ids:
             found = cluster.steps(self.job_id).get(role)
@@ -170,13 +171,3 @@ class StepStop:
             if (client := self.clients.get(t.role)) is not None:
                 client.poll()  # reap it
         return StopReport(tuple(self.killed), tuple(self.survivors))
-
-
-def stop_steps(job_id: str, targets: list[StopTarget], kill_now: threading.Event | None = None,
-               clients: Mapping[str, SpawnedProcess] | None = None,
-               known: Mapping[str, str] | None = None) -> StopReport:
-    """Stop roles' steps together and wait until they are gone (`down`: nothing else to do)."""
-    stop = StepStop(job_id, targets, time.monotonic(), clients, known)
-    while (report := stop.poll(time.monotonic(), kill_now is not None and kill_now.is_set())) is None:
-        time.sleep(POLL_SECONDS)
-    return report

@@ -7,19 +7,19 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure
+from muse_launch.files import open_fresh, replace_file
 from muse_launch.plan.spec import Plan
 from muse_launch.run.lifecycle import DeploymentState, RoleState
 from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.files import open_fresh, replace_file
-from muse_launch.run.state import RunDir, is_locked, planned_record, read_state, write_state
+from muse_launch.run.state import SLURM, RunDir, is_locked, planned_record, read_state, write_state
 from muse_launch.topology.model import Topology
 
 from . import cluster
@@ -84,9 +84,9 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     replace_file(files.topology, Path(source).read_bytes(), root=run_dir.home)
     files.write_text(files.source, str(Path(source).resolve()))
     files.write_text(files.script, script)
-    for spec in plan.specs:  # a link planted there is replaced, not written through (run/files.py)
+    for spec in plan.specs:  # a link planted there is replaced, not written through (muse_launch/files.py)
         os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))
-    record = planned_record(plan, str(source), redact)
+    record = planned_record(plan, str(source), redact, backend=SLURM)
     write_state(run_dir, record)
     started = time.monotonic()
     submitted_at = time.time()
@@ -106,8 +106,7 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
         signal.signal(signal.SIGINT, previous)
     final = read_state(run_dir) or record
     if outcome == "ready":
-        entry = [r for r in final.roles if r.kind == "router"] or [final.roles[-1]]
-        urls = ", ".join(r.url for r in entry if r.url)
+        urls = ", ".join(r.url for r in final.entry_roles() if r.url)
         job = cluster.job(job_id)
         say(f"{plan.name}: ready in {time.monotonic() - started:.2f}s{': ' + urls if urls else ''}; "
             f"SLURM job {job_id} on {','.join(job.nodes)}")

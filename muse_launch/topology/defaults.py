@@ -5,3 +5,5 @@ RESET_AFTER = 300.0  # seconds of health after which a role's restart count star
 LOG_MAX_SIZE_DEFAULT = 100 * 1024 ** 2  # a role's log is rotated past this many bytes...
 LOG_KEEP_DEFAULT = 2  # ...keeping this many rotated files: at most 300 MiB per role
 LOG_MAX_KEEP = 100  # rotated files a role may keep: ROLE.log.1 .. ROLE.log.100
+
+METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the routers' own default (engines/router.py)

@@ -9,9 +9,10 @@ import re
 import stat
 import types
 import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError

@@ -7,16 +7,26 @@ import re
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
+from .. import registry
 from . import grammar
-from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
+from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, METRICS_PORT_OFFSET, RESET_AFTER
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
 WORKER_KINDS = ("encoder", "prefill", "decode", "worker")
-WORKER_ENGINES = ("sglang", "vllm")
-ROUTER_ENGINES = ("sglang-router", "smg", "vllm-router")
+WORKER_ENGINES = tuple(registry.WORKER_ENGINES)
+ROUTER_ENGINES = tuple(registry.ROUTER_ENGINES)
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"  # for the JSON schema; the loader checks names whole (grammar.py)
 MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
 MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a billion never returns
@@ -262,7 +272,6 @@ class Role(Strict):
                 raise ValueError(f"{key} {spec} steps past 65535 for {self.replicas} replicas "
                                  f"(the last would be {spec + self.replicas - 1}); choose a lower {key}")
         if self.kind == "router" and self.metrics_port is None and isinstance(self.port, int):
-            from ..engines.router import METRICS_PORT_OFFSET  # here: the engines import this module
 
             if self.port + METRICS_PORT_OFFSET + self.replicas - 1 > 65535:
                 raise ValueError(f"the router's metrics port defaults to port + {METRICS_PORT_OFFSET}, past 65535 "
@@ -283,7 +292,7 @@ class Topology(Strict):
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
     model: Line | None = None
-    engine: Literal["sglang", "vllm"] = "sglang"
+    engine: Literal[WORKER_ENGINES] = "sglang"  # type: ignore[valid-type]  (the registry's names)
     host: Host = "127.0.0.1"
     bind: Host | None = None
     env: Env = {}

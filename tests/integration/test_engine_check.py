@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from muse_launch.checks import engine
+from muse_launch.checks import Severity, engine
 from muse_launch.plan.build import build_plan
-from muse_launch.checks import Severity
 from muse_launch.topology.load import LoadedTopology, dotted, load_topology
 
 pytestmark = [pytest.mark.engine_parsers, pytest.mark.timeout(900)]

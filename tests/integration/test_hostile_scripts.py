@@ -19,11 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from cli_run import REPO, muse
 from harness import free_ports
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = [pytest.mark.integration]
 SCENARIO = "18. generated hostile files: no payload runs from any rendering, nothing written outside"
@@ -171,9 +170,8 @@ def git_status() -> str:
 @pytest.fixture
 def box(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Box:
     box = Box(tmp_path / "box")
-    import muse_launch.slurm.up as slurm_up
-
     import muse_launch.checks.versions as versions
+    import muse_launch.slurm.up as slurm_up
 
     monkeypatch.setattr(slurm_up, "default_python", lambda: str(box.stubs / "python"))  # the batch supervisor
     # What `plan` says is installed here comes from the host, not the file: a hostile one (no ~0.3 s probe).

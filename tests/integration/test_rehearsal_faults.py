@@ -18,17 +18,17 @@ import pickle
 import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable
 
 import psutil
 import pytest
-
 from harness import REPO, Deployment, free_ports
+from rehearsal import READY_AFTER, assert_nothing_left, recorded_processes, require_free, tails, tear_down
+
 from muse_launch.core import load_plan
 from muse_launch.plan.spec import Plan
-from rehearsal import READY_AFTER, assert_nothing_left, recorded_processes, require_free, tails, tear_down
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 

@@ -13,15 +13,22 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from harness import REPO, Deployment
+from rehearsal import (
+    READY_AFTER,
+    assert_nothing_left,
+    recorded_processes,
+    require_free,
+    sim_roles,
+    tails,
+    tear_down,
+)
+
 from muse_launch.core import load_plan
 from muse_launch.engines.argv import has_flag, last_value
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.ports import busy_ports
+from muse_launch.proc.ports import busy_ports
 from muse_launch.sim.config import parse_engine_args, startup_errors
-from rehearsal import (READY_AFTER, assert_nothing_left, recorded_processes, require_free, sim_roles, tails,
-                       tear_down)
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 

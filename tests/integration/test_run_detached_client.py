@@ -15,7 +15,6 @@ import termios
 
 import psutil
 import pytest
-
 from harness import REPO, free_ports, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,6 @@ import sys
 
 import psutil
 import pytest
-
 from harness import REPO, free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from harness import REPO, free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

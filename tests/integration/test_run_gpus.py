@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
+
 from muse_launch.host.gpus import VIEW_ENV, Gpu, GpuHolder, GpuView
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ import time
 
 import psutil
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
-from muse_launch.run import cgroups
+
+from muse_launch.proc import cgroups
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-
 from harness import REPO, free_ports, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

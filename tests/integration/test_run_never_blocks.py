@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import pytest
-
 from harness import free_ports, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

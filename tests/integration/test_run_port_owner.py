@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness import REPO, Deployment, free_ports, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

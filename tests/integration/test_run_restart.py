@@ -6,7 +6,6 @@ import re
 
 import httpx
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from harness import ROUTER, STAND_IN, free_ports, port_open
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from harness import STAND_IN, Deployment, free_ports
 
 pytestmark = pytest.mark.integration

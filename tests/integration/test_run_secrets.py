@@ -8,7 +8,6 @@ import sys
 
 import psutil
 import pytest
-
 from harness import STAND_IN, free_ports
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,6 @@ start in, and `up` ready only once the router lists every worker and each langua
 from __future__ import annotations
 
 import pytest
-
 from harness import REPO, Deployment
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

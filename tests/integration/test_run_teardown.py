@@ -9,7 +9,6 @@ import signal
 
 import psutil
 import pytest
-
 from harness import free_ports, port_open, stand_in, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,19 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from sim_harness import (
+    WEATHER_MSG,
+    Proc,
+    free_port,
+    get_status,
+    http,
+    sim_argv,
+    sse_events,
+    venv_bin,
+    wait_status,
+)
 
 from muse_launch.smoke import WEATHER_TOOL
-from sim_harness import (WEATHER_MSG, Proc, free_port, get_status, http, sim_argv, sse_events, venv_bin,
-                         wait_status)
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from harness import REPO, ROUTER, Deployment, wait_for
 from rehearsal import READY_AFTER, tails
 

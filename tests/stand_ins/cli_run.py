@@ -10,9 +10,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 

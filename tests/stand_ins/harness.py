@@ -10,9 +10,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import pytest
@@ -92,7 +93,7 @@ class Deployment:
         """Every live process carrying this deployment's marker, in the session of a role seen in `status`
         (a process that rewrote its title has a blank environ), or in one of its role cgroups (one that also
         left the session and cleared its environment). Zombies hold nothing."""
-        from muse_launch.run import cgroups
+        from muse_launch.proc import cgroups
 
         contained = {pid for path in cgroups.role_cgroups(self.name, str(self.run_dir)) for pid in cgroups.members(path)}
         found = []
@@ -132,7 +133,7 @@ class Deployment:
                 psutil.Process(pid).send_signal(signal.SIGKILL)
             except psutil.Error:
                 pass
-        from muse_launch.run import cgroups
+        from muse_launch.proc import cgroups
 
         for path in cgroups.role_cgroups(self.name, str(self.run_dir)):  # what a failed test left: kill, remove
             cgroups.kill(path)

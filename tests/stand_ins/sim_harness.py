@@ -43,7 +43,7 @@ class Proc:
     popen: subprocess.Popen | None = None
     started: float = 0.0
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         env = dict(os.environ)
         env.update(self.env)
         self._log = open(self.log_path, "ab")

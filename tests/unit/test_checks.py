@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from cli_run import Ran, muse
+
 from muse_launch.checks import Severity, run_checks
 from muse_launch.topology.load import parse_topology
 

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from cli_run import REPO, muse
+
 from muse_launch.errors import INTERNAL, explain
 
 EPD = "topologies/epd-b300.yaml"
@@ -196,7 +196,7 @@ HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "
     (["--help"], set()),
     (["validate", "--help"], set()),
     (["down"], {"psutil"}),
-    (["ls"], {"psutil", "rich", "httpx"}),
+    (["ls"], {"psutil", "rich"}),  # nothing running: no backend is asked, no HTTP client loaded
     (["validate", EPD], {"pydantic", "yaml"}),
 ])
 def test_each_command_imports_only_what_it_needs(argv: list[str], allowed: set[str], home: Path) -> None:
@@ -228,7 +228,7 @@ def test_shell_completion_is_on(home: Path) -> None:
 
 @pytest.mark.faults("6. a truncated state.json: ls/status report it for that deployment, down still stops it")
 def test_a_damaged_state_is_reported_for_that_deployment_and_down_still_stops_it(home: Path) -> None:
-    from muse_launch.run.process import Marker
+    from muse_launch.proc.process import Marker
     from muse_launch.run.state import RunDir
 
     run_dir = RunDir(home / "broken")

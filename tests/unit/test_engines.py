@@ -40,7 +40,7 @@ def test_engine_flags_are_written_in_their_engine_module_only():
     init and smoke: those import it (the CLI's own options and the simulated engine's parser aside)."""
     engine_flags = set().union(*(_literal_flags(p) for p in (PACKAGE / "engines").glob("*.py")))
     readers = [*(PACKAGE / "plan").glob("*.py"), *(PACKAGE / "checks").glob("*.py"), PACKAGE / "smoke.py",
-               PACKAGE / "core.py", PACKAGE / "run" / "commands.py"]
+               PACKAGE / "core.py", *(PACKAGE / "commands").glob("*.py")]
     repeated = {str(p.relative_to(REPO)): sorted(_literal_flags(p) & engine_flags) for p in readers}
     assert {p: f for p, f in repeated.items() if f} == {}
 

@@ -115,7 +115,7 @@ def test_amd_gpus_are_amd_resources():
     done = build(ROOT / "topologies/mi355x-mxfp4.yaml", "lws")
     limits = [c.get("resources", {}).get("limits", {}) for o in _objects(done, "LeaderWorkerSet")
               for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
-    assert any("amd.com/gpu" in l for l in limits) and not any("nvidia.com/gpu" in l for l in limits)
+    assert any("amd.com/gpu" in line for line in limits) and not any("nvidia.com/gpu" in line for line in limits)
 
 
 def test_secrets_are_references_never_values(tmp_path: Path):
@@ -240,12 +240,12 @@ def test_check_reports_hand_edits_by_file_object_and_path(tmp_path: Path):
     lines = bad.stderr.splitlines()
     where = f"{out}/server.yaml: LeaderWorkerSet/h200-bf16-2node-server: spec.leaderWorkerTemplate."
     assert f"{where}size: '2' is not of type 'integer'" in lines, lines
-    assert any(l.startswith(f"{where}workerTemplate.spec.containers[0]: ") and "'gpus' was unexpected" in l
-               for l in lines), lines
+    assert any(line.startswith(f"{where}workerTemplate.spec.containers[0]: ") and "'gpus' was unexpected" in line
+               for line in lines), lines
     assert f"{out}/server.yaml: Service/h200-bf16-2node-server: spec.ports[0].port: 'http' is not of type " \
            f"'integer'" in lines, lines
-    assert any(l.startswith(f"{out}/kustomization.yaml: Kustomization: resources: extra.yaml is not listed")
-               for l in lines), lines
+    assert any(line.startswith(f"{out}/kustomization.yaml: Kustomization: resources: extra.yaml is not listed")
+               for line in lines), lines
     assert "Traceback" not in bad.stderr
 
 
@@ -270,11 +270,11 @@ spec:
 """)
     _edit(out / "kustomization.yaml", lambda docs: docs[0]["resources"].append("router.yaml"))
     lines = cli("export", "--check", out).stderr.splitlines()
-    assert any(l.endswith("router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
-                          "spec.template.metadata.labels") for l in lines), lines
-    assert any("leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in l
-               for l in lines), lines
-    assert any("Service/9server: metadata.name: '9server' is not a DNS-1035 label" in l for l in lines), lines
+    assert any(line.endswith("router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
+                          "spec.template.metadata.labels") for line in lines), lines
+    assert any("leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in line
+               for line in lines), lines
+    assert any("Service/9server: metadata.name: '9server' is not a DNS-1035 label" in line for line in lines), lines
 
 
 def test_check_bad_yaml_and_usage_exit_2(tmp_path: Path):

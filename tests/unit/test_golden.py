@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
 from cli_run import muse
+
+from muse_launch.engines import ENGINES, ROUTER_ENGINES
+from muse_launch.engines.router import RECOVERY_DEFAULTS
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import LaunchSpec
 from muse_launch.topology.hardware import PROFILES
-from muse_launch.engines import ENGINES, ROUTER_ENGINES
-from muse_launch.engines.router import RECOVERY_DEFAULTS
 from muse_launch.topology.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,19 +8,26 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
 from muse_launch.plan.build import build_plan
-from muse_launch.plan.spec import Plan
-from muse_launch.run.gpus import (GpuNeed, Owners, await_gpu_release, deployment_holders, gpu_needs, gpu_problems,
-                                  one_host, preflight_for, role_gpu_memory)
-from muse_launch.run.process import Marker, ProcessRef
-from muse_launch.run.state import DeploymentRecord, RoleRecord
-from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.run.gpus import (
+    GpuNeed,
+    Owners,
+    await_gpu_release,
+    deployment_holders,
+    gpu_needs,
+    gpu_problems,
+    one_host,
+    preflight_for,
+    role_gpu_memory,
+)
 from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.state import DeploymentRecord, RoleRecord
 from muse_launch.topology.hardware import PROFILES
 from muse_launch.topology.load import load_topology
 
@@ -108,7 +115,8 @@ def test_a_role_without_a_budget_on_a_held_gpu_cannot_be_told_to_fit():
     assert "set roles.encoder.mem_fraction" in problem.fix and "--skip-gpu-check" in problem.fix
 
 
-def test_a_holder_that_leaves_room_is_a_note():
+def test_a_holder_that_leaves_room_is_a_note(monkeypatch):
+    monkeypatch.setattr("muse_launch.run.gpus.command_of", lambda pid: None)  # pid 9 is no process visible here
     problems, notes = problems_of(b300s(holders={5: [GpuHolder(9, 2 * GIB, None)]}))
     assert problems == []
     assert notes == ["GPU 5: 2.0 of 268.0 GiB held by pid 9 (not visible from here); 265.4 GiB free is enough for "

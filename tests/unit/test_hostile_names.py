@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from cli_run import muse
+
 from muse_launch.plan.build import PlanError, build_plan
+from muse_launch.proc import cgroups
 from muse_launch.render_text import comment, plan_docker, plan_shell
-from muse_launch.run import cgroups
 from muse_launch.run.state import RunDir
 from muse_launch.sim.config import ArgvError
 from muse_launch.slurm.files import SlurmFiles

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from cli_run import muse
+
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.state import RunDir, planned_record, write_state
 
@@ -165,7 +165,7 @@ def test_export_refuses_a_secret_probe_path_writing_nothing(tmp_path: Path):
 
 
 def test_a_command_line_is_shown_without_secret_looking_flags_values():
-    from muse_launch.run.masks import command_line, no_arguments
+    from muse_launch.proc.masks import command_line, no_arguments
 
     argv = ["python", "s.py", "--api-key", "K1", "--port", "1", "--token=K2", "--max-total-tokens", "4096",
             "--tokenizer-path", "/m", "--hf-token", "K3", "--disable-auth", "--x", "1",

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from cli_run import muse
+
 from muse_launch.core import check_file
 from muse_launch.errors import UsageError
 from muse_launch.init import ENGINES, MODES, QUANTS, render_init

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-
 from cli_run import Ran, muse
-from muse_launch.errors import TopologyError
+
 from muse_launch.checks import run_checks
+from muse_launch.errors import TopologyError
 from muse_launch.topology.load import load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]

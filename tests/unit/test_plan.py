@@ -10,14 +10,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from cli_run import Ran, muse
-from muse_launch.engines.router import RECOVERY_DEFAULTS
+from test_golden import flag_pairs, parse_golden
 
+from muse_launch.engines.router import RECOVERY_DEFAULTS
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import Plan
 from muse_launch.topology.load import load_topology, parse_topology
-from test_golden import flag_pairs, parse_golden
 
 ROOT = Path(__file__).resolve().parents[2]
 EPD = ROOT / "topologies" / "epd-b300.yaml"

@@ -1,4 +1,4 @@
-"""run/files.py: no link below the home is followed, at any level, for reading or writing."""
+"""files.py: no link below the home is followed, at any level, for reading or writing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from muse_launch.run.files import PlantedLink, open_fresh, open_nofollow, read_nofollow, replace_file
+from muse_launch.files import PlantedLink, open_fresh, open_nofollow, read_nofollow, replace_file
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@ import subprocess
 import httpx
 import psutil
 
-from muse_launch.plan.spec import Probe, ProbeKind
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.addresses import connect_host
+from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.proc.process import describe_exit
+from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.run.probe import ReadinessCheck
-from muse_launch.run.process import describe_exit
 
 
 def test_exit_statuses_read_as_words():
@@ -145,7 +145,7 @@ def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
 
 
 def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
-    from muse_launch.run.listeners import ListenerOwner, listening_inodes
+    from muse_launch.proc.listeners import ListenerOwner, listening_inodes
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -169,7 +169,7 @@ def _free_port() -> int:
 
 
 def test_masks_hide_secret_arguments_by_value():
-    from muse_launch.run.masks import Masks
+    from muse_launch.proc.masks import Masks
 
     masks = Masks.of(["--key", "s3cret-value", "1", "--token=s3cret-value"],
                      lambda v: v.replace("s3cret-value", "***").replace("1", "***") if v in ("s3cret-value", "1") else v)

@@ -1,4 +1,4 @@
-"""Process identity (run/identity.py): start ticks and boot id, never the wall clock; legacy refs
+"""Process identity (proc/identity.py): start ticks and boot id, never the wall clock; legacy refs
 (create_time only) are found but never trusted with a group or session; the role's cgroup layout."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import time
 import psutil
 import pytest
 
-from muse_launch.run import cgroups, identity
-from muse_launch.run.identity import ProcessRef, signal_if, start_ticks
-from muse_launch.run.process import Marker, StopTarget, role_processes
+from muse_launch.proc import cgroups, identity
+from muse_launch.proc.identity import ProcessRef, signal_if, start_ticks
+from muse_launch.proc.process import Marker, StopTarget, role_processes
 
 
 @pytest.fixture

@@ -11,9 +11,22 @@ import pytest
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
-from muse_launch.run.lifecycle import DeploymentState, InvalidTransition, RoleState, deployment_state, transition
-from muse_launch.run.process import ProcessRef
-from muse_launch.run.state import DeploymentLock, RunDir, planned_record, read_state, resolve_name, write_state
+from muse_launch.proc.process import ProcessRef
+from muse_launch.run.lifecycle import (
+    DeploymentState,
+    InvalidTransition,
+    RoleState,
+    deployment_state,
+    transition,
+)
+from muse_launch.run.state import (
+    DeploymentLock,
+    RunDir,
+    planned_record,
+    read_state,
+    resolve_name,
+    write_state,
+)
 
 
 def test_transitions_are_guarded():

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import errno
 
+from test_run_state import PLAN
+
 from muse_launch.run import state as state_mod
 from muse_launch.run.state import RunDir, StateSaver, planned_record
-from test_run_state import PLAN
 
 
 def test_failed_writes_warn_once_and_are_retried(tmp_path, monkeypatch):

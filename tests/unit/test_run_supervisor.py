@@ -4,17 +4,17 @@ transport that answers each role's probe from its script (after honcho's test_ma
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
 
 import httpx
 import pytest
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPolicy, RestartPolicyKind
+from muse_launch.proc.process import ProcessRef, StopReport, StopTarget
 from muse_launch.run.lifecycle import DeploymentState, RoleState
-from muse_launch.run.process import ProcessRef, StopReport, StopTarget
 from muse_launch.run.state import DeploymentRecord, RunDir, planned_record
 from muse_launch.run.supervisor import Outcome, Supervisor
 
@@ -91,6 +91,9 @@ class FakeProcesses:
                               scripts[min(count, len(scripts) - 1)])
         self.current[spec.name] = process
         return process
+
+    def listener_owner(self, spec: LaunchSpec, process: FakeProcess) -> None:
+        return None
 
     def stop(self, targets: list[StopTarget], now: float) -> FakeStop:
         self.stopped += [(now, t.role) for t in targets]

@@ -9,7 +9,7 @@ import pytest
 
 from muse_launch.errors import UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.ports import busy_ports
+from muse_launch.proc.ports import busy_ports
 from muse_launch.run.up import select_only
 
 
@@ -68,7 +68,7 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
 
 def test_a_busy_port_says_how_to_move_the_role():
     """The `--set` names the file's role and key, also for a replica, a node rank or a second side channel."""
-    from muse_launch.run.ports import BusyPort
+    from muse_launch.proc.ports import BusyPort
     from muse_launch.run.up import busy_fix
 
     def spec(name: str, role: str) -> LaunchSpec:
@@ -139,7 +139,7 @@ def test_only_refuses_at_once_when_what_the_role_needs_is_not_up():
 
 def test_a_port_taken_as_a_connections_local_end_says_so():
     """A fixed port in the ephemeral range may be held by an outgoing connection: not "an unknown process"."""
-    from muse_launch.run.ports import port_holder
+    from muse_launch.proc.ports import port_holder
 
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as out:
         accepted, _ = server.accept()

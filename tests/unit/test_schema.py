@@ -6,8 +6,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-
 from cli_run import muse
+
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted((ROOT / "topologies").glob("*.yaml")) + sorted((ROOT / "examples").glob("*.yaml"))
 

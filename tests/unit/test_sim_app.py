@@ -5,13 +5,13 @@ import json
 
 import aiohttp
 from aiohttp.test_utils import TestClient, TestServer
+from sim_harness import WEATHER_MSG, sse_events
 
 from muse_launch.sim import textgen as tg
 from muse_launch.sim.config import parse_engine_args
 from muse_launch.sim.modeldir import make_model_dir
 from muse_launch.sim.server import SimEngine
 from muse_launch.smoke import WEATHER_TOOL
-from sim_harness import WEATHER_MSG, sse_events
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
 

@@ -8,12 +8,12 @@ import io
 import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from sim_harness import free_port
 
 from muse_launch.sim.config import parse_engine_args
 from muse_launch.sim.encoders import FAIL_THRESHOLD, probe_settings
 from muse_launch.sim.modeldir import make_model_dir
 from muse_launch.sim.server import SimEngine
-from sim_harness import free_port
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
 IMAGE_CHAT = {"messages": [{"role": "user", "content": [

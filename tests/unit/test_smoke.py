@@ -8,17 +8,17 @@ import json
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-
 from cli_run import muse
+
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
+from muse_launch.proc.process import ProcessRef
 from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.process import ProcessRef
 from muse_launch.run.state import RunDir, planned_record, write_state
 
 

@@ -13,12 +13,12 @@ done only when the role's own processes do not hold the socket.
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import psutil
 
-from muse_launch.run.identity import holds_open
+from muse_launch.proc.identity import holds_open
 
 TCP_LISTEN = "0A"
 # A container runtime's port forwarder holds the host port for a role run in a container
@@ -115,13 +115,13 @@ class ListenerOwner:
         if not inodes:
             return None
         sockets = {f"socket:[{i}]" for i in inodes}
-        from muse_launch.run import cgroups
+        from muse_launch.proc import cgroups
 
         if any(holds_open(pid, sockets) for pid in {*_tree(self.pid), *cgroups.members(self.cgroup)}):
             self.confirmed = True
             return None
         if self._other is None or self._other[0] != frozenset(inodes):
-            from muse_launch.run.process import describe
+            from muse_launch.proc.process import describe
 
             self._other = frozenset(inodes), holder(inodes, describe)  # every process's fds: once per listener
         found = self._other[1]

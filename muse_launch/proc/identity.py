@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Mapping
+from typing import Any
 
 import psutil
 
@@ -86,7 +87,7 @@ def session_of(pid: int) -> tuple[int, int] | None:
 
 def holds_open(pid: int, names: set[str]) -> bool:
     """Whether one of the process's open descriptors is one of `names`, as /proc/PID/fd links read: a path,
-    or `socket:[INODE]` (a listener's socket, run/listeners.py; the deployment's lock file, run/down.py)."""
+    or `socket:[INODE]` (a listener's socket, proc/listeners.py; the deployment's lock file, run/down.py)."""
     try:
         fds = os.scandir(f"/proc/{pid}/fd")
     except OSError:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
+from muse_launch.export.names import DNS_LABEL
+
 from ..errors import UsageError
-from .names import DNS_LABEL
 
 
 def register(app: typer.Typer) -> None:
@@ -17,17 +17,17 @@ def register(app: typer.Typer) -> None:
 
 
 def export_command(
-    file: Optional[Path] = typer.Argument(None, help="topology file"),
+    file: Path | None = typer.Argument(None, help="topology file"),
     to: str = typer.Option("lws", "--to", help="lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="directory to write the manifests into"),
-    image: List[str] = typer.Option([], "--image", help="IMAGE for every role, or ROLE=IMAGE (repeatable); "
+    output: Path | None = typer.Option(None, "--output", "-o", help="directory to write the manifests into"),
+    image: list[str] = typer.Option([], "--image", help="IMAGE for every role, or ROLE=IMAGE (repeatable); "
                                                         "default: the hardware profile's, as plan --format docker"),
     namespace: str = typer.Option("default", "--namespace", "-n", help="namespace (the wiring's DNS names include it)"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
-    check: Optional[Path] = typer.Option(None, "--check", help="validate the manifests in DIR instead (hand edits)"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    check: Path | None = typer.Option(None, "--check", help="validate the manifests in DIR instead (hand edits)"),
     server: bool = typer.Option(False, "--server", help="with --check: ask the cluster's API server (a server-side "
                                 "dry run with strict field validation, its webhooks, each pod template as a pod)"),
-    context: Optional[str] = typer.Option(None, "--context", help="with --server: the kubeconfig context"),
+    context: str | None = typer.Option(None, "--context", help="with --server: the kubeconfig context"),
 ) -> None:
     """Write Kubernetes manifests (LeaderWorkerSet or RoleBasedGroup) that run the topology's plan."""
     if check is not None:
@@ -38,7 +38,7 @@ def export_command(
         raise UsageError("--server and --context go with --check DIR")
     if file is None or output is None:
         raise UsageError("give a topology FILE and -o DIR (or --check DIR)")
-    from . import FLAVOURS, export
+    from muse_launch.export import FLAVOURS, export
 
     if to not in FLAVOURS:
         raise UsageError(f"--to {to}: one of {', '.join(FLAVOURS)}")
@@ -103,7 +103,7 @@ def _check_server(directory: Path, namespace: str, context: str | None) -> int:
 
 
 def _check(directory: Path) -> int:
-    from .validate import check_dir_problems
+    from muse_launch.export.validate import check_dir_problems
 
     if not directory.is_dir():
         raise UsageError(f"--check {directory}: not a directory")

@@ -4,13 +4,14 @@ MUSE_LAUNCH_GPU_VIEW=FILE replays in `up`, `down`, `status` and `doctor`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from muse_launch.host.gpus import GpuReader, GpuView, gib
 from muse_launch.host.versions import installed_versions
+from muse_launch.proc.ports import can_bind, port_holder
 from muse_launch.run.gpus import Owners, gpu_needs, gpu_problems, one_host
-from muse_launch.run.ports import can_bind, port_holder
 from muse_launch.run.state import running_deployments
 from muse_launch.topology.hardware import PROFILES
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def _words(value: str) -> list[str]:
 
 def no_arguments(arg: str) -> str:
     """The mask where the digests are lost with a damaged state.json: no argument is shown, so a process is
-    described by its program's name alone (run/process.describe)."""
+    described by its program's name alone (proc/process.describe)."""
     return ""
 
 

@@ -10,15 +10,15 @@ import errno
 import os
 import re
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 import psutil
 
 from muse_launch.addresses import WILDCARDS
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.masks import command_line
-from muse_launch.run.process import MARKER_DEPLOYMENT, MARKER_ROLE
+from muse_launch.proc.masks import command_line
+from muse_launch.proc.process import MARKER_DEPLOYMENT, MARKER_ROLE
 
 DEFAULT_ADDRESSES = ("127.0.0.1", *WILDCARDS)  # not worth printing: the single-host case
 
@@ -78,7 +78,7 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
     from the marker in its environment (which a process that sets its title, like sglang-router, wipes).
     A role is described by its program alone (its command line may hold its deployment's secrets, which this
     one cannot know); any other process by its command line, secret-looking flags' values hidden, and what
-    `mask` hides (run/masks.py)."""
+    `mask` hides (proc/masks.py)."""
     for conn in psutil.net_connections(kind="inet"):
         if not conn.laddr or conn.laddr.port != port or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE):
             continue

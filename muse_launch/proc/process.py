@@ -3,32 +3,40 @@
 Every process of a deployment carries marker variables in its environment, inherited by all
 its descendants. That finds a child which called setsid, or one re-parented to PID 1 after
 its parent was SIGKILLed (vLLM's EngineCore), long after the supervisor is gone. Where the host
-offers cgroups, each role also runs in its own (run/cgroups.py), which finds even a child that
-cleared its environment; processes are known by their start ticks (run/identity.py), never by a
+offers cgroups, each role also runs in its own (proc/cgroups.py), which finds even a child that
+cleared its environment; processes are known by their start ticks (proc/identity.py), never by a
 pid alone, and signalled through a pidfd.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 import psutil
 
+from muse_launch.files import PlantedLink, open_nofollow
 from muse_launch.plan.spec import LaunchSpec
-from muse_launch.run import cgroups
-from muse_launch.run.files import PlantedLink, open_nofollow
-from muse_launch.run.masks import command_line
-from muse_launch.run.identity import CREATE_TIME_SLACK, ProcessRef  # noqa: F401  (imported from here elsewhere)
-from muse_launch.run.identity import boot_id, is_suspended, process_state, session_of, start_ticks, stat_of
+from muse_launch.proc import cgroups
+from muse_launch.proc.identity import (  # noqa: F401  (imported from here elsewhere)
+    CREATE_TIME_SLACK,
+    ProcessRef,
+    boot_id,
+    is_suspended,
+    process_state,
+    session_of,
+    start_ticks,
+    stat_of,
+)
+from muse_launch.proc.masks import command_line
+from muse_launch.proc.programs import program_path
 
 MARKER_DEPLOYMENT = "MUSE_LAUNCH_DEPLOYMENT"
 MARKER_ROLE = "MUSE_LAUNCH_ROLE"
@@ -65,7 +73,7 @@ def is_alive(proc: psutil.Process) -> bool:
 
 
 def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
-    """"pid N (command line)"; `mask` hides each argument that holds a secret (run/masks.py), before the line
+    """"pid N (command line)"; `mask` hides each argument that holds a secret (proc/masks.py), before the line
     is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
         if isinstance(proc, ProcessRef):
@@ -138,17 +146,8 @@ class SpawnError(Exception):
     """The program could not be executed at all (missing, not executable)."""
 
 
-def program_path(program: str, env: Mapping[str, str]) -> str:
-    """A bare name from PATH, else from this interpreter's bin directory: the routers muse-launch
-    depends on live in its venv, which need not be on PATH (`.venv/bin/muse-launch up ...`)."""
-    if os.sep in program or shutil.which(program, path=env.get("PATH")):
-        return program
-    sibling = Path(sys.executable).parent / program
-    return str(sibling) if os.access(sibling, os.X_OK) else program
-
-
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
-    """The role's log for its stdout and stderr, no link followed below the state home (run/files.py)."""
+    """The role's log for its stdout and stderr, no link followed below the state home (muse_launch/files.py)."""
     # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
     # next write lands at the new end, not at its old offset past a hole.
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
@@ -350,6 +349,31 @@ class GroupStop:
                 self.killed += entry.killed
                 self.stopping.remove(entry)
         return None if self.stopping else StopReport(tuple(self.killed), tuple(self.survivors))
+
+
+class Polled(Protocol):
+    def poll(self, now: float, kill_now: bool) -> StopReport | None: ...
+
+
+def stop_in_waves(waves: Iterable[tuple[str, ...]], begin: Callable[[tuple[str, ...]], Iterable[Polled]],
+                  wait: Callable[[], None], now: Callable[[], float] = time.monotonic,
+                  kill_now: Callable[[], bool] = lambda: False) -> StopReport:
+    """The one wave-stop (the supervisor's, `down`'s, and `down` of a SLURM job): the waves in the order given
+    (last wave first), each wave's stops begun together, the next wave once every one of them reported."""
+    killed: list[str] = []
+    survivors: list[str] = []
+    for wave in waves:
+        pending = list(begin(wave))
+        while pending:
+            moment = now()
+            for stop in list(pending):
+                if (report := stop.poll(moment, kill_now())) is not None:
+                    killed += report.killed
+                    survivors += report.survivors
+                    pending.remove(stop)
+            if pending:
+                wait()
+    return StopReport(tuple(killed), tuple(survivors))
 
 
 def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None,

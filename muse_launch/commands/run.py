@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sys
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -79,28 +78,26 @@ def up(
     rehearse: bool = typer.Option(False, "--rehearse", help="simulated engines in place of GPU ones, real router"),
     fail_fast: bool = typer.Option(False, "--fail-fast", help="after ready, a role that dies stops everything"),
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
-    only: Optional[str] = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
-    set_: List[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
+    only: str | None = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
+    set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
     skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
     engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
                                       "the installed engine's own parser first (not with --rehearse)"),
-    on: Optional[str] = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node; "
-                                     "k8s: apply the exported manifests to a cluster (docs/kubernetes.md)"),
-    partition: Optional[str] = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
-    account: Optional[str] = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
-    time_limit: Optional[str] = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
-    sbatch: List[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
+    on: str | None = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node; "
+                                  "k8s: apply the exported manifests to a cluster (docs/kubernetes.md)"),
+    partition: str | None = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
+    account: str | None = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
+    time_limit: str | None = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
+    sbatch: list[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
     to: str = typer.Option("lws", "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"),
-    context: Optional[str] = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
+    context: str | None = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
     namespace: str = typer.Option("default", "--namespace", "-n", help="--on k8s: the namespace"),
-    image: List[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
+    image: list[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up."""
+    from muse_launch.backend import backend_named, backends, claim_for
     from muse_launch.checks import engine as engine_check_
-    from muse_launch.core import load_plan
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.run.gpus import preflight_for
-    from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
+    from muse_launch.core import UpRequest, load_plan
 
     pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
     try:
@@ -123,25 +120,17 @@ def up(
     from muse_launch.k8s.commands import refuse_if_on_k8s
 
     refuse_if_on_k8s(loaded.plan.name)  # one name, one deployment: on this host, SLURM or Kubernetes
-    if on is not None:
-        from muse_launch.slurm.commands import up_on
-
-        raise typer.Exit(up_on(on, loaded, _console(), partition=partition, account=account, time=time_limit,
-                               sbatch=tuple(sbatch), detach=detach, fail_fast=fail_fast, rehearse=rehearse,
-                               sets=tuple(set_), one_host_only={"--only": only, "--keep": keep}))
-    if not rehearse:
-        refuse_multi_node(loaded.plan)
-    options = UpOptions(detach=detach, fail_fast=fail_fast, keep=keep, only=only,
-                        start=loaded.loaded.topology.start, secret_sources=loaded.loaded.secret_sources)
-    skipped = "--skip-gpu-check" if skip_gpu_check else "a rehearsal runs no GPU engine" if rehearse else None
-    gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
-    raise typer.Exit(bring_up(loaded.plan, loaded.source, loaded.redact, options, _console(), gpus))
+    backend = backend_named(on) if on is not None else backends()["local"]
+    request = UpRequest(detach=detach, fail_fast=fail_fast, rehearse=rehearse, keep=keep, only=only,
+                        skip_gpu_check=skip_gpu_check, sets=tuple(set_), partition=partition, account=account,
+                        time=time_limit, sbatch=tuple(sbatch))
+    raise typer.Exit(backend.bring_up(loaded, request, _console(), claim_for(backend.name)))
 
 
 def down(
-    name: Optional[str] = typer.Argument(None, help="deployment name or topology file (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name or topology file (default: the one running)",
                                          autocompletion=_names),
-    grace: Optional[float] = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
+    grace: float | None = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
                                           "for every role (default: each role's stop.grace)"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are closed
@@ -157,9 +146,8 @@ def down(
                              fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
         typer.echo("no deployment is running; nothing to stop")
         return
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.run.down import bring_down, format_report
-    from muse_launch.slurm.commands import down_any
+    from muse_launch.backend import backend_of
+    from muse_launch.run.down import format_report
 
     run_dir = resolve_name(name)
     from muse_launch.k8s.commands import down_on_k8s, is_k8s
@@ -169,50 +157,38 @@ def down(
         for line in format_report(report):
             typer.echo(line)
         raise typer.Exit(0 if report.clean else 1)
-    # By its state, or by its marker where the state is damaged (bring_down reads it once it holds the lock).
-    report = down_any(run_dir, grace, partial(bring_down, gpus=read_gpu_view))
+    # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
+    report = backend_of(run_dir).stop(run_dir, grace)
     for line in format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
 
 
 def status(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
     as_json: bool = typer.Option(False, "--json", help="the deployment as JSON, each role's health now "
                                  "included (docs/status-json.md)"),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
-    import json
     import time
 
     import httpx
     from rich.live import Live
     from rich.table import Table
 
-    from muse_launch.host.gpus import read_gpu_view
-    from muse_launch.host.versions import deployment_versions
-    from muse_launch.run.status import gpu_memory_now, health_now, observed, status_json, status_table
+    from muse_launch.backend import backend_of
     from muse_launch.k8s.commands import k8s_status
-    from muse_launch.slurm.commands import slurm_status
 
-    run_dir, first = _deployment(name)
+    run_dir, _ = _deployment(name)
     console = _console()
-    # engine -> release: as `up` recorded it, else (an older state) read now from the roles' recorded argv
-    versions = dict(first.versions) or deployment_versions(first.roles)
+    backend = backend_of(run_dir)
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
         def render() -> str | Table:
             if k8s := k8s_status(run_dir, as_json, watch):
                 return k8s
-            if slurm := slurm_status(run_dir, client, as_json, watch):
-                return slurm
-            record = observed(_deployment(run_dir.name)[1])
-            health = health_now(record, run_dir, client)
-            gpu_memory = gpu_memory_now(record, read_gpu_view)
-            if as_json:  # --watch: JSON lines
-                return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
-            return status_table(record, health, versions, gpu_memory)
+            return backend.status(run_dir, client, as_json, watch)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)
@@ -230,14 +206,14 @@ def status(
                 show(render())
                 time.sleep(1.0)
         except KeyboardInterrupt:
-            raise typer.Exit(0)
+            raise typer.Exit(0) from None
 
 
 def logs(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
-                                         autocompletion=_names_or_roles),
-    roles: Optional[List[str]] = typer.Argument(None, help="roles to show (default: all)",
-                                                autocompletion=_role_names),
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
+                                      autocompletion=_names_or_roles),
+    roles: list[str] | None = typer.Argument(None, help="roles to show (default: all)",
+                                             autocompletion=_role_names),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
     raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
@@ -246,6 +222,7 @@ def logs(
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
 
+    from muse_launch.backend import backend_of
     from muse_launch.errors import INTERRUPTED, UsageError
     from muse_launch.run.lifecycle import DeploymentState
     from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
@@ -270,12 +247,13 @@ def logs(
         raise UsageError(f"{record.name} has no role {', '.join(unknown)}; roles: {', '.join(known)}")
     chosen = roles or known
     console = _console()
-    # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (run/masks.py).
+    # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (proc/masks.py).
     printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
-    follower = LogFollower({r: run_dir.log(r) for r in chosen}, from_end=True)  # before the tail: no line lost
+    files = backend_of(run_dir).log_files(run_dir, chosen)
+    follower = LogFollower(files, from_end=True)  # before the tail: no line lost
     try:  # Ctrl-C as soon as the last lines are out ends `logs -f` as it does later: exit status 0
         for role in chosen:
-            for text in last_lines(run_dir.log(role), lines):
+            for text in last_lines(files[role], lines):
                 printer.line(role, text)
         printer.flush()
         if not follow:
@@ -289,11 +267,11 @@ def logs(
                 return
             time.sleep(FOLLOW_SECONDS)
     except KeyboardInterrupt:
-        raise typer.Exit(0 if follow else INTERRUPTED)
+        raise typer.Exit(0 if follow else INTERRUPTED) from None
 
 
 def smoke(
-    name: Optional[str] = typer.Argument(None, help="deployment name (default: the one running)",
+    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
                                          autocompletion=_names),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
@@ -314,23 +292,22 @@ def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one obje
 
     from rich.table import Table
 
-    from muse_launch.run.state import StateDamaged, running_deployments
-    from muse_launch.run.status import observed
+    from muse_launch.run.state import RunDir, StateDamaged, running_deployments
 
     damaged: list[StateDamaged] = []
     running = running_deployments(damaged)
     if not running and not damaged:
         typer.echo("[]" if as_json else "no deployment is running")
         return
+    from muse_launch.backend import backend_of
     from muse_launch.k8s.commands import is_k8s
-    from muse_launch.run.state import RunDir
-    from muse_launch.slurm.commands import observed_any
 
     rows = [{"name": record.name, "state": record.state.value,
              "ready": sum(r.state.value == "ready" for r in record.roles), "roles": len(record.roles),
              "supervisor_pid": record.supervisor.pid if record.supervisor else None, "file": record.source}
             # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
-            for record in (r if is_k8s(RunDir.of(r.name)) else observed_any(r, observed) for r in running)]
+            for record in (r if is_k8s(RunDir.of(r.name)) else backend_of(RunDir.of(r.name)).observe(r)
+                           for r in running)]
     rows += [{"name": exc.run_dir.name, "state": "state damaged", "ready": None, "roles": None,
               "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)}
              for exc in damaged]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -14,11 +13,12 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor(
-    file: Optional[Path] = typer.Argument(None, help="topology file: also its GPUs and ports against this host"),
+    file: Path | None = typer.Argument(None, help="topology file: also its GPUs and ports against this host"),
     as_json: bool = typer.Option(False, "--json", help="as JSON, with the GPU view that MUSE_LAUNCH_GPU_VIEW replays"),
 ) -> None:
     """What this host offers: GPUs, their model, free memory and holders, engine versions, a file's ports."""
+    from muse_launch.host.gpus import read_gpu_view
+
     from .doctor import print_doctor
-    from .gpus import read_gpu_view
 
     print_doctor(file, as_json, read_gpu_view, typer.echo)

@@ -1,0 +1,105 @@
+"""The one seam between the commands and where a deployment runs (beside commands/, above the backends): this host, a SLURM job, or (next) a
+Kubernetes cluster. The commands (muse_launch/commands/) talk to a Backend only; a capability written
+above it (status, logs, smoke, scale, rolling restart, bench) is written once for every backend.
+
+A backend implements the Backend protocol below (structurally: it need not import this module):
+
+- `name`: how state.json's `backend` field names it; the backend that brings a deployment up writes it.
+- `bring_up(loaded, request, console, claim)`: start the checked plan; returns the exit code (0 ready, or
+  stopped cleanly in the foreground; 1 a role failed; 128+N on signal N). `claim(run_dir)` runs once the
+  name is held: the other backends refuse it while their deployment of it runs, else forget it.
+- `release(run_dir)`: what `claim` asks of this backend before another one takes the name.
+- `stop(run_dir, grace)`: stop it in reverse dependency order; a DownReport says what is left (nothing,
+  when `clean`). It must work from what the run directory holds when state.json is damaged.
+- `observe(record)`: the record corrected by what this backend sees now (a role that died unseen shows
+  failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
+- `log_files(run_dir, roles)`: each role's log as this host reads it.
+- `add_instance`, `remove_instance`, `restart_instance`: run-time changes of a live deployment; a backend
+  that cannot make one raises errors.NotSupported naming what it can do instead.
+
+A deployment's backend is the one its record names; where state.json cannot be read, the one whose own
+files are in the run directory (`owns`), else the local host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of nothing load none of these
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    from muse_launch.core import LoadedPlan, UpRequest
+    from muse_launch.run.down import DownReport
+    from muse_launch.run.state import DeploymentRecord, RunDir
+
+
+class Backend(Protocol):
+    name: str
+
+    def owns(self, run_dir: RunDir) -> bool: ...
+
+    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
+                 claim: Callable[[RunDir], None]) -> int: ...
+
+    def release(self, run_dir: RunDir) -> None: ...
+
+    def stop(self, run_dir: RunDir, grace: float | None) -> DownReport: ...
+
+    def observe(self, record: DeploymentRecord) -> DeploymentRecord: ...
+
+    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table: ...
+
+    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]: ...
+
+    def add_instance(self, run_dir: RunDir, role: str) -> None: ...
+
+    def remove_instance(self, run_dir: RunDir, instance: str) -> None: ...
+
+    def restart_instance(self, run_dir: RunDir, instance: str) -> None: ...
+
+
+def backends() -> dict[str, Backend]:
+    from muse_launch.run.local import LocalBackend
+    from muse_launch.slurm.backend import SlurmBackend
+
+    return {b.name: b for b in (LocalBackend(), SlurmBackend())}
+
+
+def backend_named(name: str) -> Backend:
+    """`up --on NAME` (no --on: this host)."""
+    from muse_launch.errors import UsageError
+
+    known = backends()
+    if name not in known or name == "local":
+        remote = [n for n in known if n != "local"]
+        raise UsageError(f"--on {name}: unknown; one of: {', '.join(remote)}")
+    return known[name]
+
+
+def backend_of(run_dir: RunDir) -> Backend:
+    """The backend that owns the deployment in `run_dir`."""
+    from muse_launch.run.state import LOCAL, StateDamaged, read_state
+
+    known = backends()
+    try:
+        record = read_state(run_dir)
+    except StateDamaged:
+        record = None
+    if record is not None and record.backend:
+        return known[record.backend]
+    return next((b for b in known.values() if b.name != LOCAL and b.owns(run_dir)), known[LOCAL])
+
+
+def claim_for(taker: str) -> Callable[[RunDir], None]:
+    """What `taker` runs once it holds a name: every other backend releases it (or refuses)."""
+    others = [b for b in backends().values() if b.name != taker]
+
+    def claim(run_dir: RunDir) -> None:
+        for backend in others:
+            backend.release(run_dir)
+
+    return claim

@@ -1,0 +1,93 @@
+"""SLURM as a backend (muse_launch/backend.py): `up --on slurm` submits one job whose batch host supervises
+each role as a step on its node; `down` and `status` read the job's files in the run directory and ask
+SLURM. The roles' processes are on other nodes: this host never looks at their pids or listeners."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, read_state
+from muse_launch.slurm.files import SlurmFiles
+
+if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host never loads these
+    import httpx
+    from rich.console import Console
+    from rich.table import Table
+
+    from muse_launch.core import LoadedPlan, UpRequest
+    from muse_launch.run.down import DownReport
+
+
+class SlurmBackend:
+    name = SLURM
+
+    def owns(self, run_dir: RunDir) -> bool:
+        return SlurmFiles(run_dir).exists()
+
+    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
+                 claim: Callable[[RunDir], None]) -> int:
+        from muse_launch.slurm.up import SlurmOptions, up_on_slurm
+
+        one_host_only = {"--only": request.only, "--keep": request.keep}
+        if given := [flag for flag, value in one_host_only.items() if value]:
+            raise UsageError(f"{', '.join(given)}: not with --on {self.name} (one job runs every role)")
+        options = SlurmOptions(partition=request.partition, account=request.account, time=request.time,
+                               sbatch=request.sbatch, detach=request.detach, fail_fast=request.fail_fast,
+                               rehearse=request.rehearse, sets=request.sets)
+        return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, options, console)
+
+    def release(self, run_dir: RunDir) -> None:
+        """Before another backend takes the name: its SLURM job must be over, and is then forgotten (so that
+        `status` and `down` treat the name as the other backend's)."""
+        files = SlurmFiles(run_dir)
+        if not files.exists():
+            return
+        from muse_launch.slurm import cluster
+
+        job_id = files.job_id()
+        if job_id and cluster.job(job_id).active:
+            raise RuntimeFailure(f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
+                                 f"`muse-launch down {run_dir.name}` first")
+        shutil.rmtree(files.dir, ignore_errors=True)
+
+    def stop(self, run_dir: RunDir, grace: float | None) -> DownReport:
+        from muse_launch.slurm.down import down_on_slurm
+
+        return down_on_slurm(run_dir, grace)
+
+    def observe(self, record: DeploymentRecord) -> DeploymentRecord:
+        """The roles as SLURM sees them now (the supervisor's pid is on the batch host)."""
+        from muse_launch.slurm.status import slurm_view
+
+        return slurm_view(RunDir.of(record.name), record).record
+
+    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
+        from muse_launch.run.status import health_now
+        from muse_launch.slurm.status import slurm_table, slurm_view
+
+        view = slurm_view(run_dir, read_state(run_dir))
+        health = health_now(view.record, run_dir, client)  # roles on other nodes: no listener owner to check
+        if as_json:
+            return json.dumps(view.to_json(health), indent=None if watch else 2)
+        return slurm_table(view, health)
+
+    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]:
+        return {role: run_dir.log(role) for role in roles}  # each step writes its log to the shared run directory
+
+    def add_instance(self, run_dir: RunDir, role: str) -> None:
+        raise NotSupported(f"adding an instance of {role} to a running SLURM job is not supported yet",
+                           fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
+                               "and `up --on slurm` it again")
+
+    def remove_instance(self, run_dir: RunDir, instance: str) -> None:
+        raise NotSupported(f"removing {instance} from a running SLURM job is not supported yet",
+                           fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again")
+
+    def restart_instance(self, run_dir: RunDir, instance: str) -> None:
+        raise NotSupported(f"restarting {instance} alone is not supported on SLURM yet",
+                           fix="the batch host restarts a step that dies by its role's restart policy")
