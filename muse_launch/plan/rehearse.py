@@ -75,7 +75,6 @@ def simulated(plan: Plan, python: str) -> Plan:
     as they are (a rehearsal on Kubernetes keeps the cluster's DNS names)."""
     specs = []
     for spec in plan.specs:
-        spec = _relocated(spec, addresses)
         if spec.engine in WORKERS:
             delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
             launcher = (python, "-m", SIMULATED, "--engine", WORKERS[spec.engine].rehearsed_as,
