@@ -12,7 +12,7 @@ from muse_launch.host.gpus import GpuReader, GpuView, gib
 from muse_launch.host.versions import installed_versions
 from muse_launch.proc.ports import can_bind, port_holder
 from muse_launch.run.gpus import Owners, gpu_needs, gpu_problems, one_host
-from muse_launch.run.state import running_deployments
+from muse_launch.run.state import recorded_role, running_deployments
 from muse_launch.topology.hardware import PROFILES
 
 
@@ -35,7 +35,7 @@ def doctor_report(file: Path | None, read: GpuReader) -> dict[str, Any]:
         report["gpu_check"] = {"problems": [{"text": p.text, "fix": p.fix} for p in problems], "notes": notes}
     report["ports"] = [
         {"role": spec.name, "name": name, "port": port, "host": spec.bind, "free": free,
-         "holder": None if free else port_holder(port, spec.bind, mask=loaded.redact)}
+         "holder": None if free else port_holder(port, spec.bind, mask=loaded.redact, recorded=recorded_role)}
         for spec in plan.specs for name, port in spec.ports.items()
         for free in [can_bind(spec.bind, port)]
     ]

@@ -73,12 +73,14 @@ def _blocks(listening_on: str, host: str | None) -> bool:
 
 
 def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | None = None,
-                mask: Callable[[str], str] = lambda text: text) -> str:
+                mask: Callable[[str], str] = lambda text: text,
+                recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> str:
     """Who holds (host, port) (no host: any address). A role is named from `roles` (pid -> role), else
     from the marker in its environment (which a process that sets its title, like sglang-router, wipes).
     A role is described by its program alone (its command line may hold its deployment's secrets, which this
     one cannot know); any other process by its command line, secret-looking flags' values hidden, and what
-    `mask` hides (proc/masks.py)."""
+    `mask` hides (proc/masks.py). `recorded` names a role a running deployment recorded (run/state.py's
+    recorded_role: passed in, this layer reads no deployment state)."""
     for conn in psutil.net_connections(kind="inet"):
         if not conn.laddr or conn.laddr.port != port or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE):
             continue
@@ -98,7 +100,7 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
                 role = f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}" if MARKER_ROLE in environ else None
             except psutil.Error:
                 pass
-        role = role or recorded_role(proc)  # sglang-router sets its title, which wipes its environment
+        role = role or recorded(proc)  # sglang-router sets its title, which wipes its environment
         if role:
             try:
                 command = os.path.basename((proc.cmdline() or [""])[0]) or proc.name()
@@ -118,21 +120,6 @@ def local_end_holder(port: int) -> str | None:
     return None
 
 
-def recorded_role(proc: psutil.Process) -> str | None:
-    """"ROLE of DEPLOYMENT" where PROC, or a process above it, is a role a running deployment recorded."""
-    from muse_launch.run.state import running_deployments
-
-    try:
-        lineage = {proc.pid} | {p.pid for p in proc.parents()}
-    except psutil.Error:
-        return None
-    for record in running_deployments():
-        for role in record.roles:
-            if role.process is not None and role.process.pid in lineage and role.process.find():
-                return f"{role.name} of {record.name}"
-    return None
-
-
 HELD_BY_DEPLOYMENT = re.compile(r"\(role [^,()]+ of ([^,()\s]+)[,)]")
 
 
@@ -141,19 +128,21 @@ def holding_deployments(busy: list[BusyPort]) -> list[str]:
     return list(dict.fromkeys(m.group(1) for b in busy if (m := HELD_BY_DEPLOYMENT.search(b.holder))))
 
 
-def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text) -> list[BusyPort]:
+def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text,
+               recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> list[BusyPort]:
     return [
-        BusyPort(spec.name, name, port, port_holder(port, spec.bind, mask=mask), spec.bind)
+        BusyPort(spec.name, name, port, port_holder(port, spec.bind, mask=mask, recorded=recorded), spec.bind)
         for spec in plan.specs
         for name, port in spec.ports.items()
         if not can_bind(spec.bind, port)
     ]
 
 
-def taken_ports(spec: LaunchSpec, roles: Mapping[int, str]) -> list[str]:
+def taken_ports(spec: LaunchSpec, roles: Mapping[int, str],
+                recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> list[str]:
     """After a role exited: which of its ports someone else holds now (a likely reason it exited)."""
     return [f"its {name} port {port}{'' if spec.bind in DEFAULT_ADDRESSES else ' on ' + spec.bind} is in use by "
-            f"{port_holder(port, spec.bind, roles)}"
+            f"{port_holder(port, spec.bind, roles, recorded=recorded)}"
             for name, port in spec.ports.items() if not can_bind(spec.bind, port)]
 
 

@@ -39,6 +39,7 @@ from muse_launch.run.state import (
     RunDir,
     StateDamaged,
     read_state,
+    recorded_role,
     write_state,
 )
 
@@ -151,7 +152,7 @@ def containment_note(record: DeploymentRecord) -> str | None:
 def open_ports(record: DeploymentRecord) -> list[str]:
     """Each role's ports on its own address (a rehearsal gives each node its own loopback address)."""
     return [
-        f"{role.name} {name} port {role.probe_host}:{port} (held by {port_holder(port, role.probe_host)})"
+        f"{role.name} {name} port {role.probe_host}:{port} (held by {port_holder(port, role.probe_host, recorded=recorded_role)})"
         for role in record.roles for name, port in role.ports.items()
         if is_listening(role.probe_host, port)
     ]

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from muse_launch.addresses import connect_host
 from muse_launch.engines.argv import last_value
@@ -23,6 +23,9 @@ from muse_launch.proc.masks import Masks
 from muse_launch.proc.process import ProcessRef, StopTarget
 from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
 from muse_launch.topology.grammar import path_part
+
+if TYPE_CHECKING:
+    import psutil
 
 LOCAL, SLURM = "local", "slurm"
 BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them
@@ -464,3 +467,19 @@ def resolve_name(name: str | None) -> RunDir:
         known = ", ".join(r.name for r in deployments()) or "none"
         raise UsageError(f"no deployment named {name!r} (known: {known})")
     return run_dir
+
+
+def recorded_role(proc: psutil.Process) -> str | None:
+    """"ROLE of DEPLOYMENT" where PROC, or a process above it, is a role a running deployment recorded
+    (proc/ports.py's port_holder is given it)."""
+    import psutil
+
+    try:
+        lineage = {proc.pid} | {p.pid for p in proc.parents()}
+    except psutil.Error:
+        return None
+    for record in running_deployments():
+        for role in record.roles:
+            if role.process is not None and role.process.pid in lineage and role.process.find():
+                return f"{role.name} of {record.name}"
+    return None

@@ -42,6 +42,7 @@ from muse_launch.run.state import (
     StateSaver,
     planned_record,
     read_state,
+    recorded_role,
     running_deployments,
     write_state,
 )
@@ -81,8 +82,8 @@ def select_only(plan: Plan, role: str) -> tuple[Plan, list[str]]:
 def absent_dependencies(plan: Plan, role: str, client: httpx.Client) -> list[str]:
     """Each dependency of `--only ROLE` whose readiness probe does not answer now, with what it saw. A
     dependency without an endpoint to ask (a log or process probe) is taken as up."""
-    from muse_launch.run.probe import ReadinessCheck
     from muse_launch.addresses import connect_host
+    from muse_launch.run.probe import ReadinessCheck
 
     names = {s.name for s in plan.specs if role in (s.name, s.role)}
     absent = []
@@ -196,7 +197,7 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         claim(run_dir)
         refuse_leftovers(run_dir)
         refuse_foreign_addresses(plan)
-        if busy := busy_ports(plan, redact):
+        if busy := busy_ports(plan, redact, recorded_role):
             raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
         refuse_missing_programs(plan, redact)
         if policy.note:  # how it will start, once nothing refuses it
@@ -236,7 +237,7 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
 
 
 def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
-    return taken_ports(spec, {r.process.pid: r.name for r in record.roles if r.process})
+    return taken_ports(spec, {r.process.pid: r.name for r in record.roles if r.process}, recorded_role)
 
 
 def _handle_signals(sup: Supervisor) -> dict[str, int]:

@@ -53,13 +53,13 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     from muse_launch.errors import RuntimeFailure
     from muse_launch.run.state import read_state
-    from muse_launch.backend import backend_of
-    from muse_launch.run.status import health_now
+    from muse_launch.run.status import health_now, observed
+    from muse_launch.slurm.files import SlurmFiles
+    from muse_launch.slurm.status import slurm_view
 
     from .collect import read_all, snapshot
 
-    backend = backend_of(run_dir)
-    on_slurm = backend.name == "slurm"
+    on_slurm = SlurmFiles(run_dir).exists()
     before = None
     with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
         while True:
@@ -70,7 +70,8 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
                     f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
                     fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
                 )
-            record = backend.observe(record)  # on SLURM: its roles as SLURM sees them
+            # on SLURM: its roles as SLURM sees them
+            record = slurm_view(run_dir, record).record if on_slurm else observed(record)
             readings = read_all(record, client, pool)
             health = health_now(record, run_dir, client, local=not on_slurm)  # SLURM: no pids here to look at
             yield snapshot(record, readings, before, health, interval)
