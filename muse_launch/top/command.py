@@ -53,7 +53,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     from muse_launch.errors import RuntimeFailure
     from muse_launch.run.state import read_state
-    from muse_launch.run.status import health_now, observed
+    from muse_launch.run.status import health_now, local_owners, observed
     from muse_launch.slurm.files import SlurmFiles
     from muse_launch.slurm.status import slurm_view
 
@@ -73,7 +73,9 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
             # on SLURM: its roles as SLURM sees them
             record = slurm_view(run_dir, record).record if on_slurm else observed(record)
             readings = read_all(record, client, pool)
-            health = health_now(record, run_dir, client, local=not on_slurm)  # SLURM: no pids here to look at
+            # On SLURM no pids here to look at: no listener owner to check
+            owners = (lambda role: None) if on_slurm else local_owners(record, run_dir)
+            health = health_now(record, run_dir, client, owners)
             yield snapshot(record, readings, before, health, interval)
             before = readings
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
