@@ -1,4 +1,5 @@
-"""The one seam between the commands and where a deployment runs (beside commands/, above the backends): this host, a SLURM job, or (next) a
+"""The one seam between the commands and where a deployment runs (beside commands/, above the backends): this
+host, a SLURM job, or (next) a
 Kubernetes cluster. The commands (muse_launch/commands/) talk to a Backend only; a capability written
 above it (status, logs, smoke, scale, rolling restart, bench) is written once for every backend.
 
@@ -42,8 +43,9 @@ class Backend(Protocol):
 
     def owns(self, run_dir: RunDir) -> bool: ...
 
-    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
-                 claim: Callable[[RunDir], None]) -> int: ...
+    def bring_up(
+        self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
+    ) -> int: ...
 
     def release(self, run_dir: RunDir) -> None: ...
 

@@ -49,8 +49,11 @@ def validate(
     strict: bool = typer.Option(False, "--strict", help="warnings fail too"),
     as_json: bool = typer.Option(False, "--json", help="findings as JSON, for tools"),
     set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
-    engine_check: bool = typer.Option(False, "--engine-check", help="parse each command with the installed "
-                                      "engine's and router's own parser too (what `up` does)"),
+    engine_check: bool = typer.Option(
+        False,
+        "--engine-check",
+        help="parse each command with the installed engine's and router's own parser too (what `up` does)",
+    ),
 ) -> None:
     """Check a topology against the hardware and itself before anything starts."""
     import json
@@ -63,8 +66,17 @@ def validate(
     except TopologyError as exc:
         if not as_json:
             raise
-        typer.echo(json.dumps({"file": str(file), "ok": False, "errors": exc.problems,
-                               **({"fix": exc.fix} if exc.fix else {})}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "file": str(file),
+                    "ok": False,
+                    "errors": exc.problems,
+                    **({"fix": exc.fix} if exc.fix else {}),
+                },
+                indent=2,
+            )
+        )
         raise typer.Exit(exc.exit_code) from None
     if engine_check and plan is not None:
         from .checks.engine import check
@@ -83,14 +95,18 @@ def validate(
         errors = sum(f.severity is Severity.ERROR for f in findings)
         warnings = len(findings) - errors
         verdict = "FAILED" if failed else "ok"
-        typer.echo(f"{file}: {verdict} ({len(loaded.topology.roles)} roles, {errors} errors, {warnings} warnings)")
+        typer.echo(
+            f"{file}: {verdict} ({len(loaded.topology.roles)} roles, {errors} errors, {warnings} warnings)"
+        )
     raise typer.Exit(1 if failed else 0)
 
 
 @app.command()
 def plan(
     file: Path = typer.Argument(..., help="topology file"),
-    fmt: PlanFormat = typer.Option(PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch | mermaid | dot"),
+    fmt: PlanFormat = typer.Option(
+        PlanFormat.text, "--format", "-f", help="text | json | shell | docker | sbatch | mermaid | dot"
+    ),
     rehearse: bool = typer.Option(False, "--rehearse", help="the plan `up --rehearse` would run"),
     set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
 ) -> None:
@@ -107,18 +123,31 @@ def plan(
     if not rehearse and fmt in (PlanFormat.text, PlanFormat.shell):
         from .checks.versions import installed_here
 
-        installed = installed_here(loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True))
+        installed = installed_here(
+            loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True)
+        )
     from .run.start_policy import choose, engine_versions
 
     policy = choose(loaded_plan.plan, loaded_plan.loaded.topology.start, engine_versions(loaded_plan.plan))
     if policy.note and fmt is PlanFormat.text:
         typer.echo(policy.note, err=True)  # why, where the versions decide it
     renderers = {
-        PlanFormat.text: lambda p, r, t: render_text.plan_text(policy.plan, r, t, policy.policy,
-                                                               policy.start_after),
-        PlanFormat.json: lambda p, r, t: json.dumps(redact_all({**policy.plan.to_dict(r), "start": {
-            "policy": policy.policy, "after": {k: list(v) for k, v in policy.start_after.items()}}}, r),
-            indent=2),
+        PlanFormat.text: lambda p, r, t: render_text.plan_text(
+            policy.plan, r, t, policy.policy, policy.start_after
+        ),
+        PlanFormat.json: lambda p, r, t: json.dumps(
+            redact_all(
+                {
+                    **policy.plan.to_dict(r),
+                    "start": {
+                        "policy": policy.policy,
+                        "after": {k: list(v) for k, v in policy.start_after.items()},
+                    },
+                },
+                r,
+            ),
+            indent=2,
+        ),
         PlanFormat.shell: render_text.plan_shell,
         PlanFormat.docker: render_text.plan_docker,
         PlanFormat.sbatch: lambda p, r, t: _sbatch_script(p, t, rehearse, set_),
@@ -164,10 +193,14 @@ def schema() -> None:
 
 @app.command()
 def init(
-    hardware: str = typer.Option(..., "--hardware", help="b300 | b200 | gb300 | gb200 | h200 | mi355x | mi350x | xeon | cpu"),
+    hardware: str = typer.Option(
+        ..., "--hardware", help="b300 | b200 | gb300 | gb200 | h200 | mi355x | mi350x | xeon | cpu"
+    ),
     mode: str = typer.Option("pd", "--mode", help="epd | pd | agg"),
     engine: str = typer.Option("sglang", "--engine", help="sglang | vllm"),
-    quant: str | None = typer.Option(None, "--quant", help="nvfp4 | mxfp4 | bf16 | int4 (default: the hardware's)"),
+    quant: str | None = typer.Option(
+        None, "--quant", help="nvfp4 | mxfp4 | bf16 | int4 (default: the hardware's)"
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of stdout"),
 ) -> None:
     """Write a validated topology for a hardware x mode x engine x quantization, like the cookbook's panel."""
@@ -184,8 +217,13 @@ def init(
 # Modules that add commands: each exposes register(app) and imports typer only at module level (its
 # commands import what they need when they run), so `--help` stays fast and a missing package is named
 # by the command that needs it. Add a module here rather than importing it above.
-COMMAND_MODULES = ("muse_launch.commands.run", "muse_launch.commands.export", "muse_launch.commands.host",
-                   "muse_launch.top.command", "muse_launch.bench.command")
+COMMAND_MODULES = (
+    "muse_launch.commands.run",
+    "muse_launch.commands.export",
+    "muse_launch.commands.host",
+    "muse_launch.top.command",
+    "muse_launch.bench.command",
+)
 _registered: list[str] = []
 
 
@@ -263,4 +301,3 @@ def main(argv: list[str] | None = None) -> None:
         atexit._run_exitfuncs()
         os._exit(code)
     sys.exit(code)
-

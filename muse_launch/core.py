@@ -32,13 +32,17 @@ class LoadedPlan:
         return "\n".join(f.format(self.loaded) for f in self.findings)
 
 
-def check_file(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedTopology, list[Finding], Plan | None]:
+def check_file(
+    path: str | Path, sets: Iterable[str] = ()
+) -> tuple[LoadedTopology, list[Finding], Plan | None]:
     loaded = load_topology(path, sets)
     findings, plan = run_checks(loaded)
     return loaded, findings, plan
 
 
-def load_plan(path: str | Path, sets: Iterable[str] = (), rehearse: bool = False, strict: bool = False) -> LoadedPlan:
+def load_plan(
+    path: str | Path, sets: Iterable[str] = (), rehearse: bool = False, strict: bool = False
+) -> LoadedPlan:
     """Load, check and plan a topology file. Raises TopologyError (exit 2) or CheckFailed (exit 1)."""
     loaded, findings, plan = check_file(path, sets)
     stop = [f for f in findings if f.severity is Severity.ERROR or strict]
@@ -48,8 +52,14 @@ def load_plan(path: str | Path, sets: Iterable[str] = (), rehearse: bool = False
         plan = rehearsal_plan(plan, loaded.topology, sys.executable)
         moved = [f for f in recheck_placement(loaded.topology, plan) if f.severity is Severity.ERROR]
         if moved:
-            raise CheckFailed("\n".join(["the rehearsal moves every machine to a loopback address, and then:",
-                                          *(f.format(loaded) for f in moved)]))
+            raise CheckFailed(
+                "\n".join(
+                    [
+                        "the rehearsal moves every machine to a loopback address, and then:",
+                        *(f.format(loaded) for f in moved),
+                    ]
+                )
+            )
     return LoadedPlan(plan, loaded, tuple(findings))
 
 

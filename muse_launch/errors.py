@@ -164,22 +164,32 @@ def as_json(exc: BaseException, command: str | None = None) -> tuple[int, dict[s
     code, lines = explain(exc, command)
     out: dict[str, object] = {"ok": False, "exit_code": code}
     if isinstance(exc, TopologyError):
-        out.update(error=exc.problems[0] if len(exc.problems) == 1 else "the topology file has problems",
-                   errors=exc.problems, fix=exc.fix)
+        out.update(
+            error=exc.problems[0] if len(exc.problems) == 1 else "the topology file has problems",
+            errors=exc.problems,
+            fix=exc.fix,
+        )
     elif isinstance(exc, UserError):
         out.update(error=str(exc), fix=exc.fix)
     else:
         fix = next((line.split("fix: ", 1)[1] for line in lines if line.lstrip().startswith("fix: ")), None)
-        out.update(error="\n".join(line.removeprefix("error: ") for line in lines
-                                   if not line.lstrip().startswith("fix: ")), fix=fix)
+        out.update(
+            error="\n".join(
+                line.removeprefix("error: ") for line in lines if not line.lstrip().startswith("fix: ")
+            ),
+            fix=fix,
+        )
     return code, out
 
 
 def wants_json(argv: Iterable[str]) -> bool:
     """--json, or plan's --format json / -f json: errors are JSON too."""
     args = list(argv)
-    return "--json" in args or "--format=json" in args or any(
-        a in ("--format", "-f") and nxt == "json" for a, nxt in zip(args, args[1:]))
+    return (
+        "--json" in args
+        or "--format=json" in args
+        or any(a in ("--format", "-f") and nxt == "json" for a, nxt in zip(args, args[1:], strict=False))
+    )
 
 
 def debugging() -> bool:

@@ -24,7 +24,9 @@ class PlantedLink(OSError):
     """A symbolic link (or a FIFO, a device...) where a file or directory of ours should be."""
 
     def __init__(self, path: Path | str, what: str = "a symbolic link"):
-        super().__init__(errno.ELOOP, f"is {what}; muse-launch follows no link in its run directory", str(path))
+        super().__init__(
+            errno.ELOOP, f"is {what}; muse-launch follows no link in its run directory", str(path)
+        )
         self.path = Path(path)
         self.fix = f"remove it (`rm {path}`) and run the command again"
 
@@ -121,8 +123,12 @@ def open_fresh(path: Path, *, root: Path | None = None, mode: int = FILE_MODE) -
             os.unlink(path.name, dir_fd=dir_fd)
         except FileNotFoundError:
             pass
-        fd = os.open(path.name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            path.name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            mode,
+            dir_fd=dir_fd,
+        )
     finally:
         os.close(dir_fd)
     return fd
@@ -145,8 +151,9 @@ def replace_file(path: Path, data: bytes, *, root: Path | None = None, mode: int
         except FileNotFoundError:
             pass
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                         dir_fd=dir_fd)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd
+            )
         except OSError as exc:
             raise OSError(exc.errno, exc.strerror, str(path.with_name(tmp))) from None
         try:

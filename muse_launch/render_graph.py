@@ -8,8 +8,8 @@ bracket, a newline or a `;` in a role's args stays text in a label, never syntax
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .engines import ENGINES, router, sglang
 from .engines.argv import last_value

@@ -23,8 +23,9 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 def one_line(text: str) -> str:
     """`text` with each control character (CR, LF, NUL, ESC...) written as an escape: it cannot end a line."""
-    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
-                            text)
+    return _UNPRINTABLE.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", text
+    )
 
 
 def comment(text: str) -> str:
@@ -61,8 +62,13 @@ def start_steps(plan: Plan, start_after: dict[str, tuple[str, ...]] | None) -> t
     return tuple(tuple(n for w in plan.waves for n in w if step[n] == i) for i in range(1, last + 1))
 
 
-def plan_text(plan: Plan, redact: Redact, topology: Topology, policy: str | None = None,
-              start_after: dict[str, tuple[str, ...]] | None = None) -> str:
+def plan_text(
+    plan: Plan,
+    redact: Redact,
+    topology: Topology,
+    policy: str | None = None,
+    start_after: dict[str, tuple[str, ...]] | None = None,
+) -> str:
     """`policy`/`start_after`: how `up` will start it (run/start_policy.py); without them, wave by wave."""
     steps = start_steps(plan, start_after)
     after = start_after or {s.name: s.depends_on for s in plan.specs}
@@ -81,10 +87,15 @@ def plan_text(plan: Plan, redact: Redact, topology: Topology, policy: str | None
             waits = after.get(name, ())
             late = [d for d in spec.depends_on if d not in waits]
             out.append(f"  {spec.name} ({spec.kind}, {spec.engine})")
-            out.append(f"    gpus:  {','.join(map(str, spec.gpus)) or '-'}    ports: {ports}    url: {spec.url or '-'}")
-            out.append(f"    ready: {target} (timeout {probe.timeout:g}s)"
-                       + (f"    after: {', '.join(waits)}" if waits else "")
-                       + (f"    wired to {', '.join(late)}, not waiting for it" if late else ""))
+            out.append(
+                f"    gpus:  {','.join(map(str, spec.gpus)) or '-'}    ports: {ports}    url: "
+                f"{spec.url or '-'}"
+            )
+            out.append(
+                f"    ready: {target} (timeout {probe.timeout:g}s)"
+                + (f"    after: {', '.join(waits)}" if waits else "")
+                + (f"    wired to {', '.join(late)}, not waiting for it" if late else "")
+            )
             for key, value in spec.env.items():
                 out.append(f"    env:   {key}={redact(value)}")
             out.append("    argv:  " + _wrapped(spec.argv, redact, indent="             "))
@@ -95,7 +106,11 @@ def _wrapped(argv: tuple[str, ...], redact: Redact, indent: str = "  ") -> str:
     """Quoted argv, one `--flag value...` per line like the cookbook's commands."""
     lines: list[list[str]] = [[]]
     for arg in argv:
-        if arg.startswith("--") and lines[-1] and any(a.startswith("--") or len(lines) == 1 for a in lines[-1][:1]):
+        if (
+            arg.startswith("--")
+            and lines[-1]
+            and any(a.startswith("--") or len(lines) == 1 for a in lines[-1][:1])
+        ):
             lines.append([])
         lines[-1].append(shlex.quote(redact(arg)))
     return (" \\\n" + indent).join(" ".join(words) for words in lines)
@@ -106,8 +121,12 @@ def plan_shell(plan: Plan, redact: Redact, topology: Topology) -> str:
     out = [comment(f"{plan.name}: run each command in its own shell, waiting for each wave to be ready")]
     for spec in plan.specs:
         env = " ".join(assignment(k, redact(v)) for k, v in spec.env.items())
-        out.append("\n" + comment(f"wave {waves[spec.name]}: {spec.name} ({spec.kind}), ready when "
-                                  f"{redact(_ready_hint(spec))}"))
+        out.append(
+            "\n"
+            + comment(
+                f"wave {waves[spec.name]}: {spec.name} ({spec.kind}), ready when {redact(_ready_hint(spec))}"
+            )
+        )
         out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
     return "\n".join(out)
 
@@ -139,8 +158,10 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
             out.append((env + " \\\n  " if env else "") + _wrapped(spec.argv, redact))
             continue
         argv = list(spec.argv)
-        options = [f"docker run -d --name {shlex.quote((plan.name + '-' + spec.name).replace('@', '-'))}",
-                   "--network host --ipc host --shm-size 32g"]
+        options = [
+            f"docker run -d --name {shlex.quote((plan.name + '-' + spec.name).replace('@', '-'))}",
+            "--network host --ipc host --shm-size 32g",
+        ]
         if spec.gpus and profile.docker_gpu_args:
             options.append(" ".join(profile.docker_gpu_args))
         facts = worker_facts(spec.engine)
@@ -149,8 +170,8 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
         options += [f"-e {shlex.quote(f'{env_name(k)}={redact(v)}')}" for k, v in spec.env.items()]
         options.append(f"-v {HF_CACHE_MOUNT}")
         if facts and facts.entrypoint:
-            if tuple(argv[:len(facts.entrypoint)]) == facts.entrypoint:
-                argv = argv[len(facts.entrypoint):]
+            if tuple(argv[: len(facts.entrypoint)]) == facts.entrypoint:
+                argv = argv[len(facts.entrypoint) :]
             else:
                 options.append(f"--entrypoint {shlex.quote(argv.pop(0))}")
         options.append(image)

@@ -19,8 +19,17 @@ import signal
 
 # The signals a role's stop signal can be (topology/model.py STOP_SIGNALS) but SIGINT (above), SIGHUP
 # (nohup), SIGKILL (never ignored), SIGPIPE and SIGXFSZ (Python's own).
-RESET_TO_DEFAULT = ("SIGTERM", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGABRT", "SIGALRM", "SIGXCPU", "SIGVTALRM",
-                    "SIGPROF")
+RESET_TO_DEFAULT = (
+    "SIGTERM",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGABRT",
+    "SIGALRM",
+    "SIGXCPU",
+    "SIGVTALRM",
+    "SIGPROF",
+)
 
 
 def reset_inherited() -> list[str]:

@@ -31,7 +31,10 @@ WEATHER_TOOL = {
         "description": "Get the current weather for a city.",
         "parameters": {
             "type": "object",
-            "properties": {"location": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "properties": {
+                "location": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
             "required": ["location", "unit"],
         },
     },
@@ -59,8 +62,9 @@ def _named(listed: list[str]) -> list[str]:
     return [m for m in listed if m.strip().lower() not in PLACEHOLDER_MODELS]
 
 
-def list_models(client: httpx.Client, base: str, workers: tuple[str, ...] = (),
-                declared: tuple[str, ...] = ()) -> tuple[str | None, SmokeResult]:
+def list_models(
+    client: httpx.Client, base: str, workers: tuple[str, ...] = (), declared: tuple[str, ...] = ()
+) -> tuple[str | None, SmokeResult]:
     """The model to ask for, and the check's line saying who reported it.
 
     The router's /v1/models first. A router that knows no name for its workers lists a placeholder
@@ -72,32 +76,59 @@ def list_models(client: httpx.Client, base: str, workers: tuple[str, ...] = (),
     try:
         listed = served_models(client, base)
     except httpx.TransportError as exc:
-        return None, SmokeResult("models", False, f"nothing answers at {base} ({type(exc).__name__}: "
-                                 f"{exc or 'no reply'}); is the deployment still up?", total=time.perf_counter() - start)
+        return None, SmokeResult(
+            "models",
+            False,
+            f"nothing answers at {base} ({type(exc).__name__}: "
+            f"{exc or 'no reply'}); is the deployment still up?",
+            total=time.perf_counter() - start,
+        )
     except httpx.HTTPStatusError as exc:
-        return None, SmokeResult("models", False, f"GET {base}/v1/models: HTTP {exc.response.status_code}: "
-                                 f"{exc.response.text[:300]}", total=time.perf_counter() - start)
+        return None, SmokeResult(
+            "models",
+            False,
+            f"GET {base}/v1/models: HTTP {exc.response.status_code}: {exc.response.text[:300]}",
+            total=time.perf_counter() - start,
+        )
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
-        return None, SmokeResult("models", False, f"GET {base}/v1/models: not an OpenAI model list ({exc!r})",
-                                 total=time.perf_counter() - start)
+        return None, SmokeResult(
+            "models",
+            False,
+            f"GET {base}/v1/models: not an OpenAI model list ({exc!r})",
+            total=time.perf_counter() - start,
+        )
     named = _named(listed)
     if named:
         others = f" (also listed: {', '.join(named[1:])})" if len(named) > 1 else ""
         return named[0], SmokeResult("models", True, f"{named[0]}{others}", total=time.perf_counter() - start)
-    router_says = f"the router lists {', '.join(map(repr, listed))}" if listed else "the router lists no model"
+    router_says = (
+        f"the router lists {', '.join(map(repr, listed))}" if listed else "the router lists no model"
+    )
     for worker in workers:
         try:
             from_worker = _named(served_models(client, worker))
         except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
             continue
         if from_worker:
-            return from_worker[0], SmokeResult("models", True, f"{from_worker[0]} (as {worker} serves it; "
-                                               f"{router_says})", total=time.perf_counter() - start)
+            return from_worker[0], SmokeResult(
+                "models",
+                True,
+                f"{from_worker[0]} (as {worker} serves it; {router_says})",
+                total=time.perf_counter() - start,
+            )
     if declared:
-        return declared[0], SmokeResult("models", True, f"{declared[0]} (--served-model-name; {router_says}, "
-                                        "no worker answered)", total=time.perf_counter() - start)
-    return None, SmokeResult("models", False, f"{router_says} at /v1/models and no worker names its model",
-                             total=time.perf_counter() - start)
+        return declared[0], SmokeResult(
+            "models",
+            True,
+            f"{declared[0]} (--served-model-name; {router_says}, no worker answered)",
+            total=time.perf_counter() - start,
+        )
+    return None, SmokeResult(
+        "models",
+        False,
+        f"{router_says} at /v1/models and no worker names its model",
+        total=time.perf_counter() - start,
+    )
 
 
 def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
@@ -108,8 +139,12 @@ def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
     with client.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True}) as response:
         if response.status_code != 200:
             response.read()
-            return SmokeResult("chat", False, f"HTTP {response.status_code}: {response.text[:300]}",
-                               total=time.perf_counter() - start)
+            return SmokeResult(
+                "chat",
+                False,
+                f"HTTP {response.status_code}: {response.text[:300]}",
+                total=time.perf_counter() - start,
+            )
         for line in response.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -118,7 +153,9 @@ def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
                 break
             chunk = load_answer(data)
             if "error" in chunk:
-                return SmokeResult("chat", False, f"error in stream: {chunk['error']}", total=time.perf_counter() - start)
+                return SmokeResult(
+                    "chat", False, f"error in stream: {chunk['error']}", total=time.perf_counter() - start
+                )
             for choice in chunk.get("choices", []):
                 delta = choice.get("delta") or {}
                 piece = delta.get("content") or ""
@@ -131,8 +168,14 @@ def chat_stream(client: httpx.Client, base: str, body: dict) -> SmokeResult:
     total = time.perf_counter() - start
     answer = "".join(content).strip()
     ok = bool(answer) and ttft is not None
-    return SmokeResult("chat", ok, answer if ok else "the stream carried no tokens", ttft, total,
-                       {"reasoning": "".join(reasoning), "finish_reason": finish})
+    return SmokeResult(
+        "chat",
+        ok,
+        answer if ok else "the stream carried no tokens",
+        ttft,
+        total,
+        {"reasoning": "".join(reasoning), "finish_reason": finish},
+    )
 
 
 def chat_once(client: httpx.Client, base: str, body: dict) -> tuple[dict | None, float, str]:
@@ -154,8 +197,12 @@ def attempt(check: str, request: Callable[[], SmokeResult]) -> SmokeResult:
         return request()
     except REQUEST_ERRORS as exc:
         gone = " (is the deployment still up?)" if isinstance(exc, httpx.TransportError) else ""
-        return SmokeResult(check, False, f"{type(exc).__name__}: {exc or 'no reply'}{gone}",
-                           total=time.perf_counter() - start)
+        return SmokeResult(
+            check,
+            False,
+            f"{type(exc).__name__}: {exc or 'no reply'}{gone}",
+            total=time.perf_counter() - start,
+        )
 
 
 class FrontAuth(httpx.Auth):
@@ -171,8 +218,15 @@ class FrontAuth(httpx.Auth):
         yield request
 
 
-def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, workers: tuple[str, ...] = (),
-              declared: tuple[str, ...] = (), headers: dict[str, str] | None = None) -> list[SmokeResult]:
+def run_smoke(
+    base: str,
+    reasoning: bool,
+    tools: bool,
+    timeout: float = 600.0,
+    workers: tuple[str, ...] = (),
+    declared: tuple[str, ...] = (),
+    headers: dict[str, str] | None = None,
+) -> list[SmokeResult]:
     """The checks in order: the model the deployment reports (list_models), a streamed chat, then
     reasoning and a tool call. `headers`: what the front router wants on each request (its API key)."""
     # role URLs are plain HTTP: no CA bundle
@@ -181,8 +235,13 @@ def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, w
         if model is None:
             return [listed]
         messages = [{"role": "user", "content": "Briefly explain: what is SGLang?"}]
-        results = [listed, attempt("chat", lambda: chat_stream(
-            client, base, {"model": model, "messages": messages, "max_tokens": 64}))]
+        results = [
+            listed,
+            attempt(
+                "chat",
+                lambda: chat_stream(client, base, {"model": model, "messages": messages, "max_tokens": 64}),
+            ),
+        ]
         if not results[-1].ok:
             return results  # the other checks would fail the same way (or on a breaker the failure opened)
         if reasoning:
@@ -193,22 +252,34 @@ def run_smoke(base: str, reasoning: bool, tools: bool, timeout: float = 600.0, w
 
 
 def reasoning_check(client: httpx.Client, base: str, model: str, messages: list[dict]) -> SmokeResult:
-    body, total, problem = chat_once(client, base, {"model": model, "messages": messages, "max_tokens": 64,
-                                                     "reasoning_effort": "low"})
+    body, total, problem = chat_once(
+        client, base, {"model": model, "messages": messages, "max_tokens": 64, "reasoning_effort": "low"}
+    )
     thought = (body or {}).get("choices", [{}])[0].get("message", {}).get("reasoning_content")
-    return SmokeResult("reasoning", bool(thought), problem or (
-        f"reasoning_content: {thought[:60]!r}" if thought else "no reasoning_content in the answer"), total=total)
+    return SmokeResult(
+        "reasoning",
+        bool(thought),
+        problem
+        or (f"reasoning_content: {thought[:60]!r}" if thought else "no reasoning_content in the answer"),
+        total=total,
+    )
 
 
 def tool_call_check(client: httpx.Client, base: str, model: str) -> SmokeResult:
     ask = [{"role": "user", "content": "Use get_weather to check the weather in Beijing in Celsius."}]
-    body, total, problem = chat_once(client, base, {"model": model, "messages": ask, "tools": [WEATHER_TOOL],
-                                                     "tool_choice": "auto", "max_tokens": 64})
+    body, total, problem = chat_once(
+        client,
+        base,
+        {"model": model, "messages": ask, "tools": [WEATHER_TOOL], "tool_choice": "auto", "max_tokens": 64},
+    )
     choice = (body or {}).get("choices", [{}])[0]
     calls = choice.get("message", {}).get("tool_calls") or []
     ok = bool(calls) and choice.get("finish_reason") == "tool_calls"
-    detail = problem or (f"{calls[0]['function']['name']}({calls[0]['function']['arguments']})" if ok
-                         else f"no tool call (finish_reason {choice.get('finish_reason')!r})")
+    detail = problem or (
+        f"{calls[0]['function']['name']}({calls[0]['function']['arguments']})"
+        if ok
+        else f"no tool call (finish_reason {choice.get('finish_reason')!r})"
+    )
     return SmokeResult("tool call", ok, detail, total=total)
 
 
@@ -222,8 +293,10 @@ def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[s
         return {}, None
     unset = [name for name in ENV_REF.findall(front.api_key) if name not in environ]
     if unset:
-        return {}, (f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set "
-                    f"here: export {unset[0]}=... as for `up`, then smoke again")
+        return {}, (
+            f"{front.name} was started with --api-key from ${{env:{unset[0]}}}, which is not set "
+            f"here: export {unset[0]}=... as for `up`, then smoke again"
+        )
     key = ENV_REF.sub(lambda m: environ[m.group(1)], front.api_key)
     return router.auth_headers([router.API_KEY, key]), None
 
@@ -244,8 +317,10 @@ def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str],
     from muse_launch.run.lifecycle import DeploymentState
 
     if record.state is DeploymentState.STOPPED:
-        raise RuntimeFailure(f"deployment {record.name!r} is not running: no role of it is alive",
-                             fix=f"muse-launch up {record.source} -d")
+        raise RuntimeFailure(
+            f"deployment {record.name!r} is not running: no role of it is alive",
+            fix=f"muse-launch up {record.source} -d",
+        )
     front = next(iter(record.entry_roles()), None)
     if front is None or front.kind == "command":
         raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
@@ -272,6 +347,8 @@ def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str],
     for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
         echo(f"  where: {line}")
     if failures:
-        echo(f"  fix: `muse-launch status {record.name}` shows each role's health; "
-             f"`muse-launch logs {record.name} {front.name}` its log")
+        echo(
+            f"  fix: `muse-launch status {record.name}` shows each role's health; "
+            f"`muse-launch logs {record.name} {front.name}` its log"
+        )
     return 0 if results and all(r.ok for r in results) else 1

@@ -36,10 +36,26 @@ def free_ports(n: int) -> list[int]:
 
 def topology(path: Path) -> Path:
     worker, router, metrics = free_ports(3)
-    path.write_text(yaml.safe_dump({
-        "version": 1, "name": "bench-cost", "hardware": "b300", "model": M, "rehearse": {"ready_after": 0.3},
-        "roles": {"worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
-                  "router": {"kind": "router", "port": router, "metrics_port": metrics, "workers": ["worker"]}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "bench-cost",
+                "hardware": "b300",
+                "model": M,
+                "rehearse": {"ready_after": 0.3},
+                "roles": {
+                    "worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
+                    "router": {
+                        "kind": "router",
+                        "port": router,
+                        "metrics_port": metrics,
+                        "workers": ["worker"],
+                    },
+                },
+            }
+        )
+    )
     return path
 
 
@@ -54,8 +70,11 @@ def main() -> int:
     try:
         for n in (16, 128):
             out = tmp / f"n{n}"
-            subprocess.run([*cli, "bench", "bench-cost", *point, "--requests", str(n), "--out", str(out)], env=env,
-                           capture_output=True)
+            subprocess.run(
+                [*cli, "bench", "bench-cost", *point, "--requests", str(n), "--out", str(out)],
+                env=env,
+                capture_output=True,
+            )
             p = json.loads((out / "summary.json").read_text())["points"][0]
             client[n] = p
     finally:
@@ -63,26 +82,55 @@ def main() -> int:
     a, b = client[16], client[128]
     marginal = 1000 * (b["client"]["cpu_s"] - a["client"]["cpu_s"]) / (b["requests_ok"] - a["requests_ok"])
     fixed = a["client"]["cpu_s"] - marginal * a["requests_ok"] / 1000
-    print(f"load generator (aiperf 0.13.0), {os.cpu_count()} cores, concurrency 8, ISL 128, OSL 32, rehearsal:")
-    print(f"{'requests':>9} {'wall s':>7} {'aiperf CPU s':>12} {'CPU ms/request':>14} {'host busy %':>11} "
-          f"{'out tok/s':>9}")
+    print(
+        f"load generator (aiperf 0.13.0), {os.cpu_count()} cores, concurrency 8, ISL 128, OSL 32, rehearsal:"
+    )
+    print(
+        f"{'requests':>9} {'wall s':>7} {'aiperf CPU s':>12} {'CPU ms/request':>14} {'host busy %':>11} "
+        f"{'out tok/s':>9}"
+    )
     for n, p in client.items():
         c = p["client"]
-        print(f"{n:>9} {c['wall_s']:>7.1f} {c['cpu_s']:>12.2f} {c['cpu_ms_per_request']:>14.1f} "
-              f"{c['host_cpu_busy_pct']:>11.0f} {p['output_tokens_per_s']:>9.1f}")
+        print(
+            f"{n:>9} {c['wall_s']:>7.1f} {c['cpu_s']:>12.2f} {c['cpu_ms_per_request']:>14.1f} "
+            f"{c['host_cpu_busy_pct']:>11.0f} {p['output_tokens_per_s']:>9.1f}"
+        )
     print(f"fixed (start-up) {fixed:.2f} CPU s per point; marginal {marginal:.1f} CPU ms per request")
 
     sweep = tmp / "sweep"
-    subprocess.run([*cli, "sweep", str(path), "--rehearse", "--vary", "rehearse.itl_ms=1,2,4", "--concurrency", "4",
-                    "--isl", "64", "--osl", "16", "--requests", "16", "--out", str(sweep)], env=env,
-                   capture_output=True)
+    subprocess.run(
+        [
+            *cli,
+            "sweep",
+            str(path),
+            "--rehearse",
+            "--vary",
+            "rehearse.itl_ms=1,2,4",
+            "--concurrency",
+            "4",
+            "--isl",
+            "64",
+            "--osl",
+            "16",
+            "--requests",
+            "16",
+            "--out",
+            str(sweep),
+        ],
+        env=env,
+        capture_output=True,
+    )
     s = json.loads((sweep / "sweep.json").read_text())
-    print(f"\nsweep of {len(s['results'])} variants: {s['wall_s']:.1f} s in all, {s['sum_of_parts_s']:.1f} s "
-          f"the sum of its parts ({s['wall_s'] / s['sum_of_parts_s']:.3f} x)")
+    print(
+        f"\nsweep of {len(s['results'])} variants: {s['wall_s']:.1f} s in all, {s['sum_of_parts_s']:.1f} s "
+        f"the sum of its parts ({s['wall_s'] / s['sum_of_parts_s']:.3f} x)"
+    )
     print(f"{'variant':<22} {'up s':>6} {'bench s':>8} {'down s':>7}  state")
     for r in s["results"]:
-        print(f"{' '.join(r['combination']):<22} {r.get('up_s', 0):>6.1f} {r.get('bench_s', 0):>8.1f} "
-              f"{r.get('down_s', 0):>7.1f}  {r['state']}")
+        print(
+            f"{' '.join(r['combination']):<22} {r.get('up_s', 0):>6.1f} {r.get('bench_s', 0):>8.1f} "
+            f"{r.get('down_s', 0):>7.1f}  {r['state']}"
+        )
     return 0
 
 

@@ -48,22 +48,59 @@ def topology(path: Path, name: str, sequential: bool) -> Path:
 
     roles = {
         "encoder": {"kind": "encoder", "port": encoder, "args": stand_in("encoder"), "ready": probe},
-        "prefill": {"kind": "prefill", "port": prefill, "encoders": ["encoder"], "bootstrap_port": boot,
-                    "encoder_bootstrap_port": enc_boot_p, "args": stand_in("prefill"), "ready": probe},
-        "decode": {"kind": "decode", "port": decode, "encoders": ["encoder"], "encoder_bootstrap_port": enc_boot_d,
-                   "args": stand_in("decode"), "ready": probe, **({"after": ["prefill"]} if sequential else {})},
-        "router": {"kind": "router", "launcher": [sys.executable, STAND_IN], "port": router, "metrics_port": metrics,
-                   "prefill": ["prefill"], "decode": ["decode"], "args": stand_in("router"), "ready": probe},
+        "prefill": {
+            "kind": "prefill",
+            "port": prefill,
+            "encoders": ["encoder"],
+            "bootstrap_port": boot,
+            "encoder_bootstrap_port": enc_boot_p,
+            "args": stand_in("prefill"),
+            "ready": probe,
+        },
+        "decode": {
+            "kind": "decode",
+            "port": decode,
+            "encoders": ["encoder"],
+            "encoder_bootstrap_port": enc_boot_d,
+            "args": stand_in("decode"),
+            "ready": probe,
+            **({"after": ["prefill"]} if sequential else {}),
+        },
+        "router": {
+            "kind": "router",
+            "launcher": [sys.executable, STAND_IN],
+            "port": router,
+            "metrics_port": metrics,
+            "prefill": ["prefill"],
+            "decode": ["decode"],
+            "args": stand_in("router"),
+            "ready": probe,
+        },
     }
-    path.write_text(yaml.safe_dump({"version": 1, "name": name, "hardware": "cpu", "model": str(REPO),
-                                    "launcher": [sys.executable, STAND_IN], "roles": roles}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": name,
+                "hardware": "cpu",
+                "model": str(REPO),
+                "launcher": [sys.executable, STAND_IN],
+                "roles": roles,
+            }
+        )
+    )
     return path
 
 
 def cli(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True,
-                            env={**os.environ, "MUSE_LAUNCH_HOME": str(home)}, cwd=REPO)
+    result = subprocess.run(
+        [sys.executable, "-m", "muse_launch", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MUSE_LAUNCH_HOME": str(home)},
+        cwd=REPO,
+    )
     if result.returncode != 0:
         sys.exit(f"muse-launch {' '.join(args)} failed:\n{result.stdout}{result.stderr}")
     return time.monotonic() - started, result
@@ -87,9 +124,13 @@ def cli_start_seconds() -> float:
 
 
 def main() -> None:
-    critical = READY_AFTER["encoder"] + max(READY_AFTER["prefill"], READY_AFTER["decode"]) + READY_AFTER["router"]
+    critical = (
+        READY_AFTER["encoder"] + max(READY_AFTER["prefill"], READY_AFTER["decode"]) + READY_AFTER["router"]
+    )
     sequential_path = sum(READY_AFTER.values())
-    exit_path = EXIT_AFTER["router"] + max(EXIT_AFTER["prefill"], EXIT_AFTER["decode"]) + EXIT_AFTER["encoder"]
+    exit_path = (
+        EXIT_AFTER["router"] + max(EXIT_AFTER["prefill"], EXIT_AFTER["decode"]) + EXIT_AFTER["encoder"]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
         parallel = topology(Path(tmp) / "bench.yaml", "bench", sequential=False)
@@ -113,21 +154,39 @@ def main() -> None:
         seq_supervised = bring_up_seconds(home, "bench-seq")
         cli(home, "down", "bench-seq")
 
-    print(f"topology: encoder {READY_AFTER['encoder']}s -> prefill {READY_AFTER['prefill']}s + decode "
-          f"{READY_AFTER['decode']}s -> router {READY_AFTER['router']}s; critical path {critical:.2f}s")
-    print(f"up, first spawn to all ready:      {up_supervised:.2f}s = {up_supervised / critical:.3f} x critical path"
-          f"  (goal <= 1.05)")
-    print(f"up -d, whole command:              {up_wall:.2f}s = {up_wall / critical:.3f} x critical path"
-          f"  (of which {start_cost:.2f}s starting Python and importing the CLI)")
-    print(f"sequential start over up:          {seq_supervised / up_supervised:.2f} x  ({seq_supervised:.2f}s vs "
-          f"{up_supervised:.2f}s; sum of delays {sequential_path:.2f}s)  whole commands: {seq_wall / up_wall:.2f} x")
-    print(f"down, stopping:                    {down_itself:.2f}s; the roles' own exit times in reverse order "
-          f"{exit_path:.2f}s -> {down_itself - exit_path:.2f}s beyond  (goal <= 0.5)")
+    print(
+        f"topology: encoder {READY_AFTER['encoder']}s -> prefill {READY_AFTER['prefill']}s + decode "
+        f"{READY_AFTER['decode']}s -> router {READY_AFTER['router']}s; critical path {critical:.2f}s"
+    )
+    print(
+        f"up, first spawn to all ready:      {up_supervised:.2f}s = {up_supervised / critical:.3f} x "
+        "critical path"
+        f"  (goal <= 1.05)"
+    )
+    print(
+        f"up -d, whole command:              {up_wall:.2f}s = {up_wall / critical:.3f} x critical path"
+        f"  (of which {start_cost:.2f}s starting Python and importing the CLI)"
+    )
+    print(
+        f"sequential start over up:          {seq_supervised / up_supervised:.2f} x  ({seq_supervised:.2f}s "
+        "vs "
+        f"{up_supervised:.2f}s; sum of delays {sequential_path:.2f}s)  whole commands: "
+        f"{seq_wall / up_wall:.2f} x"
+    )
+    print(
+        f"down, stopping:                    {down_itself:.2f}s; the roles' own exit times in reverse order "
+        f"{exit_path:.2f}s -> {down_itself - exit_path:.2f}s beyond  (goal <= 0.5)"
+    )
     slowest = max(EXIT_AFTER.values())
-    print(f"down, whole command:               {down_wall:.2f}s -> {down_wall - exit_path:.2f}s beyond; "
-          f"beyond the slowest role alone ({slowest:.2f}s): {down_wall - slowest:.2f}s")
-    print(f"idle supervisor over {IDLE_SECONDS:.0f}s:          {100 * cpu_share:.2f}% of a core, RSS {rss_mb:.0f} MB"
-          f"  (goals < 1%, < 80 MB)")
+    print(
+        f"down, whole command:               {down_wall:.2f}s -> {down_wall - exit_path:.2f}s beyond; "
+        f"beyond the slowest role alone ({slowest:.2f}s): {down_wall - slowest:.2f}s"
+    )
+    print(
+        f"idle supervisor over {IDLE_SECONDS:.0f}s:          {100 * cpu_share:.2f}% of a core, RSS "
+        f"{rss_mb:.0f} MB"
+        f"  (goals < 1%, < 80 MB)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ def main() -> None:
             for mode in ("plain", "cgroup"):
                 fd = os.open(path / "cgroup.procs", os.O_WRONLY)
                 started = time.perf_counter()
-                proc = subprocess.Popen(["/bin/true"], start_new_session=True,
-                                        preexec_fn=(lambda fd=fd: os.write(fd, b"0")) if mode == "cgroup" else None)
+                proc = subprocess.Popen(
+                    ["/bin/true"],
+                    start_new_session=True,
+                    preexec_fn=(lambda fd=fd: os.write(fd, b"0")) if mode == "cgroup" else None,
+                )
                 times[mode].append(time.perf_counter() - started)
                 proc.wait()
                 os.close(fd)
@@ -43,9 +46,14 @@ def main() -> None:
         for path in paths:
             cgroups.remove(path)
     for mode, spent in times.items():
-        print(f"{mode:>6}: Popen returns after {statistics.median(spent) * 1e3:.2f} ms median, "
-              f"{max(spent) * 1e3:.2f} ms worst ({runs} runs)")
-    print(f"cgroup / plain: {statistics.median(times['cgroup']) / statistics.median(times['plain']):.1f}x median")
+        print(
+            f"{mode:>6}: Popen returns after {statistics.median(spent) * 1e3:.2f} ms median, "
+            f"{max(spent) * 1e3:.2f} ms worst ({runs} runs)"
+        )
+    print(
+        f"cgroup / plain: {statistics.median(times['cgroup']) / statistics.median(times['plain']):.1f}x "
+        "median"
+    )
 
 
 if __name__ == "__main__":

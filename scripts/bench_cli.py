@@ -35,7 +35,7 @@ EPD = REPO / "topologies" / "epd-b300.yaml"
 GOALS = {"--help": 0.15, "validate": 0.25, "down": 0.2}
 
 # The hand-written launcher: the standard library only, the waves in order, each role polled ready.
-HAND = r'''
+HAND = r"""
 import http.client, json, os, socket, subprocess, sys, time
 plan = json.load(open(sys.argv[1]))
 logs = sys.argv[2]
@@ -80,7 +80,7 @@ for wave in plan["waves"]:
         if pending:
             time.sleep(min(r["probe"]["interval"] for r, _, _ in pending))
 print(json.dumps(started))
-'''
+"""
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]:
@@ -107,8 +107,10 @@ def startup(env: dict[str, str], runs: int) -> None:
             cpus.append(cpu)
         label = "muse-launch " + " ".join(args) + (" (nothing running)" if key == "down" else "")
         verdict = "ok" if min(walls) <= GOALS[key] else "OVER"
-        print(f"  {label:<48} {min(walls):8.3f}s {statistics.median(walls):7.3f}s {min(cpus):8.3f}s "
-              f"{statistics.median(cpus):7.3f}s   {GOALS[key]:.2f}s {verdict}")
+        print(
+            f"  {label:<48} {min(walls):8.3f}s {statistics.median(walls):7.3f}s {min(cpus):8.3f}s "
+            f"{statistics.median(cpus):7.3f}s   {GOALS[key]:.2f}s {verdict}"
+        )
 
 
 def hand_plan(plan, path: Path) -> None:
@@ -117,11 +119,26 @@ def hand_plan(plan, path: Path) -> None:
     from muse_launch.proc.programs import program_path
 
     roles = {s.name: s for s in plan.specs}
-    path.write_text(json.dumps({"waves": [[{
-        "name": name, "argv": [program_path(roles[name].argv[0], os.environ), *roles[name].argv[1:]],
-        "env": dict(roles[name].env), "probe": roles[name].probe.to_dict(),
-        "host": connect_host(roles[name].bind), "port": roles[name].ports.get("http"),
-    } for name in wave] for wave in plan.waves]}))
+    path.write_text(
+        json.dumps(
+            {
+                "waves": [
+                    [
+                        {
+                            "name": name,
+                            "argv": [program_path(roles[name].argv[0], os.environ), *roles[name].argv[1:]],
+                            "env": dict(roles[name].env),
+                            "probe": roles[name].probe.to_dict(),
+                            "host": connect_host(roles[name].bind),
+                            "port": roles[name].ports.get("http"),
+                        }
+                        for name in wave
+                    ]
+                    for wave in plan.waves
+                ]
+            }
+        )
+    )
 
 
 def wait_closed(plan, seconds: float = 20.0) -> None:
@@ -167,7 +184,12 @@ def bring_up(env: dict[str, str], rounds: int, rehearse: bool, tmp: Path) -> Non
 
         source, sets = topology(tmp / "bench.yaml", "bench", sequential=False), []
         what = "EPD-shaped stand-ins, ready after " + ", ".join(f"{k} {v}s" for k, v in READY_AFTER.items())
-        up_args = ["up", str(source), "-d", "--no-engine-check"]  # the stand-in router lists no router options
+        up_args = [
+            "up",
+            str(source),
+            "-d",
+            "--no-engine-check",
+        ]  # the stand-in router lists no router options
     os.environ["MUSE_LAUNCH_HOME"] = env["MUSE_LAUNCH_HOME"]  # the plan's run directory is the one `up` uses
     plan = load_plan(source, sets, rehearse=rehearse).plan
     hand_json, hand_py, logs = tmp / "hand.json", tmp / "hand.py", tmp / "hand-logs"
@@ -191,21 +213,31 @@ def bring_up(env: dict[str, str], rounds: int, rehearse: bool, tmp: Path) -> Non
         if code != 0:
             sys.exit(f"muse-launch {' '.join(up_args)} exited {code}:\n{out}")
         supervisor = json.loads((Path(env["MUSE_LAUNCH_HOME"]) / plan.name / "state.json").read_text())
-        used = psutil.Process(supervisor["supervisor_pid"]).cpu_times()  # the detached supervisor, until ready
+        used = psutil.Process(
+            supervisor["supervisor_pid"]
+        ).cpu_times()  # the detached supervisor, until ready
         ours.append(wall)
         our_cpu.append(cpu + used.user + used.system)
         timed([SCRIPT, "down", plan.name], env)
         wait_closed(plan)
     mine, hand = statistics.median(ours), statistics.median(theirs)
-    print(f"\nbring-up of {what}; waves {' -> '.join('+'.join(w) for w in plan.waves)}; {rounds} rounds each:")
+    print(
+        f"\nbring-up of {what}; waves {' -> '.join('+'.join(w) for w in plan.waves)}; {rounds} rounds each:"
+    )
     print(f"  {'':<40} {'wall min':>9} {'median':>8} {'cpu median':>11}")
-    print(f"  {'hand-written launcher (no checks)':<40} {min(theirs):8.3f}s {hand:7.3f}s "
-          f"{statistics.median(their_cpu):10.3f}s")
-    print(f"  {'muse-launch ' + ' '.join(up_args[:1] + up_args[2:]):<40} {min(ours):8.3f}s {mine:7.3f}s "
-          f"{statistics.median(our_cpu):10.3f}s  (the command and its supervisor)")
-    print(f"  up -d over the hand launcher: {mine / hand:.3f} x, {mine - hand:+.3f}s wall (median), "
-          f"{statistics.median(our_cpu) - statistics.median(their_cpu):+.3f}s CPU   goal: within 0.20s wall "
-          f"{'ok' if mine - hand <= 0.2 else 'OVER'}")
+    print(
+        f"  {'hand-written launcher (no checks)':<40} {min(theirs):8.3f}s {hand:7.3f}s "
+        f"{statistics.median(their_cpu):10.3f}s"
+    )
+    print(
+        f"  {'muse-launch ' + ' '.join(up_args[:1] + up_args[2:]):<40} {min(ours):8.3f}s {mine:7.3f}s "
+        f"{statistics.median(our_cpu):10.3f}s  (the command and its supervisor)"
+    )
+    print(
+        f"  up -d over the hand launcher: {mine / hand:.3f} x, {mine - hand:+.3f}s wall (median), "
+        f"{statistics.median(our_cpu) - statistics.median(their_cpu):+.3f}s CPU   goal: within 0.20s wall "
+        f"{'ok' if mine - hand <= 0.2 else 'OVER'}"
+    )
 
 
 def main() -> None:

@@ -30,7 +30,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("MUSE_LAUNCH_PARSERS_VENV") or Path.home() / ".cache/muse-launch/engine-parsers-venv")
+VENV = Path(
+    os.environ.get("MUSE_LAUNCH_PARSERS_VENV") or Path.home() / ".cache/muse-launch/engine-parsers-venv"
+)
 
 
 def topology_32() -> dict:
@@ -43,8 +45,13 @@ def topology_32() -> dict:
             for kind in ("prefill", "decode"):
                 port += 1
                 extra = ["--max-model-len", "4096"] if engine == "vllm" else ["--context-length", "4096"]
-                role = {"kind": kind, "engine": engine, "port": port, "tp": 1,
-                        "args": ["--served-model-name", "m", *extra]}
+                role = {
+                    "kind": kind,
+                    "engine": engine,
+                    "port": port,
+                    "tp": 1,
+                    "args": ["--served-model-name", "m", *extra],
+                }
                 if engine == "vllm":
                     role["transfer_backend"] = "example"
                 elif kind == "prefill":
@@ -53,18 +60,37 @@ def topology_32() -> dict:
         for i in range(2):
             port += 1
             roles[f"{engine}-worker-{i}"] = {"kind": "worker", "engine": engine, "port": port}
-    fronts = (("r-sglang", "sglang-router", "sglang", range(0, 3)), ("r-smg", "smg", "sglang", range(3, 6)),
-              ("r-vllm", "vllm-router", "vllm", range(6)))
+    fronts = (
+        ("r-sglang", "sglang-router", "sglang", range(0, 3)),
+        ("r-smg", "smg", "sglang", range(3, 6)),
+        ("r-vllm", "vllm-router", "vllm", range(6)),
+    )
     for name, router, engine, pairs in fronts:
         port += 1
-        roles[name] = {"kind": "router", "engine": router, "port": port, "metrics_port": port + 1000,
-                       "prefill": [f"{engine}-prefill-{i}" for i in pairs],
-                       "decode": [f"{engine}-decode-{i}" for i in pairs]}
-    roles["r-workers"] = {"kind": "router", "engine": "sglang-router", "port": port + 1, "metrics_port": port + 1001,
-                          "workers": ["sglang-worker-0", "sglang-worker-1"]}
+        roles[name] = {
+            "kind": "router",
+            "engine": router,
+            "port": port,
+            "metrics_port": port + 1000,
+            "prefill": [f"{engine}-prefill-{i}" for i in pairs],
+            "decode": [f"{engine}-decode-{i}" for i in pairs],
+        }
+    roles["r-workers"] = {
+        "kind": "router",
+        "engine": "sglang-router",
+        "port": port + 1,
+        "metrics_port": port + 1001,
+        "workers": ["sglang-worker-0", "sglang-worker-1"],
+    }
     assert len(roles) == 32
-    return {"version": 1, "name": "engine-check-32", "hardware": "cpu", "model": "Qwen/Qwen3-0.6B",
-            "host": "127.0.0.1", "roles": roles}
+    return {
+        "version": 1,
+        "name": "engine-check-32",
+        "hardware": "cpu",
+        "model": "Qwen/Qwen3-0.6B",
+        "host": "127.0.0.1",
+        "roles": roles,
+    }
 
 
 def measure(path: Path, runs: int) -> dict:
@@ -93,8 +119,13 @@ def measure(path: Path, runs: int) -> dict:
         results.append(result)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / runs
-    return {"alone": statistics.median(alone), "total": statistics.median(total), "cpu": cpu,
-            "notes": results[-1].notes, "errors": [f.message for f in results[-1].findings]}
+    return {
+        "alone": statistics.median(alone),
+        "total": statistics.median(total),
+        "cpu": cpu,
+        "notes": results[-1].notes,
+        "errors": [f.message for f in results[-1].findings],
+    }
 
 
 def main() -> None:
@@ -103,21 +134,27 @@ def main() -> None:
     args = parser.parse_args()
     if not (VENV / "bin" / "sglang").exists():
         sys.exit(f"{VENV} has no parsers: run scripts/install_engine_parsers.sh first")
-    os.environ["PATH"] = os.pathsep.join([str(VENV / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]])
+    os.environ["PATH"] = os.pathsep.join(
+        [str(VENV / "bin"), str(Path(sys.executable).parent), os.environ["PATH"]]
+    )
     with tempfile.TemporaryDirectory() as tmp:
         big = Path(tmp) / "engine-check-32.yaml"
         big.write_text(yaml.safe_dump(topology_32(), sort_keys=False))
         os.environ["XDG_CACHE_HOME"] = str(Path(tmp) / "cache")  # remembered passes of this run only
-        for label, path in (("epd-b300.yaml (4 roles)", ROOT / "topologies" / "epd-b300.yaml"),
-                            (f"32 roles ({big.name})", big)):
+        for label, path in (
+            ("epd-b300.yaml (4 roles)", ROOT / "topologies" / "epd-b300.yaml"),
+            (f"32 roles ({big.name})", big),
+        ):
             for mode, cache in (("parsed", "0"), ("remembered", "1")):
                 os.environ["MUSE_LAUNCH_ENGINE_CHECK_CACHE"] = cache
                 m = measure(path, args.runs)
                 cpu = m["cpu"]  # of the timed runs; the runs without the check start no process
                 added = m["total"] - m["alone"]
-                print(f"{label}, {mode}: the engine check adds {added:.2f} s to up's preflight "
-                      f"({m['total']:.2f} s with it, {m['alone']:.2f} s without; median of {args.runs}); "
-                      f"CPU of its processes {cpu:.2f} s")
+                print(
+                    f"{label}, {mode}: the engine check adds {added:.2f} s to up's preflight "
+                    f"({m['total']:.2f} s with it, {m['alone']:.2f} s without; median of {args.runs}); "
+                    f"CPU of its processes {cpu:.2f} s"
+                )
                 for note in m["notes"]:
                     print(f"  {note}")
                 for message in m["errors"]:

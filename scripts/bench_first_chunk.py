@@ -7,11 +7,13 @@ request directly to the engine and through the router, on a fresh connection eac
 connection, and prints side by side the median time to the first content chunk and the longest gap between
 chunks. With strace on the host it also prints whether each side sets TCP_NODELAY on the sockets it accepts.
 
-What it showed (2 loaded cores): the simulated engine (asyncio: TCP_NODELAY on every socket) answers in a few ms
+What it showed (2 loaded cores): the simulated engine (asyncio: TCP_NODELAY on every socket) answers in a few
+ms
 either way; sglang-router 0.3.2 and smg 1.13.0 accept client connections without TCP_NODELAY (47 and 50 ms
 reused against 7 and 6 ms fresh; vllm-router 0.1.17 sets it: 7 ms), so on a reused connection its
 second write (the first token, after the role chunk) waits for the client's delayed ACK: ~40 ms (Nagle's
-algorithm against Linux's 40 ms delayed-ACK minimum). A fresh connection starts in quick-ACK mode, hence 10-16 ms.
+algorithm against Linux's 40 ms delayed-ACK minimum). A fresh connection starts in quick-ACK mode, hence 10-16
+ms.
 The hold is the router's, not muse-launch's: bench reports what a client of that router sees.
 """
 
@@ -33,17 +35,34 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 ROUTERS = ("sglang-router", "smg", "vllm-router")
 N = 15
-BODY = {"messages": [{"role": "user", "content": "the king and the queen"}], "max_tokens": 16, "ignore_eos": True,
-        "stream": True}
+BODY = {
+    "messages": [{"role": "user", "content": "the king and the queen"}],
+    "max_tokens": 16,
+    "ignore_eos": True,
+    "stream": True,
+}
 
 
 def topology(router: str) -> dict:
     engine = "vllm" if router == "vllm-router" else "sglang"
-    return {"version": 1, "name": f"first-chunk-{router}", "hardware": "b300", "engine": engine,
-            "model": "meta-models/Muse-Spark-Open-816B-A42B-NVFP4", "rehearse": {"ready_after": 0.3},
-            "roles": {"worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": 31901},
-                      "router": {"kind": "router", "engine": router, "port": 31900, "metrics_port": 31902,
-                                 "workers": ["worker"]}}}
+    return {
+        "version": 1,
+        "name": f"first-chunk-{router}",
+        "hardware": "b300",
+        "engine": engine,
+        "model": "meta-models/Muse-Spark-Open-816B-A42B-NVFP4",
+        "rehearse": {"ready_after": 0.3},
+        "roles": {
+            "worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": 31901},
+            "router": {
+                "kind": "router",
+                "engine": router,
+                "port": 31900,
+                "metrics_port": 31902,
+                "workers": ["worker"],
+            },
+        },
+    }
 
 
 def stream_once(client: httpx.Client, base: str, model: str) -> tuple[float, float]:
@@ -71,8 +90,12 @@ def measure(base: str, model: str) -> dict:
     with httpx.Client(timeout=30) as c:
         reused = [stream_once(c, base, model) for _ in range(N)]
     med = lambda xs, i: statistics.median(x[i] for x in xs)  # noqa: E731
-    return {"fresh_ttft": med(fresh, 0), "reused_ttft": med(reused, 0), "fresh_gap": med(fresh, 1),
-            "reused_gap": med(reused, 1)}
+    return {
+        "fresh_ttft": med(fresh, 0),
+        "reused_ttft": med(reused, 0),
+        "fresh_gap": med(fresh, 1),
+        "reused_gap": med(reused, 1),
+    }
 
 
 def nodelay(pid: int, base: str, model: str) -> str:
@@ -80,8 +103,10 @@ def nodelay(pid: int, base: str, model: str) -> str:
     if not shutil.which("strace"):
         return "?"
     with tempfile.NamedTemporaryFile("r", suffix=".strace") as out:
-        tracer = subprocess.Popen(["strace", "-f", "-p", str(pid), "-e", "trace=setsockopt", "-o", out.name],
-                                  stderr=subprocess.DEVNULL)
+        tracer = subprocess.Popen(
+            ["strace", "-f", "-p", str(pid), "-e", "trace=setsockopt", "-o", out.name],
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)
         with httpx.Client(timeout=30) as c:
             stream_once(c, base, model)
@@ -95,23 +120,33 @@ def main() -> int:
     home = Path(tempfile.mkdtemp(prefix="first-chunk-"))
     env = {**os.environ, "MUSE_LAUNCH_HOME": str(home)}
     cli = [sys.executable, "-m", "muse_launch"]
-    print(f"{'path':<28} {'TTFT fresh':>10} {'TTFT reused':>11} {'gap fresh':>9} {'gap reused':>10}  TCP_NODELAY")
+    print(
+        f"{'path':<28} {'TTFT fresh':>10} {'TTFT reused':>11} {'gap fresh':>9} {'gap reused':>10}  "
+        "TCP_NODELAY"
+    )
     for router in ROUTERS:
         path = home / f"{router}.yaml"
         path.write_text(yaml.safe_dump(topology(router)))
         name = topology(router)["name"]
-        if subprocess.run([*cli, "up", str(path), "-d", "--rehearse"], env=env, capture_output=True).returncode:
+        if subprocess.run(
+            [*cli, "up", str(path), "-d", "--rehearse"], env=env, capture_output=True
+        ).returncode:
             print(f"{router}: up failed; skipped")
             continue
         try:
             state = json.loads((home / name / "state.json").read_text())
             pids = {r["name"]: r["pid"] for r in state["roles"]}
             model = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
-            for label, base, pid in (("engine direct", "http://127.0.0.1:31901", pids["worker"]),
-                                     (f"through {router}", "http://127.0.0.1:31900", pids["router"])):
+            for label, base, pid in (
+                ("engine direct", "http://127.0.0.1:31901", pids["worker"]),
+                (f"through {router}", "http://127.0.0.1:31900", pids["router"]),
+            ):
                 m = measure(base, model)
-                print(f"{label:<28} {m['fresh_ttft']:>8.1f}ms {m['reused_ttft']:>9.1f}ms {m['fresh_gap']:>7.1f}ms "
-                      f"{m['reused_gap']:>8.1f}ms  {nodelay(pid, base, model)}")
+                print(
+                    f"{label:<28} {m['fresh_ttft']:>8.1f}ms {m['reused_ttft']:>9.1f}ms "
+                    f"{m['fresh_gap']:>7.1f}ms "
+                    f"{m['reused_gap']:>8.1f}ms  {nodelay(pid, base, model)}"
+                )
         finally:
             subprocess.run([*cli, "down", name], env=env, capture_output=True)
     shutil.rmtree(home, ignore_errors=True)

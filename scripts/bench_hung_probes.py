@@ -31,8 +31,12 @@ CRASH_AFTER = 1.5
 
 
 def role(port: int, *flags: object) -> dict:
-    return {"kind": "command", "command": [sys.executable, STAND_IN, "--port", "{port}", *map(str, flags)],
-            "port": port, "ready": {"http": "/health", "interval": 0.05, "timeout": 600}}
+    return {
+        "kind": "command",
+        "command": [sys.executable, STAND_IN, "--port", "{port}", *map(str, flags)],
+        "port": port,
+        "ready": {"http": "/health", "interval": 0.05, "timeout": 600},
+    }
 
 
 def run(home: Path, cwd: Path, hung: int) -> tuple[float, float]:
@@ -45,9 +49,14 @@ def run(home: Path, cwd: Path, hung: int) -> tuple[float, float]:
     roles["crashing"] = role(crashing, "--exit-during-startup", 3, "--exit-after", CRASH_AFTER)
     path.write_text(yaml.safe_dump({"version": 1, "name": name, "hardware": "cpu", "roles": roles}))
     started = time.monotonic()
-    up = subprocess.Popen([sys.executable, "-m", "muse_launch", "up", str(path)], cwd=cwd, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "PYTHONPATH": str(cwd)})
+    up = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "up", str(path)],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "PYTHONPATH": str(cwd)},
+    )
     quick_ready = crash_seen = float("nan")
     for line in up.stdout:
         words = line.split()
@@ -60,8 +69,12 @@ def run(home: Path, cwd: Path, hung: int) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--from", dest="source", type=Path, default=REPO, help="a muse-launch checkout to run")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--from", dest="source", type=Path, default=REPO, help="a muse-launch checkout to run"
+    )
     source = parser.parse_args().source.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "home"
@@ -69,11 +82,15 @@ def main() -> None:
         none_ready, none_crash = run(home, source, 0)
         hung_ready, hung_crash = run(home, source, HUNG)
     print(f"muse-launch from {source}")
-    print(f"quick role (ready {QUICK_READY}s after start) seen ready after: 0 hung {none_ready:.1f}s, "
-          f"{HUNG} hung {hung_ready:.1f}s -> {hung_ready / none_ready:.2f} x  (goal 1.0)")
-    print(f"crash ({CRASH_AFTER}s after start) reported {'':>13}after: 0 hung {none_crash:.2f}s, "
-          f"{HUNG} hung {hung_crash:.2f}s -> {hung_crash / none_crash:.2f} x, {hung_crash - none_crash:+.2f}s  "
-          f"(goal 1.0)")
+    print(
+        f"quick role (ready {QUICK_READY}s after start) seen ready after: 0 hung {none_ready:.1f}s, "
+        f"{HUNG} hung {hung_ready:.1f}s -> {hung_ready / none_ready:.2f} x  (goal 1.0)"
+    )
+    print(
+        f"crash ({CRASH_AFTER}s after start) reported {'':>13}after: 0 hung {none_crash:.2f}s, "
+        f"{HUNG} hung {hung_crash:.2f}s -> {hung_crash / none_crash:.2f} x, {hung_crash - none_crash:+.2f}s  "
+        f"(goal 1.0)"
+    )
 
 
 if __name__ == "__main__":

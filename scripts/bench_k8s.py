@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Kubernetes against one host, side by side: `up --rehearse -d` to ready and `down` of the same files, on this
-host and `--on k8s` (LWS and RBG) on the local control plane (scripts/k8s_local.sh), which it starts (prepared:
+"""Kubernetes against one host, side by side: `up --rehearse -d` to ready and `down` of the same files, on
+this
+host and `--on k8s` (LWS and RBG) on the local control plane (scripts/k8s_local.sh), which it starts
+(prepared:
 `scripts/k8s_local.sh prepare` first) and stops, timing both. Ratios, not absolute numbers: the machine's load
 moves both sides alike. Run it as root in a network namespace of its own:
 
@@ -27,7 +29,9 @@ def timed(argv: list[str], env: dict[str, str], what: str) -> float:
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     seconds = time.monotonic() - t0
     if done.returncode != 0:
-        sys.exit(f"bench_k8s: {what} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        sys.exit(
+            f"bench_k8s: {what} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        )
     return seconds
 
 
@@ -55,7 +59,11 @@ def main() -> int:
     try:
         for path in a.files:
             name = name_of(path)
-            sides = {"one host": [], "k8s lws": ["--on", "k8s", "--to", "lws"], "k8s rbg": ["--on", "k8s", "--to", "rbg"]}
+            sides = {
+                "one host": [],
+                "k8s lws": ["--on", "k8s", "--to", "lws"],
+                "k8s rbg": ["--on", "k8s", "--to", "rbg"],
+            }
             for side, extra in sides.items():
                 ups, downs = [], []
                 for _ in range(a.runs):
@@ -64,8 +72,11 @@ def main() -> int:
                 rows.append((path, side, statistics.median(ups), statistics.median(downs)))
     finally:
         stop = timed(["bash", "scripts/k8s_local.sh", "stop", str(cluster)], env, "k8s_local.sh stop")
-    print(f"control plane (prepared) start {start:.1f}s, stop {stop:.1f}s; medians of {a.runs} runs, wall time of "
-          f"the command")
+    print(
+        f"control plane (prepared) start {start:.1f}s, stop {stop:.1f}s; medians of {a.runs} runs, wall time "
+        "of "
+        f"the command"
+    )
     print(f"{'file':<36} {'where':<9} {'up -d':>7} {'down':>6} {'up vs one host':>15}")
     base: dict[str, float] = {}
     for path, side, up, down in rows:

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from muse_launch.plan.spec import LogPolicy
+from muse_launch.proc.process import Marker, open_role_log
 from muse_launch.run import logfiles
 from muse_launch.run.logfiles import LogCaps
-from muse_launch.proc.process import Marker, open_role_log
 
 MiB = 1024 * 1024
 WRITER = """
@@ -53,8 +53,12 @@ print(next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(
 def flood(directory: Path, rate: float, seconds: float, cap: int, keep: int) -> None:
     log = directory / "flood.log"
     fd = open_role_log(log, Marker("bench", str(directory / "run")), append=False)  # as a role's is
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(fd), str(rate), str(seconds)], pass_fds=(fd,),
-                              stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(fd), str(rate), str(seconds)],
+        pass_fds=(fd,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     os.close(fd)
     caps = LogCaps({"flood": (log, LogPolicy(cap, keep))})
     largest, rotations, rotating = 0, 0, 0.0
@@ -68,10 +72,16 @@ def flood(directory: Path, rate: float, seconds: float, cap: int, keep: int) -> 
         largest = max(largest, sum(p.stat().st_size for p in directory.glob("flood.log*")))
         time.sleep(logfiles.LOG_CHECK_SECONDS)
     achieved = float(writer.stdout.read())
-    print(f"writer at {rate / 1e6:g} MB/s for {seconds:g} s (achieved {achieved:.1f} MB/s, never blocked by rotation); "
-          f"cap {cap / MiB:g} MiB x (1 + keep {keep}) = {cap * (keep + 1) / MiB:g} MiB")
-    print(f"  largest on disk {largest / MiB:.1f} MiB; {rotations} rotations, the slowest {rotating * 1000:.0f} ms "
-          f"(copy + truncate, in the supervisor's loop)")
+    print(
+        f"writer at {rate / 1e6:g} MB/s for {seconds:g} s (achieved {achieved:.1f} MB/s, never blocked by "
+        "rotation); "
+        f"cap {cap / MiB:g} MiB x (1 + keep {keep}) = {cap * (keep + 1) / MiB:g} MiB"
+    )
+    print(
+        f"  largest on disk {largest / MiB:.1f} MiB; {rotations} rotations, the slowest "
+        f"{rotating * 1000:.0f} ms "
+        f"(copy + truncate, in the supervisor's loop)"
+    )
 
 
 def readers(directory: Path) -> None:
@@ -83,11 +93,15 @@ def readers(directory: Path) -> None:
             f.write(b"z" * MiB)
     for mode in ("follow", "tail"):
         started = time.perf_counter()
-        peak = subprocess.run([sys.executable, "-c", READER, str(log), mode], capture_output=True, text=True,
-                              check=True).stdout
+        peak = subprocess.run(
+            [sys.executable, "-c", READER, str(log), mode], capture_output=True, text=True, check=True
+        ).stdout
         what = "follow (LogFollower) from its start" if mode == "follow" else "last 100 lines"
-        print(f"{what} of a {log.stat().st_size / 1e6:.0f} MB log (one 40 MiB line): peak RSS {float(peak):.0f} MiB, "
-              f"{time.perf_counter() - started:.2f} s")
+        print(
+            f"{what} of a {log.stat().st_size / 1e6:.0f} MB log (one 40 MiB line): peak RSS "
+            f"{float(peak):.0f} MiB, "
+            f"{time.perf_counter() - started:.2f} s"
+        )
 
 
 def main() -> None:

@@ -45,15 +45,20 @@ CLIENTS = 4  # concurrent clients keep sending through the outage, as real traff
 
 
 def cli(home: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True,
-                          env={**os.environ, "MUSE_LAUNCH_HOME": home})
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MUSE_LAUNCH_HOME": home},
+    )
 
 
 def chat(client: httpx.Client) -> int:
     try:
-        return client.post("http://127.0.0.1:21100/v1/chat/completions",
-                           json={"model": "bench/model", "messages": [{"role": "user", "content": "hi"}],
-                                 "max_tokens": 8}).status_code
+        return client.post(
+            "http://127.0.0.1:21100/v1/chat/completions",
+            json={"model": "bench/model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+        ).status_code
     except httpx.HTTPError:
         return 0
 
@@ -87,8 +92,11 @@ def measure(label: str, router_args: list[str]) -> float | None:
                     time.sleep(0.02)
 
         try:
-            decode = next(r for r in json.loads(cli(home, "status", name, "--json").stdout)["roles"]
-                          if r["name"] == "decode")
+            decode = next(
+                r
+                for r in json.loads(cli(home, "status", name, "--json").stdout)["roles"]
+                if r["name"] == "decode"
+            )
             threads = [threading.Thread(target=client_loop, daemon=True) for _ in range(CLIENTS)]
             for t in threads:
                 t.start()
@@ -119,8 +127,10 @@ def main() -> None:
     print(f"  muse-launch router settings:  {show(ours)}")
     print(f"  router defaults (60 s / 60 s): {show(theirs)}")
     if ours is not None:
-        print(f"  ratio defaults / muse-launch: {'> ' if theirs is None else ''}"
-              f"{(theirs or GIVE_UP) / max(ours, 1e-3):.0f}x")
+        print(
+            f"  ratio defaults / muse-launch: {'> ' if theirs is None else ''}"
+            f"{(theirs or GIVE_UP) / max(ours, 1e-3):.0f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -32,8 +32,14 @@ READY_AFTER = "rehearse={ready_after: 0.3}"
 def cli(home: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     env = {**os.environ, "MUSE_LAUNCH_HOME": str(home), "HF_HUB_OFFLINE": "1"}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "muse_launch", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "muse_launch", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if done.returncode != 0:
         sys.exit(f"`muse-launch {' '.join(args)}` failed:\n{done.stdout}{done.stderr}")
     return time.monotonic() - started, done
@@ -45,10 +51,13 @@ def epoch(iso: str) -> float:
 
 def one_run(path: Path, name: str, home: Path) -> dict[str, float]:
     out: dict[str, float] = {}
-    out["single: up to ready"], _ = cli(home / "single", "up", str(path), "--rehearse", "-d", "--set", READY_AFTER)
+    out["single: up to ready"], _ = cli(
+        home / "single", "up", str(path), "--rehearse", "-d", "--set", READY_AFTER
+    )
     out["single: down"], _ = cli(home / "single", "down", name)
-    out["slurm: up to ready"], _ = cli(home / "slurm", "up", str(path), "--on", "slurm", "--rehearse", "-d",
-                                      "--set", READY_AFTER)
+    out["slurm: up to ready"], _ = cli(
+        home / "slurm", "up", str(path), "--on", "slurm", "--rehearse", "-d", "--set", READY_AFTER
+    )
     run_dir = home / "slurm" / name
     job = json.loads((run_dir / "slurm" / "job.json").read_text())
     placed = json.loads((run_dir / "slurm" / "placement.json").read_text())
@@ -69,21 +78,30 @@ def main() -> None:
     name = yaml.safe_load(path.read_text())["name"]
     with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp:
         cluster = Path(tmp) / "c"
-        start = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "start", str(cluster)],
-                               capture_output=True, text=True)
+        start = subprocess.run(
+            ["bash", str(REPO / "scripts" / "slurm_local.sh"), "start", str(cluster)],
+            capture_output=True,
+            text=True,
+        )
         if start.returncode != 0:
             sys.exit(f"slurm_local.sh start failed:\n{start.stderr}")
         os.environ["SLURM_CONF"] = str(cluster / "slurm.conf")
         try:
             runs = [one_run(path, name, Path(tmp) / f"run{i}") for i in range(args.runs)]
         finally:
-            subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh"), "stop", str(cluster)],
-                           capture_output=True)
+            subprocess.run(
+                ["bash", str(REPO / "scripts" / "slurm_local.sh"), "stop", str(cluster)], capture_output=True
+            )
     median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     print(f"{name}: {args.runs} runs each, medians (local SLURM cluster of 3 fake nodes, rehearsal engines)")
     print(f"  {'':28} {'single host':>12} {'slurm':>10}")
-    print(f"  {'up -d to ready':28} {median['single: up to ready']:>11.2f}s {median['slurm: up to ready']:>9.2f}s")
-    print(f"  {'submit -> batch supervisor':28} {'-':>12} {median['slurm: submit -> batch supervisor']:>9.2f}s")
+    print(
+        f"  {'up -d to ready':28} {median['single: up to ready']:>11.2f}s "
+        f"{median['slurm: up to ready']:>9.2f}s"
+    )
+    print(
+        f"  {'submit -> batch supervisor':28} {'-':>12} {median['slurm: submit -> batch supervisor']:>9.2f}s"
+    )
     print(f"  {'submit -> first step':28} {'-':>12} {median['slurm: submit -> first step']:>9.2f}s")
     print(f"  {'down':28} {median['single: down']:>11.2f}s {median['slurm: down']:>9.2f}s")
 

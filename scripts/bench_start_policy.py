@@ -26,7 +26,10 @@ from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TOPOLOGIES = {"EPD": REPO / "topologies" / "epd-b300.yaml", "PD": REPO / "topologies" / "pd-b300-low-latency.yaml"}
+TOPOLOGIES = {
+    "EPD": REPO / "topologies" / "epd-b300.yaml",
+    "PD": REPO / "topologies" / "pd-b300-low-latency.yaml",
+}
 ENCODER, LANGUAGE = 1.0, 5.0
 
 
@@ -37,8 +40,22 @@ def bring_up(home: Path, topology: Path, start: str, scale: float) -> tuple[floa
     if "epd" in topology.name:
         sets.append(f"roles.encoder.rehearse={{ready_after: {ENCODER * scale:g}}}")
     env = {**os.environ, "MUSE_LAUNCH_HOME": str(home), "HF_HUB_OFFLINE": "1"}
-    up = subprocess.run([sys.executable, "-m", "muse_launch", "up", str(topology), "--rehearse", "-d",
-                         *[x for s in sets for x in ("--set", s)]], capture_output=True, text=True, env=env, cwd=REPO)
+    up = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "muse_launch",
+            "up",
+            str(topology),
+            "--rehearse",
+            "-d",
+            *[x for s in sets for x in ("--set", s)],
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     returned = time.time()
     if up.returncode != 0:
         sys.exit(f"up {topology.name} ({start}) failed:\n{up.stdout}{up.stderr}")
@@ -47,14 +64,19 @@ def bring_up(home: Path, topology: Path, start: str, scale: float) -> tuple[floa
     stamp = lambda iso: datetime.fromisoformat(iso).timestamp()  # noqa: E731
     first = min(stamp(r["started_at"]) for r in roles)
     router = next(r for r in roles if r["kind"] == "router")
-    subprocess.run([sys.executable, "-m", "muse_launch", "down", name], capture_output=True, env=env, cwd=REPO)
-    timeline = ", ".join(f"{r['name']} {stamp(r['started_at']) - first:.1f}-{stamp(r['ready_at']) - first:.1f}"
-                         for r in roles)
+    subprocess.run(
+        [sys.executable, "-m", "muse_launch", "down", name], capture_output=True, env=env, cwd=REPO
+    )
+    timeline = ", ".join(
+        f"{r['name']} {stamp(r['started_at']) - first:.1f}-{stamp(r['ready_at']) - first:.1f}" for r in roles
+    )
     return returned - first, stamp(router["ready_at"]) - stamp(router["started_at"]), timeline
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--scale", type=float, default=1.0, help="seconds per unit of start-up delay")
     scale = parser.parse_args().scale
     encoder, language = ENCODER * scale, LANGUAGE * scale
@@ -71,12 +93,19 @@ def main() -> None:
             waves_path = (encoder if epd else 0.0) + language + router_start
             overlap_path = max(encoder if epd else 0.0, language) + router_start
             rows.append((label, waves, waves_path, overlap, overlap_path))
-    print(f"start-up delays: encoder {encoder:g}s, language workers {language:g}s, router: the real sglang-router")
-    print(f"{'':4} {'waves':>7} {'its path':>9} {'ratio':>6}   {'overlap':>7} {'its path':>9} {'ratio':>6}   "
-          f"overlap/waves")
+    print(
+        f"start-up delays: encoder {encoder:g}s, language workers {language:g}s, router: the real "
+        "sglang-router"
+    )
+    print(
+        f"{'':4} {'waves':>7} {'its path':>9} {'ratio':>6}   {'overlap':>7} {'its path':>9} {'ratio':>6}   "
+        f"overlap/waves"
+    )
     for label, waves, waves_path, overlap, overlap_path in rows:
-        print(f"{label:4} {waves:6.2f}s {waves_path:8.2f}s {waves / waves_path:6.2f}   {overlap:6.2f}s "
-              f"{overlap_path:8.2f}s {overlap / overlap_path:6.2f}   {overlap / waves:6.2f}")
+        print(
+            f"{label:4} {waves:6.2f}s {waves_path:8.2f}s {waves / waves_path:6.2f}   {overlap:6.2f}s "
+            f"{overlap_path:8.2f}s {overlap / overlap_path:6.2f}   {overlap / waves:6.2f}"
+        )
     print("each role started-ready, seconds from the first spawn:")
     for line in timelines:
         print("  " + line)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from muse_launch.top.collect import WANTED
 from muse_launch.sim.metrics import TTFT_BUCKETS
+from muse_launch.top.collect import WANTED
 from muse_launch.top.prom import parse
 
 BUCKETS = TTFT_BUCKETS  # vLLM's, as the simulated engine serves them

@@ -29,14 +29,33 @@ def big_topology(workers: int = 255) -> dict:
         node = f"n{i // 2}"
         kind = "prefill" if i % 2 == 0 else "decode"
         gpus = [0, 1, 2, 3] if i % 2 == 0 else [4, 5, 6, 7]
-        roles[f"w{i}"] = {"kind": kind, "gpus": gpus, "port": 30000 + i, "tp": 4, "ep": 4, "nodes": [node],
-                          "transfer_backend": "mooncake", "bootstrap_port": 9000 + i,
-                          "args": ["--reasoning-parser", "muse"]}
-    roles["router"] = {"kind": "router", "port": 8000, "host": "10.0.0.1",
-                       "prefill": [n for n, r in roles.items() if r["kind"] == "prefill"],
-                       "decode": [n for n, r in roles.items() if r["kind"] == "decode"]}
-    return {"version": 1, "name": "big", "hardware": "b300", "host": "10.0.0.1",
-            "model": "meta-models/Muse-Spark-Open-816B-A42B-NVFP4", "nodes": nodes, "roles": roles}
+        roles[f"w{i}"] = {
+            "kind": kind,
+            "gpus": gpus,
+            "port": 30000 + i,
+            "tp": 4,
+            "ep": 4,
+            "nodes": [node],
+            "transfer_backend": "mooncake",
+            "bootstrap_port": 9000 + i,
+            "args": ["--reasoning-parser", "muse"],
+        }
+    roles["router"] = {
+        "kind": "router",
+        "port": 8000,
+        "host": "10.0.0.1",
+        "prefill": [n for n, r in roles.items() if r["kind"] == "prefill"],
+        "decode": [n for n, r in roles.items() if r["kind"] == "decode"],
+    }
+    return {
+        "version": 1,
+        "name": "big",
+        "hardware": "b300",
+        "host": "10.0.0.1",
+        "model": "meta-models/Muse-Spark-Open-816B-A42B-NVFP4",
+        "nodes": nodes,
+        "roles": roles,
+    }
 
 
 def timed(fn, repeat: int) -> float:

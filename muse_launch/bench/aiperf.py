@@ -16,9 +16,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from muse_launch.errors import MissingDependency
 
@@ -32,7 +32,8 @@ GRACE_S = 30.0  # past --duration, aiperf's own start-up and the last requests' 
 
 
 def find_aiperf() -> str:
-    """The aiperf program beside this Python (the bench extra), else on PATH; MissingDependency when absent."""
+    """The aiperf program beside this Python (the bench extra), else on PATH; MissingDependency when
+    absent."""
     here = Path(sys.executable).parent / "aiperf"
     found = str(here) if here.is_file() and os.access(here, os.X_OK) else shutil.which("aiperf")
     if not found:
@@ -51,12 +52,43 @@ class PointPlan:
 
 
 def point_argv(aiperf: str, url: str, model: str, tokenizer: str, p: PointPlan, out: Path) -> list[str]:
-    return [aiperf, "profile", "--url", url, "--endpoint-type", "chat", "--streaming", "--model", model,
-            "--tokenizer", tokenizer, "--use-server-token-count", "--no-gpu-telemetry", "--ui-type", "none",
-            "--concurrency", str(p.concurrency), "--request-count", str(p.requests),
-            "--benchmark-duration", f"{p.duration:g}", "--benchmark-grace-period", f"{GRACE_S:g}",
-            "--isl", str(p.isl), "--osl", str(p.osl), "--extra-inputs", "ignore_eos:true",
-            "--random-seed", str(p.seed), "--export-level", "raw", "--artifact-dir", str(out)]
+    return [
+        aiperf,
+        "profile",
+        "--url",
+        url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--model",
+        model,
+        "--tokenizer",
+        tokenizer,
+        "--use-server-token-count",
+        "--no-gpu-telemetry",
+        "--ui-type",
+        "none",
+        "--concurrency",
+        str(p.concurrency),
+        "--request-count",
+        str(p.requests),
+        "--benchmark-duration",
+        f"{p.duration:g}",
+        "--benchmark-grace-period",
+        f"{GRACE_S:g}",
+        "--isl",
+        str(p.isl),
+        "--osl",
+        str(p.osl),
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--random-seed",
+        str(p.seed),
+        "--export-level",
+        "raw",
+        "--artifact-dir",
+        str(out),
+    ]
 
 
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -85,8 +117,14 @@ def run_point(argv: list[str], out: Path, limit_s: float, tick: Callable[[float]
     start = time.monotonic()
     timed_out = False
     with open(out / "aiperf.log", "wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            start_new_session=True,
+        )
         while proc.poll() is None:
             elapsed = time.monotonic() - start
             if elapsed > limit_s:
@@ -144,7 +182,8 @@ def _pcts(d: dict, key: str) -> dict:
 
 
 def output_total(d: dict) -> float:
-    """Every output token, reasoning included: aiperf's total_output_tokens leaves reasoning out (it is 0 for a
+    """Every output token, reasoning included: aiperf's total_output_tokens leaves reasoning out (it is 0 for
+    a
     reasoning model that spends the whole budget thinking); total_osl is output_sequence_length's sum."""
     if "total_osl" in d:
         return _stat(d, "total_osl")
@@ -161,23 +200,30 @@ def read_point(out: Path) -> Measured:
             return from_records(out / RECORDS)  # aiperf writes no aggregate when every request failed
         raise ValueError(f"{path}: no aiperf export ({exc})") from None
     if not isinstance(d, dict) or str(d.get("schema_version", "")).split(".")[0] != SCHEMA.split(".")[0]:
-        raise ValueError(f"{path}: schema_version {d.get('schema_version') if isinstance(d, dict) else '?'}, "
-                         f"expected {SCHEMA} (aiperf {PIN})")
-    m = Measured(ttft_ms=_pcts(d, "time_to_first_token"), itl_ms=_pcts(d, "inter_token_latency"),
-                 requests_per_s=_stat(d, "request_throughput"),
-                 output_tokens_per_s=_stat(d, "output_token_throughput"),
-                 output_tokens_per_s_per_user=_stat(d, "output_token_throughput_per_user", "p50"),
-                 output_tokens=output_total(d),
-                 output_tokens_mean=_stat(d, "output_sequence_length"),
-                 input_tokens_mean=_stat(d, "input_sequence_length"),
-                 duration_s=_stat(d, "benchmark_duration"))
+        raise ValueError(
+            f"{path}: schema_version {d.get('schema_version') if isinstance(d, dict) else '?'}, "
+            f"expected {SCHEMA} (aiperf {PIN})"
+        )
+    m = Measured(
+        ttft_ms=_pcts(d, "time_to_first_token"),
+        itl_ms=_pcts(d, "inter_token_latency"),
+        requests_per_s=_stat(d, "request_throughput"),
+        output_tokens_per_s=_stat(d, "output_token_throughput"),
+        output_tokens_per_s_per_user=_stat(d, "output_token_throughput_per_user", "p50"),
+        output_tokens=output_total(d),
+        output_tokens_mean=_stat(d, "output_sequence_length"),
+        input_tokens_mean=_stat(d, "input_sequence_length"),
+        duration_s=_stat(d, "benchmark_duration"),
+    )
     completed = int(_stat(d, "completed_request_count"))
     ok = int(_stat(d, "request_count"))
     failed = max(completed - ok, 0)
     for e in d.get("error_summary") or []:
         detail = e.get("error_details") or {}
-        m.errors.append(f"{e.get('count', 1)} x {detail.get('code') or detail.get('type')}: "
-                        f"{str(detail.get('message'))[:200]}")
+        m.errors.append(
+            f"{e.get('count', 1)} x {detail.get('code') or detail.get('type')}: "
+            f"{str(detail.get('message'))[:200]}"
+        )
     stream_errors = _stream_errors(out / RAW)
     m.errors += [f"SSE error event after a 200 (then [DONE]): {s}" for s in stream_errors[:5]]
     m.requests_failed = failed + len(stream_errors)
@@ -197,8 +243,11 @@ def from_records(path: Path) -> Measured:
         error = rec.get("error") if isinstance(rec, dict) else None
         if error:
             m.requests_failed += 1
-            key = f"{error.get('code') or error.get('type')}: {str(error.get('message'))[:200]}" \
-                if isinstance(error, dict) else str(error)[:200]
+            key = (
+                f"{error.get('code') or error.get('type')}: {str(error.get('message'))[:200]}"
+                if isinstance(error, dict)
+                else str(error)[:200]
+            )
             counts[key] = counts.get(key, 0) + 1
         elif isinstance(rec, dict):
             m.requests_ok += 1

@@ -7,7 +7,6 @@ so when comparing; `bench NAME` measures one called anything else).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -20,31 +19,48 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
     except ValueError:
         values = ()
     if not values or any(v < 1 for v in values):
-        raise UsageError(f"{what} {text!r}: expected positive integers separated by commas", fix=f"e.g. {what} 1,4,16")
+        raise UsageError(
+            f"{what} {text!r}: expected positive integers separated by commas", fix=f"e.g. {what} 1,4,16"
+        )
     return tuple(sorted(set(values)))
 
 
 def bench(
-    name: Optional[str] = typer.Argument(None, help="deployment (default: the one running), or `compare`"),
-    runs: Optional[List[Path]] = typer.Argument(None, help="with `compare`: the run directories to compare"),
-    concurrency: str = typer.Option("1,4,16", "--concurrency", "-c", help="concurrent requests, one point each"),
+    name: str | None = typer.Argument(None, help="deployment (default: the one running), or `compare`"),
+    runs: list[Path] | None = typer.Argument(None, help="with `compare`: the run directories to compare"),
+    concurrency: str = typer.Option(
+        "1,4,16", "--concurrency", "-c", help="concurrent requests, one point each"
+    ),
     isl: int = typer.Option(512, "--isl", min=1, help="input tokens per request"),
     osl: int = typer.Option(128, "--osl", min=1, help="output tokens per request (ignore_eos is sent)"),
-    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
-                                           help="requests per point (default: 8 x concurrency, at least 16)"),
-    duration: float = typer.Option(120.0, "--duration", min=1.0, max=86400.0, help="seconds per point, at most"),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="record directory (default: the run directory's "
-                                       "bench/<time>)"),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="the model's local directory (default: the "
-                                             "one the workers report)"),
-    model: Optional[str] = typer.Option(None, "--model", help="model name to request (default: as the router lists)"),
-    check_equivalence: Optional[str] = typer.Option(None, "--check-equivalence", metavar="REF",
-                                                    help="send the same prompts greedily to this deployment and to "
-                                                         "REF; fail when an answer differs"),
-    prompts: int = typer.Option(8, "--prompts", min=1, max=1000, help="with --check-equivalence: how many prompts"),
+    requests: int | None = typer.Option(
+        None, "--requests", "-n", min=1, help="requests per point (default: 8 x concurrency, at least 16)"
+    ),
+    duration: float = typer.Option(
+        120.0, "--duration", min=1.0, max=86400.0, help="seconds per point, at most"
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="record directory (default: the run directory's bench/<time>)"
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="the model's local directory (default: the one the workers report)"
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="model name to request (default: as the router lists)"
+    ),
+    check_equivalence: str | None = typer.Option(
+        None,
+        "--check-equivalence",
+        metavar="REF",
+        help="send the same prompts greedily to this deployment and to REF; fail when an answer differs",
+    ),
+    prompts: int = typer.Option(
+        8, "--prompts", min=1, max=1000, help="with --check-equivalence: how many prompts"
+    ),
     seed: int = typer.Option(0, "--seed", help="aiperf's random seed: the same prompts run after run"),
 ) -> None:
-    """Measure a deployment through its router with aiperf, judge the run valid, and record it (docs/bench.md)."""
+    """Measure a deployment through its router with aiperf, judge the run valid, and record it
+    (docs/bench.md)."""
     if name == "compare":
         from .compare import compare_runs
 
@@ -52,8 +68,10 @@ def bench(
     if runs:
         from muse_launch.errors import UsageError
 
-        raise UsageError(f"bench takes one deployment; {' '.join(map(str, runs))} is more",
-                         fix="`muse-launch bench compare RUN RUN...` compares recorded runs")
+        raise UsageError(
+            f"bench takes one deployment; {' '.join(map(str, runs))} is more",
+            fix="`muse-launch bench compare RUN RUN...` compares recorded runs",
+        )
     from .target import target_of
 
     record, run_dir = _deployment(name)
@@ -84,33 +102,48 @@ def _deployment(name: str | None):
     run_dir = resolve_name(name)
     record = read_state(run_dir)
     if record is None:
-        raise RuntimeFailure(f"deployment {run_dir.name!r} has no state ({run_dir.state_file} is gone)",
-                             fix="bring it up with `muse-launch up FILE -d`")
+        raise RuntimeFailure(
+            f"deployment {run_dir.name!r} has no state ({run_dir.state_file} is gone)",
+            fix="bring it up with `muse-launch up FILE -d`",
+        )
     return record, run_dir
 
 
 def sweep(
     file: Path = typer.Argument(..., help="topology file"),
-    vary: List[str] = typer.Option([], "--vary", help="KEY=V1,V2: one value of each --vary per combination, "
-                                   "e.g. roles.decode.replicas=1,2"),
+    vary: list[str] = typer.Option(
+        [],
+        "--vary",
+        help="KEY=V1,V2: one value of each --vary per combination, e.g. roles.decode.replicas=1,2",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="list the combinations and stop"),
     rehearse: bool = typer.Option(False, "--rehearse", help="simulated engines in place of GPU ones"),
-    set_: List[str] = typer.Option([], "--set", help="a key set for every combination"),
+    set_: list[str] = typer.Option([], "--set", help="a key set for every combination"),
     concurrency: str = typer.Option("1,4,16", "--concurrency", "-c"),
     isl: int = typer.Option(512, "--isl", min=1),
     osl: int = typer.Option(128, "--osl", min=1),
-    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1),
+    requests: int | None = typer.Option(None, "--requests", "-n", min=1),
     duration: float = typer.Option(120.0, "--duration", min=1.0, max=86400.0),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="sweep directory (default: ./sweep-<file name>)"),
-    tokenizer: Optional[Path] = typer.Option(None, "--tokenizer"),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="sweep directory (default: ./sweep-<file name>)"
+    ),
+    tokenizer: Path | None = typer.Option(None, "--tokenizer"),
 ) -> None:
     """Every combination of the --vary values: up -> bench -> down, then one comparison (docs/bench.md)."""
     from .measure import BenchPlan
     from .sweep import SweepOptions, run_sweep
 
     plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration)
-    options = SweepOptions(file, tuple(vary), tuple(set_), rehearse, dry_run, plan,
-                           out or Path(f"sweep-{file.stem}"), str(tokenizer) if tokenizer else None)
+    options = SweepOptions(
+        file,
+        tuple(vary),
+        tuple(set_),
+        rehearse,
+        dry_run,
+        plan,
+        out or Path(f"sweep-{file.stem}"),
+        str(tokenizer) if tokenizer else None,
+    )
     raise typer.Exit(run_sweep(options, typer.echo))
 
 

@@ -5,8 +5,8 @@ runs share one."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from muse_launch.errors import UsageError
 
@@ -16,7 +16,7 @@ from .report import COLUMNS, _html_table, _text_table, html_page, pareto_chart, 
 
 def labels(runs: list[Path], summaries: list[dict]) -> list[str]:
     names = [s.get("deployment", "?") for s in summaries]
-    return [n if names.count(n) == 1 else f"{n} ({r.name})" for n, r in zip(names, runs)]
+    return [n if names.count(n) == 1 else f"{n} ({r.name})" for n, r in zip(names, runs, strict=True)]
 
 
 def comparison(runs: list[Path]) -> tuple[list[dict], list[str]]:
@@ -32,7 +32,7 @@ def comparison(runs: list[Path]) -> tuple[list[dict], list[str]]:
 def table(summaries: list[dict], names: list[str]) -> tuple[list[str], list[list[str]]]:
     header = ["run", "valid", *COLUMNS]
     rows = []
-    for s, name in zip(summaries, names):
+    for s, name in zip(summaries, names, strict=True):
         tag = name + (" (simulated)" if s.get("simulated") else "")
         for p in sorted(s["points"], key=lambda p: p["concurrency"]):
             rows.append([tag, "yes" if s.get("valid") else "NO", *row(p)])
@@ -48,7 +48,7 @@ def compare_runs(runs: list[Path], out: Path | None, echo: Callable[[str], None]
         echo(line)
     out = out or runs[0].resolve().parent / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
-    named = [{**s, "deployment": n} for s, n in zip(summaries, names)]
+    named = [{**s, "deployment": n} for s, n in zip(summaries, names, strict=True)]
     images = {}
     try:
         images["pareto.png"] = pareto_chart(named, out / "pareto.png")
@@ -57,13 +57,19 @@ def compare_runs(runs: list[Path], out: Path | None, echo: Callable[[str], None]
     parts = [_html_table(header, rows)]
     if any(s.get("simulated") for s in summaries):
         parts.insert(0, "<p class='sim'>Runs marked simulated come from rehearsals: no GPU figure.</p>")
-    invalid = [n for s, n in zip(summaries, names) if not s.get("valid")]
+    invalid = [n for s, n in zip(summaries, names, strict=True) if not s.get("valid")]
     if invalid:
         parts.insert(0, f"<p class='bad'>INVALID runs: {', '.join(invalid)}</p>")
     (out / "report.html").write_text(html_page("bench compare", parts, images))
-    write_json(out / "compare.json", {"runs": [str(r) for r in runs], "labels": names,
-                                      "valid": [bool(s.get("valid")) for s in summaries],
-                                      "rows": [dict(zip(header, r)) for r in rows]})
+    write_json(
+        out / "compare.json",
+        {
+            "runs": [str(r) for r in runs],
+            "labels": names,
+            "valid": [bool(s.get("valid")) for s in summaries],
+            "rows": [dict(zip(header, r, strict=True)) for r in rows],
+        },
+    )
     echo(f"comparison: {out}/ (report.html, pareto.png, compare.json)")
     for n in invalid:
         echo(f"warning: {n} is not a valid run; its figures are shown but do not count")

@@ -4,7 +4,7 @@ Disaggregation must not change what the model says."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 
@@ -31,8 +31,15 @@ def prompt(i: int) -> str:
 
 def greedy(client: httpx.Client, t: Target, text: str, max_tokens: int) -> tuple[str | None, str]:
     """The answer's text, or None and why it failed."""
-    body = {"model": t.model, "messages": [{"role": "user", "content": text}], "temperature": 0, "top_p": 1,
-            "seed": 0, "max_tokens": max_tokens, "stream": False}
+    body = {
+        "model": t.model,
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0,
+        "top_p": 1,
+        "seed": 0,
+        "max_tokens": max_tokens,
+        "stream": False,
+    }
     try:
         r = client.post(t.url + "/v1/chat/completions", json=body)
     except httpx.HTTPError as exc:
@@ -46,10 +53,15 @@ def greedy(client: httpx.Client, t: Target, text: str, max_tokens: int) -> tuple
     return str(msg.get("content") or "") + str(msg.get("reasoning_content") or ""), ""
 
 
-def check_against(target: Target, reference: Target, count: int, osl: int, echo: Callable[[str], None]) -> int:
+def check_against(
+    target: Target, reference: Target, count: int, osl: int, echo: Callable[[str], None]
+) -> int:
     max_tokens = min(osl, MAX_TOKENS)
-    echo(f"equivalence: {count} prompts, temperature 0, {max_tokens} tokens, {target.name} ({target.url}) against "
-         f"{reference.name} ({reference.url})")
+    echo(
+        f"equivalence: {count} prompts, temperature 0, {max_tokens} tokens, {target.name} ({target.url}) "
+        "against "
+        f"{reference.name} ({reference.url})"
+    )
     differ = 0
     with httpx.Client(timeout=600.0, verify=False) as client:
         for i in range(count):
@@ -58,11 +70,16 @@ def check_against(target: Target, reference: Target, count: int, osl: int, echo:
             want, why_ref = greedy(client, reference, text, max_tokens)
             if got is None or want is None:
                 differ += 1
-                echo(f"  FAIL {i + 1}: {text!r}: {target.name if got is None else reference.name}: {why or why_ref}")
+                echo(
+                    f"  FAIL {i + 1}: {text!r}: {target.name if got is None else reference.name}: "
+                    f"{why or why_ref}"
+                )
             elif got != want:
                 differ += 1
-                echo(f"  FAIL {i + 1}: {text!r}\n        {target.name}: {got[:SHOWN]!r}\n"
-                     f"        {reference.name}: {want[:SHOWN]!r}")
+                echo(
+                    f"  FAIL {i + 1}: {text!r}\n        {target.name}: {got[:SHOWN]!r}\n"
+                    f"        {reference.name}: {want[:SHOWN]!r}"
+                )
             else:
                 echo(f"  ok   {i + 1}: {text!r}: {got[:60]!r}")
     if differ:

@@ -37,13 +37,19 @@ def judge_point(p: PointFigures, osl: int) -> list[str]:
     elif p.output_tokens <= 0:
         reasons.append(f"{at}: 0 output tokens generated")
     elif p.output_tokens_mean < MIN_OUTPUT_SHARE * osl:
-        reasons.append(f"{at}: {p.output_tokens_mean:.1f} output tokens per request, far below the {osl} asked "
-                       f"(at least {MIN_OUTPUT_SHARE:.0%} required)")
+        reasons.append(
+            f"{at}: {p.output_tokens_mean:.1f} output tokens per request, far below the {osl} asked "
+            f"(at least {MIN_OUTPUT_SHARE:.0%} required)"
+        )
     if p.server_tokens is not None and p.requests_ok:
-        allowed = max(COUNT_TOLERANCE * max(p.server_tokens, p.output_tokens), p.requests_ok + p.requests_failed)
+        allowed = max(
+            COUNT_TOLERANCE * max(p.server_tokens, p.output_tokens), p.requests_ok + p.requests_failed
+        )
         if abs(p.server_tokens - p.output_tokens) > allowed:
-            reasons.append(f"{at}: the client counted {p.output_tokens:.0f} output tokens, the engines' counters "
-                           f"{p.server_tokens:.0f} (tolerance {COUNT_TOLERANCE:.0%})")
+            reasons.append(
+                f"{at}: the client counted {p.output_tokens:.0f} output tokens, the engines' counters "
+                f"{p.server_tokens:.0f} (tolerance {COUNT_TOLERANCE:.0%})"
+            )
     return reasons
 
 

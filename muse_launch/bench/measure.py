@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -36,42 +36,76 @@ class BenchPlan:
         return self.requests or max(16, 8 * concurrency)
 
 
-def point_record(target: Target, plan: BenchPlan, c: int, m: ap.Measured | None, run: ap.Run,
-                 server: float | None, failure: str | None) -> tuple[dict, PointFigures]:
+def point_record(
+    target: Target,
+    plan: BenchPlan,
+    c: int,
+    m: ap.Measured | None,
+    run: ap.Run,
+    server: float | None,
+    failure: str | None,
+) -> tuple[dict, PointFigures]:
     m = m or ap.Measured()
-    figures = PointFigures(c, m.requests_ok, m.requests_failed, m.output_tokens, m.output_tokens_mean, server,
-                           tuple(m.errors), run.timed_out, failure)
+    figures = PointFigures(
+        c,
+        m.requests_ok,
+        m.requests_failed,
+        m.output_tokens,
+        m.output_tokens_mean,
+        server,
+        tuple(m.errors),
+        run.timed_out,
+        failure,
+    )
     requests = m.requests_ok + m.requests_failed
     per_gpu = m.output_tokens_per_s / target.gpus if target.gpus else None
     rec = {
-        "concurrency": c, "simulated": target.simulated, "valid": not judge_point(figures, plan.osl),
+        "concurrency": c,
+        "simulated": target.simulated,
+        "valid": not judge_point(figures, plan.osl),
         "reasons": judge_point(figures, plan.osl),
-        "requests_ok": m.requests_ok, "requests_failed": m.requests_failed,
-        "ttft_ms": m.ttft_ms, "itl_ms": m.itl_ms, "requests_per_s": round(m.requests_per_s, 4),
+        "requests_ok": m.requests_ok,
+        "requests_failed": m.requests_failed,
+        "ttft_ms": m.ttft_ms,
+        "itl_ms": m.itl_ms,
+        "requests_per_s": round(m.requests_per_s, 4),
         "output_tokens_per_s": round(m.output_tokens_per_s, 3),
         "output_tokens_per_s_per_gpu": round(per_gpu, 3) if per_gpu is not None else None,
         "output_tokens_per_s_per_user": round(m.output_tokens_per_s_per_user, 3),
-        "output_tokens_mean": round(m.output_tokens_mean, 2), "input_tokens_mean": round(m.input_tokens_mean, 2),
-        "client_output_tokens": m.output_tokens, "server_output_tokens": server, "duration_s": round(m.duration_s, 3),
+        "output_tokens_mean": round(m.output_tokens_mean, 2),
+        "input_tokens_mean": round(m.input_tokens_mean, 2),
+        "client_output_tokens": m.output_tokens,
+        "server_output_tokens": server,
+        "duration_s": round(m.duration_s, 3),
         "errors": m.errors[:10],
-        "client": {"wall_s": round(run.wall_s, 3), "cpu_s": round(run.cpu_s, 3),
-                   "cpu_ms_per_request": round(1000 * run.cpu_s / requests, 2) if requests else None,
-                   "host_cpu_busy_pct": run.host_busy_pct, "cores": os.cpu_count()},
-        "requests_planned": plan.requests_at(c), "duration_bound_s": plan.duration,
+        "client": {
+            "wall_s": round(run.wall_s, 3),
+            "cpu_s": round(run.cpu_s, 3),
+            "cpu_ms_per_request": round(1000 * run.cpu_s / requests, 2) if requests else None,
+            "host_cpu_busy_pct": run.host_busy_pct,
+            "cores": os.cpu_count(),
+        },
+        "requests_planned": plan.requests_at(c),
+        "duration_bound_s": plan.duration,
     }
     return rec, figures
 
 
-def measure_point(target: Target, plan: BenchPlan, c: int, out: Path, aiperf: str,
-                  echo: Callable[[str], None]) -> tuple[dict, PointFigures]:
+def measure_point(
+    target: Target, plan: BenchPlan, c: int, out: Path, aiperf: str, echo: Callable[[str], None]
+) -> tuple[dict, PointFigures]:
     point = ap.PointPlan(c, plan.isl, plan.osl, plan.requests_at(c), plan.duration, plan.seed)
     argv = ap.point_argv(aiperf, target.url, target.model, target.tokenizer, point, out)
     live = sys.stdout.isatty()
 
     def tick(elapsed: float) -> None:
         if live:
-            print(f"\r  concurrency {c:>4}: running {elapsed:5.0f} s (at most {point.requests} requests, "
-                  f"{plan.duration:g} s)", end="", flush=True)
+            print(
+                f"\r  concurrency {c:>4}: running {elapsed:5.0f} s (at most {point.requests} requests, "
+                f"{plan.duration:g} s)",
+                end="",
+                flush=True,
+            )
 
     if not live:
         echo(f"  concurrency {c:>4}: running (at most {point.requests} requests, {plan.duration:g} s)")
@@ -86,8 +120,11 @@ def measure_point(target: Target, plan: BenchPlan, c: int, out: Path, aiperf: st
     try:
         measured = ap.read_point(out)
     except ValueError as exc:
-        tail = (out / "aiperf.log").read_text(errors="replace").strip().splitlines()[-3:] \
-            if (out / "aiperf.log").exists() else []
+        tail = (
+            (out / "aiperf.log").read_text(errors="replace").strip().splitlines()[-3:]
+            if (out / "aiperf.log").exists()
+            else []
+        )
         failure = f"exit {run.returncode}: {exc}" + (f"; its log ends: {' | '.join(tail)}" if tail else "")
     all_failed = measured is not None and measured.requests_failed and not measured.requests_ok
     if failure is None and run.returncode not in (0, None) and not run.timed_out and not all_failed:
@@ -101,18 +138,24 @@ def progress_line(rec: dict) -> str:
     sim = " (simulated)" if rec["simulated"] else ""
     mark = "ok  " if rec["valid"] else "FAIL"
     t, i = rec["ttft_ms"], rec["itl_ms"]
-    line = (f"  {mark} concurrency {rec['concurrency']:>4}: {rec['requests_ok']} ok, {rec['requests_failed']} failed, "
-            f"TTFT p50 {t.get('p50', 0):.1f} ms, ITL p50 {i.get('p50', 0):.2f} ms, "
-            f"{rec['output_tokens_per_s']:.1f} tok/s{sim}")
+    line = (
+        f"  {mark} concurrency {rec['concurrency']:>4}: {rec['requests_ok']} ok, {rec['requests_failed']} "
+        "failed, "
+        f"TTFT p50 {t.get('p50', 0):.1f} ms, ITL p50 {i.get('p50', 0):.2f} ms, "
+        f"{rec['output_tokens_per_s']:.1f} tok/s{sim}"
+    )
     return line + "".join(f"\n        {r}" for r in rec["reasons"])
 
 
 def saturation_warning(points: list[dict]) -> str | None:
     busy = [p["client"]["host_cpu_busy_pct"] for p in points if p["client"]["host_cpu_busy_pct"] is not None]
     if busy and max(busy) >= SATURATED_PCT:
-        return (f"warning: the client machine's CPUs were {max(busy):.0f}% busy during a point: the figures may be "
-                f"the load generator's limit, not the deployment's (run bench from another machine, or lower "
-                f"--concurrency)")
+        return (
+            f"warning: the client machine's CPUs were {max(busy):.0f}% busy during a point: the figures may "
+            "be "
+            f"the load generator's limit, not the deployment's (run bench from another machine, or lower "
+            f"--concurrency)"
+        )
     return None
 
 
@@ -123,8 +166,10 @@ def run_bench(target: Target, plan: BenchPlan, out: Path, echo: Callable[[str], 
     aiperf = ap.find_aiperf()
     started = time.time()
     label = " (simulated: a rehearsal, no GPU)" if target.simulated else ""
-    echo(f"{target.name}: bench through {target.url}, model {target.model}, ISL {plan.isl}, OSL {plan.osl}, "
-         f"concurrency {','.join(map(str, plan.concurrencies))}{label}")
+    echo(
+        f"{target.name}: bench through {target.url}, model {target.model}, ISL {plan.isl}, OSL {plan.osl}, "
+        f"concurrency {','.join(map(str, plan.concurrencies))}{label}"
+    )
     points, figures = [], []
     for c in plan.concurrencies:
         rec, fig = measure_point(target, plan, c, out / f"c{c}", aiperf, echo)

@@ -5,7 +5,8 @@ Layout (docs/bench.md):
 
     RUN/summary.json            valid, reasons, points[...] (the figures of each point), target, plan
     RUN/point-c<N>.json         one point, as in summary.json's points
-    RUN/c<N>/                   aiperf's own artifacts of that point (profile_export_aiperf.json, raw jsonl, log)
+    RUN/c<N>/                   aiperf's own artifacts of that point (profile_export_aiperf.json, raw jsonl,
+    log)
     RUN/topology.yaml           the file the deployment was brought up from (as it is now)
     RUN/throughput.png, latency.png, pareto.png, report.html
 """
@@ -17,8 +18,8 @@ import os
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .measure import BenchPlan, saturation_warning
 from .target import Target
@@ -58,22 +59,44 @@ def copy_topology(source: str, out: Path) -> str | None:
 def summary_of(target: Target, plan: BenchPlan, points: list[dict], started: float) -> dict:
     reasons = [r for p in points for r in p["reasons"]]
     return {
-        "format": FORMAT, "valid": not reasons, "reasons": reasons, "simulated": target.simulated,
-        "deployment": target.name, "url": target.url, "model": target.model, "tokenizer": target.tokenizer,
+        "format": FORMAT,
+        "valid": not reasons,
+        "reasons": reasons,
+        "simulated": target.simulated,
+        "deployment": target.name,
+        "url": target.url,
+        "model": target.model,
+        "tokenizer": target.tokenizer,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "plan": {"concurrency": list(plan.concurrencies), "isl": plan.isl, "osl": plan.osl,
-                 "requests": plan.requests, "duration_s": plan.duration, "seed": plan.seed},
-        "plan_digest": target.plan_digest, "topology_source": target.source, "versions": target.versions,
-        "gpus": target.gpus, "roles": list(target.roles), "host_gpus": host_gpus(),
+        "plan": {
+            "concurrency": list(plan.concurrencies),
+            "isl": plan.isl,
+            "osl": plan.osl,
+            "requests": plan.requests,
+            "duration_s": plan.duration,
+            "seed": plan.seed,
+        },
+        "plan_digest": target.plan_digest,
+        "topology_source": target.source,
+        "versions": target.versions,
+        "gpus": target.gpus,
+        "roles": list(target.roles),
+        "host_gpus": host_gpus(),
         "client": {"host": platform.node(), "cores": os.cpu_count()},
         "warnings": [w for w in [saturation_warning(points)] if w],
         "points": points,
     }
 
 
-def write_run(target: Target, plan: BenchPlan, points: list[dict], out: Path, started: float,
-              echo: Callable[[str], None]) -> dict:
+def write_run(
+    target: Target,
+    plan: BenchPlan,
+    points: list[dict],
+    out: Path,
+    started: float,
+    echo: Callable[[str], None],
+) -> dict:
     from .report import table_lines, write_report
 
     out.mkdir(parents=True, exist_ok=True)
@@ -88,7 +111,7 @@ def write_run(target: Target, plan: BenchPlan, points: list[dict], out: Path, st
     for w in summary["warnings"]:
         echo(w)
     echo(f"record: {out}/ ({SUMMARY}, report.html)")
-    echo(("valid" if summary["valid"] else "INVALID: " + "; ".join(summary["reasons"])))
+    echo("valid" if summary["valid"] else "INVALID: " + "; ".join(summary["reasons"]))
     return summary
 
 

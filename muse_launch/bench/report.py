@@ -8,8 +8,19 @@ import html
 import io
 from pathlib import Path
 
-COLUMNS = ("conc", "ok", "failed", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "req/s", "out tok/s",
-           "tok/s/GPU", "tok/s/user")
+COLUMNS = (
+    "conc",
+    "ok",
+    "failed",
+    "TTFT p50",
+    "TTFT p99",
+    "ITL p50",
+    "ITL p99",
+    "req/s",
+    "out tok/s",
+    "tok/s/GPU",
+    "tok/s/user",
+)
 
 
 def _f(value, digits: int = 1) -> str:
@@ -17,10 +28,19 @@ def _f(value, digits: int = 1) -> str:
 
 
 def row(p: dict) -> list[str]:
-    return [str(p["concurrency"]), str(p["requests_ok"]), str(p["requests_failed"]),
-            _f(p["ttft_ms"].get("p50")), _f(p["ttft_ms"].get("p99")), _f(p["itl_ms"].get("p50"), 2),
-            _f(p["itl_ms"].get("p99"), 2), _f(p["requests_per_s"], 2), _f(p["output_tokens_per_s"]),
-            _f(p.get("output_tokens_per_s_per_gpu")), _f(p.get("output_tokens_per_s_per_user"))]
+    return [
+        str(p["concurrency"]),
+        str(p["requests_ok"]),
+        str(p["requests_failed"]),
+        _f(p["ttft_ms"].get("p50")),
+        _f(p["ttft_ms"].get("p99")),
+        _f(p["itl_ms"].get("p50"), 2),
+        _f(p["itl_ms"].get("p99"), 2),
+        _f(p["requests_per_s"], 2),
+        _f(p["output_tokens_per_s"]),
+        _f(p.get("output_tokens_per_s_per_gpu")),
+        _f(p.get("output_tokens_per_s_per_user")),
+    ]
 
 
 def _text_table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -110,11 +130,16 @@ def pareto_chart(summaries: list[dict], path: Path) -> bytes:
     for s in summaries:
         pts = sorted(s["points"], key=lambda p: p["concurrency"])
         label = s["deployment"] + (" (simulated)" if s.get("simulated") else "")
-        ax.plot([p.get("output_tokens_per_s_per_user") or 0 for p in pts], [_per_gpu(p) for p in pts], "o-",
-                label=label)
+        ax.plot(
+            [p.get("output_tokens_per_s_per_user") or 0 for p in pts],
+            [_per_gpu(p) for p in pts],
+            "o-",
+            label=label,
+        )
         for p in pts:
-            ax.annotate(str(p["concurrency"]), (p.get("output_tokens_per_s_per_user") or 0, _per_gpu(p)),
-                        fontsize=7)
+            ax.annotate(
+                str(p["concurrency"]), (p.get("output_tokens_per_s_per_user") or 0, _per_gpu(p)), fontsize=7
+            )
     per_gpu = all(s.get("gpus") for s in summaries)
     ax.set_xlabel("output tokens/s per user")
     ax.set_ylabel("output tokens/s per GPU" if per_gpu else "output tokens/s (no GPU: total)")
@@ -129,15 +154,21 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #999;"
-         "padding:3px 8px;text-align:right}.bad{color:#b00}.sim{background:#fe9;padding:4px}")
+STYLE = (
+    "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #999;"
+    "padding:3px 8px;text-align:right}.bad{color:#b00}.sim{background:#fe9;padding:4px}"
+)
 
 
 def html_page(title: str, parts: list[str], images: dict[str, bytes]) -> str:
-    imgs = "".join(f'<p><img alt="{html.escape(n)}" src="data:image/png;base64,'
-                   f'{base64.b64encode(b).decode()}"></p>' for n, b in images.items())
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}{imgs}</body></html>")
+    imgs = "".join(
+        f'<p><img alt="{html.escape(n)}" src="data:image/png;base64,{base64.b64encode(b).decode()}"></p>'
+        for n, b in images.items()
+    )
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{''.join(parts)}{imgs}</body></html>"
+    )
 
 
 def write_report(summary: dict, out: Path) -> list[str]:
@@ -148,16 +179,21 @@ def write_report(summary: dict, out: Path) -> list[str]:
         images = {}
     parts = []
     if summary.get("simulated"):
-        parts.append("<p class='sim'>SIMULATED: a rehearsal with the simulated engine; no figure here is a "
-                     "GPU's.</p>")
+        parts.append(
+            "<p class='sim'>SIMULATED: a rehearsal with the simulated engine; no figure here is a GPU's.</p>"
+        )
     verdict = "valid" if summary["valid"] else "INVALID"
     parts.append(f"<p class='{'ok' if summary['valid'] else 'bad'}'>{verdict}</p>")
     if summary["reasons"]:
-        parts.append("<ul>" + "".join(f"<li class='bad'>{html.escape(r)}</li>" for r in summary["reasons"]) + "</ul>")
+        parts.append(
+            "<ul>" + "".join(f"<li class='bad'>{html.escape(r)}</li>" for r in summary["reasons"]) + "</ul>"
+        )
     plan = summary["plan"]
-    parts.append(f"<p>{html.escape(summary['url'])}, model {html.escape(summary['model'])}, ISL {plan['isl']}, "
-                 f"OSL {plan['osl']}, GPUs {summary.get('gpus') or '-'}, plan digest "
-                 f"{html.escape(summary['plan_digest'][:16])}, versions {html.escape(str(summary['versions']))}</p>")
+    parts.append(
+        f"<p>{html.escape(summary['url'])}, model {html.escape(summary['model'])}, ISL {plan['isl']}, "
+        f"OSL {plan['osl']}, GPUs {summary.get('gpus') or '-'}, plan digest "
+        f"{html.escape(summary['plan_digest'][:16])}, versions {html.escape(str(summary['versions']))}</p>"
+    )
     parts.append(_html_table(list(COLUMNS), [row(p) for p in summary["points"]]))
     parts += [f"<p class='bad'>{html.escape(w)}</p>" for w in summary.get("warnings", [])]
     (out / "report.html").write_text(html_page(f"bench {summary['deployment']}", parts, images))

@@ -16,9 +16,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from muse_launch.errors import UsageError
 
@@ -46,18 +46,25 @@ def parse_vary(vary: tuple[str, ...]) -> list[tuple[str, list[str]]]:
         key, eq, values = item.partition("=")
         options = [v.strip() for v in values.split(",") if v.strip()]
         if not eq or not key.strip() or not options:
-            raise UsageError(f"--vary {item!r}: expected KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2")
+            raise UsageError(
+                f"--vary {item!r}: expected KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2"
+            )
         if any(k == key.strip() for k, _ in axes):
             raise UsageError(f"--vary {key.strip()} given twice", fix="list all its values in one --vary")
         axes.append((key.strip(), options))
     if not axes:
-        raise UsageError("sweep needs at least one --vary KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2")
+        raise UsageError(
+            "sweep needs at least one --vary KEY=V1,V2", fix="e.g. --vary roles.decode.replicas=1,2"
+        )
     return axes
 
 
 def combinations(axes: list[tuple[str, list[str]]]) -> list[tuple[str, ...]]:
     keys = [k for k, _ in axes]
-    return [tuple(f"{k}={v}" for k, v in zip(keys, values)) for values in itertools.product(*(v for _, v in axes))]
+    return [
+        tuple(f"{k}={v}" for k, v in zip(keys, values, strict=True))
+        for values in itertools.product(*(v for _, v in axes))
+    ]
 
 
 def slug(combo: tuple[str, ...]) -> str:
@@ -90,9 +97,16 @@ def done_before(run: Path, combo: tuple[str, ...], opts: SweepOptions) -> bool:
 
 def sweep_key(combo: tuple[str, ...], opts: SweepOptions) -> dict:
     p = opts.plan
-    return {"file": str(opts.file.resolve()), "sets": [*opts.sets, *combo], "rehearse": opts.rehearse,
-            "concurrency": list(p.concurrencies), "isl": p.isl, "osl": p.osl, "requests": p.requests,
-            "duration_s": p.duration}
+    return {
+        "file": str(opts.file.resolve()),
+        "sets": [*opts.sets, *combo],
+        "rehearse": opts.rehearse,
+        "concurrency": list(p.concurrencies),
+        "isl": p.isl,
+        "osl": p.osl,
+        "requests": p.requests,
+        "duration_s": p.duration,
+    }
 
 
 def timed(argv: list[str], echo: Callable[[str], None], log: Path) -> tuple[int, float]:
@@ -102,17 +116,30 @@ def timed(argv: list[str], echo: Callable[[str], None], log: Path) -> tuple[int,
     return code, time.monotonic() - start
 
 
-def run_one(opts: SweepOptions, combo: tuple[str, ...], name: str, run: Path,
-            echo: Callable[[str], None]) -> dict:
+def run_one(
+    opts: SweepOptions, combo: tuple[str, ...], name: str, run: Path, echo: Callable[[str], None]
+) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     log = run / "sweep.log"
     sets = [a for s in (*opts.sets, *combo) for a in ("--set", s)]
     up = _cli("up", str(opts.file), "-d", *sets, *(["--rehearse"] if opts.rehearse else []))
     p = opts.plan
-    bench = _cli("bench", name, "--out", str(run), "--concurrency", ",".join(map(str, p.concurrencies)),
-                 "--isl", str(p.isl), "--osl", str(p.osl), "--duration", f"{p.duration:g}",
-                 *(["--requests", str(p.requests)] if p.requests else []),
-                 *(["--tokenizer", opts.tokenizer] if opts.tokenizer else []))
+    bench = _cli(
+        "bench",
+        name,
+        "--out",
+        str(run),
+        "--concurrency",
+        ",".join(map(str, p.concurrencies)),
+        "--isl",
+        str(p.isl),
+        "--osl",
+        str(p.osl),
+        "--duration",
+        f"{p.duration:g}",
+        *(["--requests", str(p.requests)] if p.requests else []),
+        *(["--tokenizer", opts.tokenizer] if opts.tokenizer else []),
+    )
     times = {"up_s": 0.0, "bench_s": 0.0, "down_s": 0.0}
     code_up, times["up_s"] = timed(up, echo, log)
     code_bench = None
@@ -121,8 +148,15 @@ def run_one(opts: SweepOptions, combo: tuple[str, ...], name: str, run: Path,
             code_bench, times["bench_s"] = timed(bench, echo, log)
     finally:
         code_down, times["down_s"] = timed(_cli("down", name), echo, log)
-    state = "up failed" if code_up else "bench failed" if code_bench not in (0, 1) else \
-        "invalid" if code_bench == 1 else "valid"
+    state = (
+        "up failed"
+        if code_up
+        else "bench failed"
+        if code_bench not in (0, 1)
+        else "invalid"
+        if code_bench == 1
+        else "valid"
+    )
     if code_down:
         state += ", down failed"
     summary_path = run / SUMMARY
@@ -130,14 +164,19 @@ def run_one(opts: SweepOptions, combo: tuple[str, ...], name: str, run: Path,
         summary = json.loads(summary_path.read_text())
         summary["sweep"] = sweep_key(combo, opts)
         write_json(summary_path, summary)
-    return {"combination": list(combo), "run": str(run), "state": state, **{k: round(v, 2) for k, v in times.items()}}
+    return {
+        "combination": list(combo),
+        "run": str(run),
+        "state": state,
+        **{k: round(v, 2) for k, v in times.items()},
+    }
 
 
 def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
     combos = combinations(parse_vary(opts.vary))
     names = [deployment_name(opts, c) for c in combos]
     echo(f"sweep {opts.file}: {len(combos)} combination(s){' (rehearsal)' if opts.rehearse else ''}")
-    for i, (combo, (name, why)) in enumerate(zip(combos, names), 1):
+    for i, (combo, (name, why)) in enumerate(zip(combos, names, strict=True), 1):
         run = opts.out / slug(combo)
         mark = "done" if done_before(run, combo, opts) else "to run" if name else "does not check"
         echo(f"  {i}. {' '.join(combo)}  -> {run}  [{mark}{'' if name else ': ' + why}]")
@@ -146,7 +185,7 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
     opts.out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     results = []
-    for combo, (name, why) in zip(combos, names):
+    for combo, (name, why) in zip(combos, names, strict=True):
         run = opts.out / slug(combo)
         if name is None:
             results.append({"combination": list(combo), "run": str(run), "state": f"does not check: {why}"})
@@ -161,8 +200,15 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
 
 def finish(opts: SweepOptions, results: list[dict], wall: float, echo: Callable[[str], None]) -> int:
     parts = sum(r.get("up_s", 0) + r.get("bench_s", 0) + r.get("down_s", 0) for r in results)
-    write_json(opts.out / SWEEP, {"file": str(opts.file), "results": results, "wall_s": round(wall, 2),
-                                  "sum_of_parts_s": round(parts, 2)})
+    write_json(
+        opts.out / SWEEP,
+        {
+            "file": str(opts.file),
+            "results": results,
+            "wall_s": round(wall, 2),
+            "sum_of_parts_s": round(parts, 2),
+        },
+    )
     echo(f"sweep: {wall:.1f} s in all, {parts:.1f} s of up, bench and down ({wall - parts:+.1f} s besides)")
     recorded = [Path(r["run"]) for r in results if (Path(r["run"]) / SUMMARY).exists()]
     if len(recorded) >= 2:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 GENERATING = ("decode", "worker")  # the roles whose tokens reach the client (a prefill writes one of its own)
 WORKERS = ("encoder", "prefill", "decode", "worker")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-GENERATION_COUNTER = re.compile(r"^(?:sglang|vllm):generation_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+GENERATION_COUNTER = re.compile(
+    r"^(?:sglang|vllm):generation_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +56,11 @@ def front(record: DeploymentRecord) -> RoleRecord:
     workers = [r for r in record.roles if r.kind in GENERATING and r.url]
     if len(workers) == 1:
         return workers[0]
-    raise UsageError(f"{record.name} has no router, and {len(workers)} workers take requests; bench measures "
-                     f"one entry URL", fix="add a router role in front of the workers")
+    raise UsageError(
+        f"{record.name} has no router, and {len(workers)} workers take requests; bench measures "
+        f"one entry URL",
+        fix="add a router role in front of the workers",
+    )
 
 
 def entry_url(record: DeploymentRecord) -> str:
@@ -82,8 +88,10 @@ def find_tokenizer(client: httpx.Client, workers: list[str], argv_models: list[s
     """A local tokenizer directory the workers serve: what SGLang's /server_info names, what vLLM lists as
     its model's root at /v1/models, else a model path on the command line that is a local directory."""
     for base in workers:
-        for path, pick in (("/server_info", lambda j: [j.get("tokenizer_path"), j.get("model_path")]),
-                           ("/v1/models", lambda j: [m.get("root") for m in j.get("data", [])])):
+        for path, pick in (
+            ("/server_info", lambda j: [j.get("tokenizer_path"), j.get("model_path")]),
+            ("/v1/models", lambda j: [m.get("root") for m in j.get("data", [])]),
+        ):
             try:
                 found = pick(client.get(base + path).json())
             except (httpx.HTTPError, ValueError, AttributeError, TypeError):
@@ -104,16 +112,20 @@ def _argv_models(roles: list[RoleRecord]) -> list[str]:
     return out
 
 
-def target_of(record: DeploymentRecord, tokenizer: str | None, model: str | None,
-              echo: Callable[[str], None]) -> Target:
-    """Everything bench needs of a running deployment, read through its URLs; RuntimeFailure when it is not up."""
+def target_of(
+    record: DeploymentRecord, tokenizer: str | None, model: str | None, echo: Callable[[str], None]
+) -> Target:
+    """Everything bench needs of a running deployment, read through its URLs; RuntimeFailure when it is not
+    up."""
     from muse_launch.run.lifecycle import DeploymentState
     from muse_launch.run.status import observed
     from muse_launch.smoke import list_models
 
     record = observed(record)
     if record.state is DeploymentState.STOPPED:
-        raise RuntimeFailure(f"deployment {record.name!r} is not running", fix=f"muse-launch up {record.source} -d")
+        raise RuntimeFailure(
+            f"deployment {record.name!r} is not running", fix=f"muse-launch up {record.source} -d"
+        )
     url = entry_url(record)
     generating = [r for r in record.roles if r.kind in GENERATING and r.url]
     workers = [_local(r.url) for r in record.roles if r.kind in WORKERS and r.url]
@@ -122,26 +134,45 @@ def target_of(record: DeploymentRecord, tokenizer: str | None, model: str | None
             from muse_launch.engines import ENGINES
             from muse_launch.engines.argv import last_value
 
-            declared = tuple(n for r in generating if r.engine in ENGINES
-                             and (n := last_value(r.argv, ENGINES[r.engine].SERVED_MODEL_NAME)))
+            declared = tuple(
+                n
+                for r in generating
+                if r.engine in ENGINES and (n := last_value(r.argv, ENGINES[r.engine].SERVED_MODEL_NAME))
+            )
             model, listed = list_models(client, url, tuple(workers), declared)
             if model is None:
                 raise RuntimeFailure(f"{record.name}: {listed.detail}", fix="name it with --model")
         if tokenizer is None:
             tokenizer = find_tokenizer(client, workers, _argv_models(list(record.roles)))
             if tokenizer is None:
-                raise UsageError(f"{record.name}: no worker names a local tokenizer directory (the load generator "
-                                 f"needs one, and bench fetches nothing from a hub)",
-                                 fix="give the model's directory with --tokenizer DIR")
+                raise UsageError(
+                    f"{record.name}: no worker names a local tokenizer directory (the load generator "
+                    f"needs one, and bench fetches nothing from a hub)",
+                    fix="give the model's directory with --tokenizer DIR",
+                )
     if not _has_tokenizer(tokenizer):
-        raise UsageError(f"--tokenizer {tokenizer}: not a directory with tokenizer files "
-                         f"({', '.join(TOKENIZER_FILES)})",
-                         fix="give the local directory of the model the workers serve")
+        raise UsageError(
+            f"--tokenizer {tokenizer}: not a directory with tokenizer files ({', '.join(TOKENIZER_FILES)})",
+            fix="give the local directory of the model the workers serve",
+        )
     gpus = sum(len(r.gpus) for r in record.roles if r.kind in WORKERS)
-    roles = tuple({"name": r.name, "kind": r.kind, "engine": r.engine, "gpus": list(r.gpus), "url": r.url}
-                  for r in record.roles)
-    return Target(record.name, url, model, str(tokenizer), tuple(_local(r.url) + "/metrics" for r in generating),
-                  gpus, is_simulated(record), dict(record.versions), record.source, plan_digest(record), roles)
+    roles = tuple(
+        {"name": r.name, "kind": r.kind, "engine": r.engine, "gpus": list(r.gpus), "url": r.url}
+        for r in record.roles
+    )
+    return Target(
+        record.name,
+        url,
+        model,
+        str(tokenizer),
+        tuple(_local(r.url) + "/metrics" for r in generating),
+        gpus,
+        is_simulated(record),
+        dict(record.versions),
+        record.source,
+        plan_digest(record),
+        roles,
+    )
 
 
 def generated_tokens(client: httpx.Client, urls: tuple[str, ...]) -> float | None:

@@ -55,5 +55,7 @@ def _run(checks: Iterable[PlanCheck], ctx: CheckContext) -> list[Finding]:
             # One cause reached from several roles (a top-level key) is one finding naming them all.
             key = (f.severity, f.path, f.message, f.fix)
             seen = merged.get(key)
-            merged[key] = f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
+            merged[key] = (
+                f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
+            )
     return list(merged.values())

@@ -29,8 +29,12 @@ def advertised_host(ctx: CheckContext) -> Iterator[Finding]:
     for path, specs in by_path.items():
         names = list(dict.fromkeys(s.role for s in specs))
         who = f"{join(names)} {'are' if len(names) > 1 else 'is'}"
-        yield error(path, f"{who} advertised as {specs[0].host}: clients and dependents cannot connect to it",
-                    f"put {specs[0].host} in bind and a reachable address (e.g. 127.0.0.1) in host", *names)
+        yield error(
+            path,
+            f"{who} advertised as {specs[0].host}: clients and dependents cannot connect to it",
+            f"put {specs[0].host} in bind and a reachable address (e.g. 127.0.0.1) in host",
+            *names,
+        )
 
 
 @plan_check
@@ -45,8 +49,12 @@ def multi_node_addresses(ctx: CheckContext) -> Iterator[Finding]:
         address = ctx.topology.nodes[node].address
         if is_loopback(address):
             users = [n for n, r in roles.items() if node in r.nodes]
-            yield error(("nodes", node, "address"), f"node {node} has loopback address {address}, but {spans}: the "
-                        f"other nodes cannot reach it", f"give {node} its network address (e.g. 10.0.0.1)", *users)
+            yield error(
+                ("nodes", node, "address"),
+                f"node {node} has loopback address {address}, but {spans}: the other nodes cannot reach it",
+                f"give {node} its network address (e.g. 10.0.0.1)",
+                *users,
+            )
     local: dict[Path_, list[str]] = defaultdict(list)
     for name, role in roles.items():
         host = role.host or ctx.topology.host
@@ -54,6 +62,10 @@ def multi_node_addresses(ctx: CheckContext) -> Iterator[Finding]:
             local[("roles", name, "host") if role.host else ("host",)].append(name)
     for path, names in local.items():
         host = roles[names[0]].host or ctx.topology.host
-        yield error(path, f"{join(names)} advertise{'s' if len(names) == 1 else ''} loopback {host} while {spans}; "
-                    f"processes on other nodes cannot reach {'it' if len(names) == 1 else 'them'}",
-                    "set host to this node's network address (the one under nodes:)", *names)
+        yield error(
+            path,
+            f"{join(names)} advertise{'s' if len(names) == 1 else ''} loopback {host} while {spans}; "
+            f"processes on other nodes cannot reach {'it' if len(names) == 1 else 'them'}",
+            "set host to this node's network address (the one under nodes:)",
+            *names,
+        )

@@ -44,8 +44,12 @@ RUNNER_TIMEOUT = 120.0  # a cold import of vLLM on a loaded 2-core machine takes
 # names the recipe. (engine, flag, a substring of the refused value or of the engine's message,
 # the recipe it comes from.)
 RECIPE_REFUSALS = (
-    ("vllm", vllm.SPECULATIVE_CONFIG, "attention_backend",
-     "the vLLM recipe's AMD DSpark mode (features.spec_decoding.modes.dspark.hardware_overrides.amd)"),
+    (
+        "vllm",
+        vllm.SPECULATIVE_CONFIG,
+        "attention_backend",
+        "the vLLM recipe's AMD DSpark mode (features.spec_decoding.modes.dspark.hardware_overrides.amd)",
+    ),
 )
 
 
@@ -90,7 +94,9 @@ class EngineCheck:
     def _start(self) -> None:
         specs = [s for s in self.plan.specs if s.engine in ENGINE_MODULES or s.engine in ROUTERS]
         programs = [(s.engine, resolve_program(s.launcher, s.env)) for s in specs]
-        found = installed(programs)  # ~0.1 s, one query per interpreter: the releases key the remembered passes
+        found = installed(
+            programs
+        )  # ~0.1 s, one query per interpreter: the releases key the remembered passes
         by_name = {spec.name: f for spec, f in zip(specs, found, strict=True)}
         self.versions = by_name
         for spec, (engine, program) in zip(specs, programs, strict=True):
@@ -124,7 +130,9 @@ class EngineCheck:
         for spec in specs:
             if spec.engine in ROUTERS:
                 box: dict = {}
-                thread = threading.Thread(target=read_router_help, args=(by_name[spec.name], box), daemon=True)
+                thread = threading.Thread(
+                    target=read_router_help, args=(by_name[spec.name], box), daemon=True
+                )
                 thread.start()
                 self.routers.append((spec, by_name[spec.name], thread, box))
         self.findings += version_findings(specs, by_name, partial(locate, self.loaded.topology))
@@ -141,34 +149,48 @@ class EngineCheck:
             thread.join(HELP_TIMEOUT + 5)
             ok = self._check_router(spec, found, box)
             if ok is not None:
-                checked.setdefault(f"{found.dist or spec.engine} {found.version or ''}".strip(), []).append(ok)
+                checked.setdefault(f"{found.dist or spec.engine} {found.version or ''}".strip(), []).append(
+                    ok
+                )
         for name, oks in checked.items():
-            self.notes.append(f"engine check: {name} (its --help) accepts {_count(sum(oks), 'command')} of {len(oks)}")
+            self.notes.append(
+                f"engine check: {name} (its --help) accepts {_count(sum(oks), 'command')} of {len(oks)}"
+            )
         for (engine, why), names in self.skipped.items():
             self.notes.append(f"engine check: skipped {', '.join(names)} ({engine}): {why}")
-        return EngineCheckResult(tuple(one_per_cause(self.findings)), tuple(self.notes), time.monotonic() - self.started)
+        return EngineCheckResult(
+            tuple(one_per_cause(self.findings)), tuple(self.notes), time.monotonic() - self.started
+        )
 
     def _collect(self, batch: _Batch) -> None:
         names = ", ".join(batch.specs)
         reply = batch.reply
         if not batch.jobs:
             have = next(iter(batch.installed.values()))
-            self.notes.append(f"engine check: {batch.engine} {have.version} ({batch.python}) accepts "
-                              f"{_count(len(batch.specs), 'command')} of {len(batch.specs)} (as it did before)")
+            self.notes.append(
+                f"engine check: {batch.engine} {have.version} ({batch.python}) accepts "
+                f"{_count(len(batch.specs), 'command')} of {len(batch.specs)} (as it did before)"
+            )
             return
         if reply is None:
-            self.notes.append(f"engine check: skipped {names} ({batch.engine}): the parser process in "
-                              f"{batch.python} failed: {batch.failure}")
+            self.notes.append(
+                f"engine check: skipped {names} ({batch.engine}): the parser process in "
+                f"{batch.python} failed: {batch.failure}"
+            )
             return
         info = reply.get("engines", {}).get(batch.engine, {})
         if info.get("error"):
-            self.notes.append(f"engine check: skipped {names}: {batch.engine} cannot be imported by "
-                              f"{batch.python} ({_short(info['error'])})")
+            self.notes.append(
+                f"engine check: skipped {names}: {batch.engine} cannot be imported by "
+                f"{batch.python} ({_short(info['error'])})"
+            )
             return
         version = info.get("version") or "?"
         accepted = sum(r["ok"] for r in reply["results"]) + len(batch.remembered)
-        self.notes.append(f"engine check: {batch.engine} {version} ({batch.python}) accepts "
-                          f"{_count(accepted, 'command')} of {len(batch.specs)}")
+        self.notes.append(
+            f"engine check: {batch.engine} {version} ({batch.python}) accepts "
+            f"{_count(accepted, 'command')} of {len(batch.specs)}"
+        )
         keys = {job["id"]: job["key"] for job in batch.jobs}
         for res in reply.get("results", ()):
             if not res["ok"]:
@@ -183,20 +205,32 @@ class EngineCheck:
             at = locate_tokens(self.loaded.topology, spec, res["unrecognized"])
             bad = res["unrecognized"][0]
             since = _since(engine, bad)
-            fix = (f"did you mean {res['suggest']}?" if res.get("suggest")
-                   else f"{bad} is in {engine} {since} and later: upgrade {engine}, or remove it" if since
-                   else f"remove {bad}, or check `{engine} --help` of {engine} {version}")
+            fix = (
+                f"did you mean {res['suggest']}?"
+                if res.get("suggest")
+                else f"{bad} is in {engine} {since} and later: upgrade {engine}, or remove it"
+                if since
+                else f"remove {bad}, or check `{engine} --help` of {engine} {version}"
+            )
         else:
             at = locate(self.loaded.topology, spec, flags, res.get("value"))
-            fix = (f"did you mean {res['suggest']}?" if res.get("suggest")
-                   else "use one of the choices listed" if "invalid choice" in message
-                   else "correct the argument on this line")
+            fix = (
+                f"did you mean {res['suggest']}?"
+                if res.get("suggest")
+                else "use one of the choices listed"
+                if "invalid choice" in message
+                else "correct the argument on this line"
+            )
         text = f"{engine} {version} refuses the command: {message}"
         refusal = _recipe_refusal(engine, flags, message, spec.args)
         if refusal:
-            return warning(at, f"{text} (this is the recipe's own text, from {refusal})",
-                           f"kept as the recipe gives it, for the engine build the recipe names; with "
-                           f"{engine} {version} this role will not start", spec.role)
+            return warning(
+                at,
+                f"{text} (this is the recipe's own text, from {refusal})",
+                f"kept as the recipe gives it, for the engine build the recipe names; with "
+                f"{engine} {version} this role will not start",
+                spec.role,
+            )
         return error(at, text, fix, spec.role)
 
     # ---- routers ----------------------------------------------------------------------------
@@ -205,7 +239,9 @@ class EngineCheck:
         """True: its command passes; False: refused (findings added); None: not checked (a note says why)."""
         options: RouterOptions | None = box.get("options")
         if options is None:
-            self.skipped.setdefault((spec.engine, box.get("why") or found.why or "no --help"), []).append(spec.name)
+            self.skipped.setdefault((spec.engine, box.get("why") or found.why or "no --help"), []).append(
+                spec.name
+            )
             return None
         name = f"{found.dist or spec.engine} {found.version or ''}".strip()
         problems = options.problems(spec.args)
@@ -226,17 +262,27 @@ def check(plan: Plan, loaded: LoadedTopology) -> EngineCheckResult:
 
 # ---- parser processes --------------------------------------------------------------------------
 
+
 def _spawn(argv: list[str]) -> tuple[subprocess.Popen | None, str | None]:
     """The parser process, or why it could not be started."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
     try:
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, cwd="/", start_new_session=True), None
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+        ), None
     except OSError as exc:
         return None, f"it could not be started ({exc.strerror}: {argv[0]})"
 
 
 # ---- passes remembered: the same command, the same interpreter, the same install ----------------
+
 
 def pass_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "muse-launch" / "engine-check"
@@ -245,11 +291,24 @@ def pass_cache_dir() -> Path:
 def _pass_key(python: str, have: Installed, job: dict) -> str | None:
     """A command that passed is remembered per interpreter, engine release and install (its dist-info's
     time) and exact argv; --config reads a file, so a command with it is always parsed anew."""
-    if os.environ.get("MUSE_LAUNCH_ENGINE_CHECK_CACHE", "1") == "0" or have.version is None or have.stamp is None \
-            or any(a == "--config" or a.startswith("--config=") for a in job["args"]):
+    if (
+        os.environ.get("MUSE_LAUNCH_ENGINE_CHECK_CACHE", "1") == "0"
+        or have.version is None
+        or have.stamp is None
+        or any(a == "--config" or a.startswith("--config=") for a in job["args"])
+    ):
         return None
-    text = json.dumps([os.path.realpath(python), have.dist, have.version, have.stamp, job["entry"], job["args"],
-                       RUNNER.stat().st_mtime_ns])
+    text = json.dumps(
+        [
+            os.path.realpath(python),
+            have.dist,
+            have.version,
+            have.stamp,
+            job["entry"],
+            job["args"],
+            RUNNER.stat().st_mtime_ns,
+        ]
+    )
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -285,8 +344,10 @@ def _exchange(batch: _Batch) -> None:
 
 # ---- small helpers ----------------------------------------------------------------------------
 
+
 def _flags_in(message: str, args: Iterable[str]) -> list[str]:
-    """The options a free-form message names that the command has (`--enable-auto-tool-choice requires ...`)."""
+    """The options a free-form message names that the command has (`--enable-auto-tool-choice requires
+    ...`)."""
     given = {norm(a).split("=", 1)[0] for a in args if a.startswith("--")}
     return [f for f in dict.fromkeys(re.findall(r"--[A-Za-z][\w-]*", message)) if norm(f) in given]
 
@@ -298,7 +359,11 @@ def _since(engine: str, flag: str) -> str | None:
 
 def _recipe_refusal(engine: str, flags: list[str], message: str, args: Iterable[str]) -> str | None:
     for refused_engine, flag, marker, recipe in RECIPE_REFUSALS:
-        if engine == refused_engine and flag in flags and (marker in message or marker in (last_value(args, flag) or "")):
+        if (
+            engine == refused_engine
+            and flag in flags
+            and (marker in message or marker in (last_value(args, flag) or ""))
+        ):
             return recipe
     return None
 
@@ -323,6 +388,7 @@ def _count(n: int, noun: str) -> str:
 
 # ---- the commands' side ------------------------------------------------------------------------
 
+
 def start_for_file(path: str | os.PathLike[str], sets: Iterable[str] = ()) -> EngineCheck | None:
     """`up`: start the parser processes before the other checks run, so that the engines import
     meanwhile. None when the file does not plan: the other checks say why."""
@@ -339,7 +405,7 @@ def start_for_file(path: str | os.PathLike[str], sets: Iterable[str] = ()) -> En
 
 def cancel(pending: EngineCheck | None) -> None:
     """The deployment will not start after all: stop the parser processes."""
-    for batch in (pending.batches.values() if pending else ()):
+    for batch in pending.batches.values() if pending else ():
         if batch.process is not None and batch.process.poll() is None:
             batch.process.kill()
 

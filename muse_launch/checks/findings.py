@@ -27,13 +27,20 @@ class Finding:
     roles: tuple[str, ...] = ()
 
     def format(self, loaded: LoadedTopology) -> str:
-        text = f"{loaded.where(self.path)}: {self.severity.value}: {dotted(self.path)}: {self.message}; fix: {self.fix}"
+        where, what = loaded.where(self.path), dotted(self.path)
+        text = f"{where}: {self.severity.value}: {what}: {self.message}; fix: {self.fix}"
         return loaded.redact(text)  # messages quote values, and ${env:...} values are secrets
 
     def to_dict(self, loaded: LoadedTopology) -> dict[str, object]:
-        return {"severity": self.severity.value, "file": str(loaded.source), "line": loaded.line_of(self.path),
-                "path": dotted(self.path), "roles": list(self.roles), "message": loaded.redact(self.message),
-                "fix": loaded.redact(self.fix)}
+        return {
+            "severity": self.severity.value,
+            "file": str(loaded.source),
+            "line": loaded.line_of(self.path),
+            "path": dotted(self.path),
+            "roles": list(self.roles),
+            "message": loaded.redact(self.message),
+            "fix": loaded.redact(self.fix),
+        }
 
 
 def error(path: Path_, message: str, fix: str, *roles: str) -> Finding:
@@ -51,7 +58,9 @@ def one_per_cause(findings: Iterable[Finding]) -> list[Finding]:
         key = (f.severity, f.path, f.message, f.fix)
         seen = merged.get(key)
         merged[key] = f if seen is None else replace(seen, roles=tuple(dict.fromkeys(seen.roles + f.roles)))
-    return [replace(f, message=f"{', '.join(f.roles)}: {f.message}") if f.roles else f for f in merged.values()]
+    return [
+        replace(f, message=f"{', '.join(f.roles)}: {f.message}") if f.roles else f for f in merged.values()
+    ]
 
 
 def has_errors(findings: Iterable[Finding], strict: bool = False) -> bool:

@@ -1,4 +1,5 @@
-"""GPUs and parallelism: indices, counts, TP x DP x PP against GPUs, shared GPUs' memory, the checkpoint's VRAM."""
+"""GPUs and parallelism: indices, counts, TP x DP x PP against GPUs, shared GPUs' memory, the checkpoint's
+VRAM."""
 
 from __future__ import annotations
 
@@ -33,16 +34,26 @@ def gpu_indices(ctx: CheckContext) -> Iterator[Finding]:
     for name, role in ctx.topology.roles.items():
         gpus = role.gpus or []
         if gpus and not profile.has_gpus:
-            yield warning(("roles", name, "gpus"), f"{ctx.topology.hardware} has no GPUs, so {name}'s gpus are "
-                          f"ignored", "remove gpus (CPU serving uses TP across NUMA nodes, not GPU indices)", name)
+            yield warning(
+                ("roles", name, "gpus"),
+                f"{ctx.topology.hardware} has no GPUs, so {name}'s gpus are ignored",
+                "remove gpus (CPU serving uses TP across NUMA nodes, not GPU indices)",
+                name,
+            )
             continue
         for i, gpu in enumerate(gpus):
             if gpu >= profile.gpus_per_node:
-                yield error(("roles", name, "gpus", i), f"GPU {gpu} does not exist: a {profile.name} node has GPUs "
-                            f"0-{profile.gpus_per_node - 1}", f"use GPUs 0-{profile.gpus_per_node - 1} (GPUs on "
-                            f"other nodes take the same indices under nodes: [...])", name)
+                yield error(
+                    ("roles", name, "gpus", i),
+                    f"GPU {gpu} does not exist: a {profile.name} node has GPUs 0-{profile.gpus_per_node - 1}",
+                    f"use GPUs 0-{profile.gpus_per_node - 1} (GPUs on "
+                    f"other nodes take the same indices under nodes: [...])",
+                    name,
+                )
             elif gpus.index(gpu) != i:
-                yield error(("roles", name, "gpus", i), f"GPU {gpu} is listed twice", "list each GPU once", name)
+                yield error(
+                    ("roles", name, "gpus", i), f"GPU {gpu} is listed twice", "list each GPU once", name
+                )
 
 
 @plan_check
@@ -55,10 +66,14 @@ def gpus_required(ctx: CheckContext) -> Iterator[Finding]:
             p = parallel(ctx, spec)
             count = p.ranks // p.nnodes if p and p.ranks % p.nnodes == 0 else 1
             free = free_gpus(ctx, spec, count)
-            yield error(("roles", spec.role, "gpus"), f"{spec.role} has no gpus on {ctx.topology.hardware}, so it "
-                        f"would see every GPU of the host",
-                        f"give {spec.role} gpus: {free}" if free else f"give {spec.role} {count} GPUs with gpus: [...]",
-                        spec.role)
+            yield error(
+                ("roles", spec.role, "gpus"),
+                f"{spec.role} has no gpus on {ctx.topology.hardware}, so it would see every GPU of the host",
+                f"give {spec.role} gpus: {free}"
+                if free
+                else f"give {spec.role} {count} GPUs with gpus: [...]",
+                spec.role,
+            )
 
 
 @plan_check
@@ -73,8 +88,12 @@ def parallel_fits_gpus(ctx: CheckContext) -> Iterator[Finding]:
             continue
         name = spec.role
         if p.ranks % p.nnodes:
-            yield error(("roles", name, "nodes"), f"{p.describe()} = {p.ranks} GPUs do not split evenly over "
-                        f"{p.nnodes} nodes", f"use a node count that divides {p.ranks}, or change tp/pp/dp", name)
+            yield error(
+                ("roles", name, "nodes"),
+                f"{p.describe()} = {p.ranks} GPUs do not split evenly over {p.nnodes} nodes",
+                f"use a node count that divides {p.ranks}, or change tp/pp/dp",
+                name,
+            )
             continue
         need = p.ranks // p.nnodes
         per_node = " per node" if p.nnodes > 1 else ""
@@ -83,20 +102,32 @@ def parallel_fits_gpus(ctx: CheckContext) -> Iterator[Finding]:
             continue  # a GPU the node lacks is the error (gpus_exist): counting it as idle or for tp misleads
         if need > per_host:
             nodes = math.ceil(p.ranks / per_host)
-            yield error(tp_at, f"{p.describe()} needs {need} GPUs{per_node}, but a {ctx.profile.name} node has "
-                        f"{per_host}", f"lower tp, or span {nodes} nodes with nodes: [...]", name)
+            yield error(
+                tp_at,
+                f"{p.describe()} needs {need} GPUs{per_node}, but a {ctx.profile.name} node has {per_host}",
+                f"lower tp, or span {nodes} nodes with nodes: [...]",
+                name,
+            )
         elif spec.gpus and need > len(spec.gpus):
             free = free_gpus(ctx, spec, need)
-            yield error(("roles", name, "gpus"), f"{p.describe()} needs {need} GPUs{per_node}, but {name} has "
-                        f"{len(spec.gpus)} (GPUs {gpu_text(spec.gpus)})",
-                        f"give {name} {need} GPUs{f' (e.g. {gpu_text(free)})' if free else ''}, or lower tp to "
-                        f"{max(1, len(spec.gpus) // (p.ranks // p.tp))}", name)
+            yield error(
+                ("roles", name, "gpus"),
+                f"{p.describe()} needs {need} GPUs{per_node}, but {name} has "
+                f"{len(spec.gpus)} (GPUs {gpu_text(spec.gpus)})",
+                f"give {name} {need} GPUs{f' (e.g. {gpu_text(free)})' if free else ''}, or lower tp to "
+                f"{max(1, len(spec.gpus) // (p.ranks // p.tp))}",
+                name,
+            )
         elif spec.gpus and need < len(spec.gpus):
             idle = spec.gpus[need:]
-            yield warning(("roles", name, "gpus"), f"{p.describe()} uses {need} of {name}'s {len(spec.gpus)} GPUs; "
-                          f"{'GPUs' if len(idle) > 1 else 'GPU'} {gpu_text(idle)} "
-                          f"{'stay' if len(idle) > 1 else 'stays'} idle",
-                          f"give {name} GPUs {gpu_text(spec.gpus[:need])}, or raise tp to {len(spec.gpus)}", name)
+            yield warning(
+                ("roles", name, "gpus"),
+                f"{p.describe()} uses {need} of {name}'s {len(spec.gpus)} GPUs; "
+                f"{'GPUs' if len(idle) > 1 else 'GPU'} {gpu_text(idle)} "
+                f"{'stay' if len(idle) > 1 else 'stays'} idle",
+                f"give {name} GPUs {gpu_text(spec.gpus[:need])}, or raise tp to {len(spec.gpus)}",
+                name,
+            )
 
 
 @plan_check
@@ -108,11 +139,19 @@ def sglang_parallel_rules(ctx: CheckContext) -> Iterator[Finding]:
             continue
         if p.tp % p.ep:
             divisors = [d for d in range(1, p.tp + 1) if p.tp % d == 0]
-            yield error(origin(ctx, spec, sglang.KEY_FLAGS["ep"], "ep"), f"ep {p.ep} does not divide tp {p.tp}",
-                        f"use ep {', '.join(map(str, divisors))} (MoE EP splits the TP group)", spec.role)
+            yield error(
+                origin(ctx, spec, sglang.KEY_FLAGS["ep"], "ep"),
+                f"ep {p.ep} does not divide tp {p.tp}",
+                f"use ep {', '.join(map(str, divisors))} (MoE EP splits the TP group)",
+                spec.role,
+            )
         if p.dp_attention and p.tp % p.dp:
-            yield error(origin(ctx, spec, sglang.KEY_FLAGS["dp"], "dp"), f"{sglang.DP_ATTENTION} needs dp to "
-                        f"divide tp; {spec.role} has tp {p.tp}, dp {p.dp}", f"set dp to a divisor of {p.tp}", spec.role)
+            yield error(
+                origin(ctx, spec, sglang.KEY_FLAGS["dp"], "dp"),
+                f"{sglang.DP_ATTENTION} needs dp to divide tp; {spec.role} has tp {p.tp}, dp {p.dp}",
+                f"set dp to a divisor of {p.tp}",
+                spec.role,
+            )
 
 
 @plan_check
@@ -134,27 +173,42 @@ def shared_gpus(ctx: CheckContext) -> Iterator[Finding]:
         undeclared = [s for s in specs if fractions[s.name] is None]
         total = sum(f for f in fractions.values() if f is not None)
         budget = " + ".join(f"{n} {f:g}" for n, f in fractions.items() if f is not None)
-        shared = f"GPU{'s' if len(gpus) > 1 else ''} {gpu_text(gpus)} {'are' if len(gpus) > 1 else 'is'} also " \
-                 f"used by {join(s.name for s in others)}"
+        shared = (
+            f"GPU{'s' if len(gpus) > 1 else ''} {gpu_text(gpus)} {'are' if len(gpus) > 1 else 'is'} also "
+            f"used by {join(s.name for s in others)}"
+        )
         free = free_gpus(ctx, last, len(last.gpus))
         move = f"give {last.role} GPUs {gpu_text(free)} or " if free else ""
         if len(undeclared) > 1:
             # The cookbook leaves the encoder at its default and budgets the role beside it.
-            budgeted = [s for s in undeclared if s.kind != "encoder"][: len(undeclared) - 1] or undeclared[:-1]
-            yield error(("roles", last.role, "gpus"), f"{shared}, and {join(s.name for s in undeclared)} set no "
-                        f"mem_fraction, so each takes its engine's default share",
-                        f"{move}set {join(s.role + '.mem_fraction' for s in budgeted)} (the cookbook runs prefill at "
-                        f"0.8 beside its encoder)", *names)
+            budgeted = [s for s in undeclared if s.kind != "encoder"][: len(undeclared) - 1] or undeclared[
+                :-1
+            ]
+            yield error(
+                ("roles", last.role, "gpus"),
+                f"{shared}, and {join(s.name for s in undeclared)} set no "
+                f"mem_fraction, so each takes its engine's default share",
+                f"{move}set {join(s.role + '.mem_fraction' for s in budgeted)} (the cookbook runs prefill at "
+                f"0.8 beside its encoder)",
+                *names,
+            )
         elif total > 1.0:
             top = max((s for s in specs if fractions[s.name] is not None), key=lambda s: fractions[s.name])
-            yield error(("roles", last.role, "gpus"), f"{shared}, and their memory budgets add up to {total:g} "
-                        f"({budget})", f"{move}lower {top.role}.mem_fraction so the sum stays below 1.0", *names)
+            yield error(
+                ("roles", last.role, "gpus"),
+                f"{shared}, and their memory budgets add up to {total:g} ({budget})",
+                f"{move}lower {top.role}.mem_fraction so the sum stays below 1.0",
+                *names,
+            )
         elif undeclared and 1.0 - total < MIN_HEADROOM:
             top = max((s for s in specs if fractions[s.name] is not None), key=lambda s: fractions[s.name])
             most = 1.0 - MIN_HEADROOM - (total - fractions[top.name])
-            yield error(("roles", last.role, "gpus"), f"{shared}, and {budget} leaves {1.0 - total:.2f} of their "
-                        f"memory to {undeclared[0].name}", f"{move}lower {top.role}.mem_fraction to {most:.2f} or less",
-                        *names)
+            yield error(
+                ("roles", last.role, "gpus"),
+                f"{shared}, and {budget} leaves {1.0 - total:.2f} of their memory to {undeclared[0].name}",
+                f"{move}lower {top.role}.mem_fraction to {most:.2f} or less",
+                *names,
+            )
 
 
 @plan_check
@@ -172,10 +226,16 @@ def checkpoint_memory(ctx: CheckContext) -> Iterator[Finding]:
         if have < need:
             nodes = f" x {p.nnodes} nodes" if p.nnodes > 1 else ""
             least = math.ceil(need / profile.memory_gb)
-            span = f" (span {math.ceil(least / profile.gpus_per_node)} nodes)" if least > profile.gpus_per_node else ""
-            yield error(("roles", spec.role, "gpus"), f"{model(spec)} needs at least {need} GB of GPU memory; "
-                        f"{spec.role} has {len(spec.gpus)} GPUs{nodes} x {profile.memory_gb} GB = {have} GB on "
-                        f"{profile.name}", f"give {spec.role} at least {least} GPUs{span}, or a smaller checkpoint",
-                        spec.role)
-
-
+            span = (
+                f" (span {math.ceil(least / profile.gpus_per_node)} nodes)"
+                if least > profile.gpus_per_node
+                else ""
+            )
+            yield error(
+                ("roles", spec.role, "gpus"),
+                f"{model(spec)} needs at least {need} GB of GPU memory; "
+                f"{spec.role} has {len(spec.gpus)} GPUs{nodes} x {profile.memory_gb} GB = {have} GB on "
+                f"{profile.name}",
+                f"give {spec.role} at least {least} GPUs{span}, or a smaller checkpoint",
+                spec.role,
+            )

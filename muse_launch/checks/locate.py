@@ -12,12 +12,21 @@ from ..topology.model import Topology
 
 # Flags the renderers write from keys other than KEY_FLAGS' (the key a finding points at).
 RENDERED_FROM = {
-    sglang.ENCODER_ONLY: ("kind",), sglang.DISAGGREGATION_MODE: ("kind",), sglang.LANGUAGE_ONLY: ("encoders",),
+    sglang.ENCODER_ONLY: ("kind",),
+    sglang.DISAGGREGATION_MODE: ("kind",),
+    sglang.LANGUAGE_ONLY: ("encoders",),
     vllm.KV_TRANSFER_CONFIG: ("kv_transfer_config", "transfer_backend"),
-    sglang.NNODES: ("nodes",), sglang.NODE_RANK: ("nodes",), sglang.DIST_INIT_ADDR: ("nodes", "dist_init_port"),
-    vllm.MASTER_ADDR: ("nodes",), vllm.MASTER_PORT: ("dist_init_port", "nodes"),
-    vllm.DP_SIZE_LOCAL: ("dp", "nodes"), vllm.DP_ADDRESS: ("nodes",), vllm.DP_RPC_PORT: ("dist_init_port", "nodes"),
-    vllm.DP_START_RANK: ("nodes",), vllm.ENABLE_EXPERT_PARALLEL: ("ep",), vllm.HEADLESS: ("nodes",),
+    sglang.NNODES: ("nodes",),
+    sglang.NODE_RANK: ("nodes",),
+    sglang.DIST_INIT_ADDR: ("nodes", "dist_init_port"),
+    vllm.MASTER_ADDR: ("nodes",),
+    vllm.MASTER_PORT: ("dist_init_port", "nodes"),
+    vllm.DP_SIZE_LOCAL: ("dp", "nodes"),
+    vllm.DP_ADDRESS: ("nodes",),
+    vllm.DP_RPC_PORT: ("dist_init_port", "nodes"),
+    vllm.DP_START_RANK: ("nodes",),
+    vllm.ENABLE_EXPERT_PARALLEL: ("ep",),
+    vllm.HEADLESS: ("nodes",),
     router.METRICS_HOST: ("bind",),
 }
 
@@ -79,12 +88,16 @@ def locate(topology: Topology, spec: LaunchSpec, flags: Iterable[str], value: st
                 return ("roles", spec.role, key)
     return ("roles", spec.role)
 
+
 def locate_tokens(topology: Topology, spec: LaunchSpec, tokens: list[str]) -> Path_:
     role = topology.roles[spec.role]
     for token in tokens:
         for source, prefix in ((role.args, ("roles", spec.role, "args")), (topology.args, ("args",))):
             for i, arg in enumerate(source):
-                if norm(arg) == norm(token) or norm(arg).split("=", 1)[0] == norm(token).split("=", 1)[0] \
-                        and token.startswith("-"):
+                if (
+                    norm(arg) == norm(token)
+                    or norm(arg).split("=", 1)[0] == norm(token).split("=", 1)[0]
+                    and token.startswith("-")
+                ):
                     return prefix + (i,)
     return locate(topology, spec, [t for t in tokens if t.startswith("-")], None)

@@ -53,27 +53,38 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
                 if prefill.engine != decode.engine:
                     if (prefill.role, decode.role, "engine") not in reported:
                         reported.add((prefill.role, decode.role, "engine"))
-                        yield error(("roles", decode.role, "engine"), f"{decode.role} runs {decode.engine} but its "
-                                    f"prefill {prefill.role} runs {prefill.engine}; KV cannot pass between engines",
-                                    "run both on one engine", prefill.role, decode.role, front.role)
+                        yield error(
+                            ("roles", decode.role, "engine"),
+                            f"{decode.role} runs {decode.engine} but its "
+                            f"prefill {prefill.role} runs {prefill.engine}; KV cannot pass between engines",
+                            "run both on one engine",
+                            prefill.role,
+                            decode.role,
+                            front.role,
+                        )
                     continue
                 for i, (what, key, _) in enumerate(PAIR_FACTS, 1):
                     mine, theirs = facts[decode.name][i], facts[prefill.name][i]
                     if mine == theirs or (prefill.role, decode.role, what) in reported:
                         continue
                     reported.add((prefill.role, decode.role, what))
-                    if what == "served model name" and (prefill.role, decode.role, "model") in reported \
-                            and not any(has_flag(s.args, ENGINES[s.engine].SERVED_MODEL_NAME)
-                                        for s in (prefill, decode)):
+                    if (
+                        what == "served model name"
+                        and (prefill.role, decode.role, "model") in reported
+                        and not any(
+                            has_flag(s.args, ENGINES[s.engine].SERVED_MODEL_NAME) for s in (prefill, decode)
+                        )
+                    ):
                         continue  # both names are the model paths, already reported
-                    yield error(origin(ctx, decode, _flags(decode.engine, what, key), key),
-                                f"{decode.role} has {_fact(what, mine)} but {prefill.role} has "
-                                f"{_fact(what, theirs)}; {front.role} pairs them, so KV from one must fit the other",
-                                f"give {decode.role} the same {what} as {prefill.role} ({theirs or 'the default'})",
-                                prefill.role, decode.role)
+                    yield error(
+                        origin(ctx, decode, _flags(decode.engine, what, key), key),
+                        f"{decode.role} has {_fact(what, mine)} but {prefill.role} has "
+                        f"{_fact(what, theirs)}; {front.role} pairs them, so KV from one must fit the other",
+                        f"give {decode.role} the same {what} as {prefill.role} ({theirs or 'the default'})",
+                        prefill.role,
+                        decode.role,
+                    )
 
 
 def _fact(what: str, value: str | None) -> str:
     return f"{what} {value}" if value is not None else f"the default {what}"
-
-

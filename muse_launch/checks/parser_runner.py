@@ -89,7 +89,9 @@ class SGLang:
         return list(self.parser._option_string_actions)
 
     def parse(self, entry, args):
-        args = list(args)  # `sglang serve`'s own rewriting is done by the caller (engines/sglang.py parser_args)
+        args = list(
+            args
+        )  # `sglang serve`'s own rewriting is done by the caller (engines/sglang.py parser_args)
         if "--config" in args:
             from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
@@ -98,8 +100,11 @@ class SGLang:
 
 
 # Where vLLM keeps make_arg_parser: 0.33, 0.32, and the releases before.
-CLI_ARGS_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args",
-                    "vllm.entrypoints.openai.cli_args")
+CLI_ARGS_MODULES = (
+    "vllm.entrypoints.common.cli_args",
+    "vllm.entrypoints.launchers.cli_args",
+    "vllm.entrypoints.openai.cli_args",
+)
 
 
 class VLLM:
@@ -120,7 +125,10 @@ class VLLM:
                 continue
         else:
             raise ImportError(f"no vLLM make_arg_parser in {', '.join(CLI_ARGS_MODULES)}")
-        make_arg_parser, validate_parsed_serve_args = cli_args.make_arg_parser, cli_args.validate_parsed_serve_args
+        make_arg_parser, validate_parsed_serve_args = (
+            cli_args.make_arg_parser,
+            cli_args.validate_parsed_serve_args,
+        )
         self.make_arg_parser = make_arg_parser
         self.validate = validate_parsed_serve_args
         self.Flexible = FlexibleArgumentParser
@@ -136,7 +144,9 @@ class VLLM:
     @property
     def api_server(self):
         if self._api_server is None:
-            self._api_server = self.make_arg_parser(self.Flexible(description="vLLM OpenAI-Compatible RESTful API server."))
+            self._api_server = self.make_arg_parser(
+                self.Flexible(description="vLLM OpenAI-Compatible RESTful API server.")
+            )
         return self._api_server
 
     def options(self):
@@ -185,9 +195,14 @@ class VLLM:
                 SpeculativeConfig.__post_init__ = original
 
     def check_connector(self, config):
-        name = config.get("kv_connector") if isinstance(config, dict) else getattr(config, "kv_connector", None)
-        module_path = (config.get("kv_connector_module_path") if isinstance(config, dict)
-                       else getattr(config, "kv_connector_module_path", None))
+        name = (
+            config.get("kv_connector") if isinstance(config, dict) else getattr(config, "kv_connector", None)
+        )
+        module_path = (
+            config.get("kv_connector_module_path")
+            if isinstance(config, dict)
+            else getattr(config, "kv_connector_module_path", None)
+        )
         if not name or module_path:
             return
         if self._connectors is None:
@@ -199,8 +214,11 @@ class VLLM:
                 self._connectors = []
         if self._connectors and name not in self._connectors:
             near = difflib.get_close_matches(name, self._connectors, n=1)
-            raise Rejected(f"argument --kv-transfer-config: unknown kv_connector {name!r}; vLLM {self.version} "
-                           f"registers {', '.join(self._connectors)}", near[0] if near else None)
+            raise Rejected(
+                f"argument --kv-transfer-config: unknown kv_connector {name!r}; vLLM {self.version} "
+                f"registers {', '.join(self._connectors)}",
+                near[0] if near else None,
+            )
 
 
 def _first_lines(text, n=12):
@@ -222,7 +240,7 @@ def describe(engine, message, suggestion=None):
         v = VALUE.search(m.group(2))
         out["value"] = v.group(1) if v else None
     elif message.startswith("unrecognized arguments: "):
-        tokens = message[len("unrecognized arguments: "):].split()
+        tokens = message[len("unrecognized arguments: ") :].split()
         out["unrecognized"] = tokens
         options = engine.options()
         for token in tokens:
@@ -237,7 +255,9 @@ def describe(engine, message, suggestion=None):
 def main(argv):
     started = time.monotonic()
     names = [n for n in (argv[1] if len(argv) > 1 else "sglang,vllm").split(",") if n]
-    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # parse only: no accelerator probe; flags do not depend on it
+    os.environ.setdefault(
+        "VLLM_TARGET_DEVICE", "cpu"
+    )  # parse only: no accelerator probe; flags do not depend on it
     logging.disable(logging.CRITICAL)
     warnings.simplefilter("ignore")
     engines, info = {}, {}
@@ -262,14 +282,23 @@ def main(argv):
             with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
                 engine.parse(job["entry"], job["args"])
         except Rejected as exc:
-            result.update(ok=False, **describe(engine, exc.args[0], exc.args[1] if len(exc.args) > 1 else None))
+            result.update(
+                ok=False, **describe(engine, exc.args[0], exc.args[1] if len(exc.args) > 1 else None)
+            )
         except SystemExit:  # a parser that exits on its own (--help, --version in args)
             result.update(ok=False, **describe(engine, sink.getvalue().strip()[-500:] or "the parser exited"))
         except Exception as exc:  # the engine's own pre-load check raising something else
             result.update(ok=False, **describe(engine, f"{type(exc).__name__}: {exc}"))
         results.append(result)
-    json.dump({"engines": info, "results": results, "build_s": round(built, 3),
-               "total_s": round(time.monotonic() - started, 3)}, sys.stdout)
+    json.dump(
+        {
+            "engines": info,
+            "results": results,
+            "build_s": round(built, 3),
+            "total_s": round(time.monotonic() - started, 3),
+        },
+        sys.stdout,
+    )
     return 0
 
 

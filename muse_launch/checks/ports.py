@@ -12,10 +12,22 @@ from ..plan.spec import LaunchSpec
 from .findings import CheckContext, Finding, error, placement_check, plan_check
 from .reading import bound_ports, free_port, machine, origin, roles
 
-PORT_KEYS = {"http": "port", "bootstrap": "bootstrap_port", "encoder_bootstrap": "encoder_bootstrap_port",
-             "metrics": "metrics_port", "side_channel": "side_channel_port", "dist_init": "dist_init_port"}
-PORT_NAMES = {"http": "HTTP", "bootstrap": "KV bootstrap", "encoder_bootstrap": "encoder bootstrap",
-              "metrics": "metrics", "side_channel": "side-channel", "dist_init": "dist-init"}
+PORT_KEYS = {
+    "http": "port",
+    "bootstrap": "bootstrap_port",
+    "encoder_bootstrap": "encoder_bootstrap_port",
+    "metrics": "metrics_port",
+    "side_channel": "side_channel_port",
+    "dist_init": "dist_init_port",
+}
+PORT_NAMES = {
+    "http": "HTTP",
+    "bootstrap": "KV bootstrap",
+    "encoder_bootstrap": "encoder bootstrap",
+    "metrics": "metrics",
+    "side_channel": "side-channel",
+    "dist_init": "dist-init",
+}
 
 
 @placement_check
@@ -39,11 +51,15 @@ def duplicate_ports(ctx: CheckContext) -> Iterator[Finding]:
             flag = ENGINES[spec.engine].PORT_FLAGS.get(kind, ())
             replicas = ctx.topology.roles[spec.role].replicas
             example = "" if replicas > 1 else f" {free_port(used[key[0]], port)}"
-            yield error(origin(ctx, spec, flag, port_key),
-                        f"{spec.name} binds {_port_name(kind)} port {port}, already the "
-                        f"{_port_name(other_kind)} port of {other.name} on {key[0]}",
-                        f"give {spec.role} {port_key}{example}" + (" (ports step by one per replica)" if replicas > 1
-                                                                   else ""), spec.name, other.name)
+            yield error(
+                origin(ctx, spec, flag, port_key),
+                f"{spec.name} binds {_port_name(kind)} port {port}, already the "
+                f"{_port_name(other_kind)} port of {other.name} on {key[0]}",
+                f"give {spec.role} {port_key}{example}"
+                + (" (ports step by one per replica)" if replicas > 1 else ""),
+                spec.name,
+                other.name,
+            )
 
 
 @placement_check
@@ -66,10 +82,14 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         other = seen[key]
         free = free_port(used[key[0]], port)
         used[key[0]].add(free)
-        yield error(origin(ctx, spec, engine.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
-                    f"{spec.name} and {other.name} both bind encoder bootstrap port {port} on {key[0]}; each "
-                    f"{engine.LANGUAGE_ONLY} worker needs its own",
-                    f"give {spec.role} encoder_bootstrap_port {free}", spec.name, other.name)
+        yield error(
+            origin(ctx, spec, engine.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
+            f"{spec.name} and {other.name} both bind encoder bootstrap port {port} on {key[0]}; each "
+            f"{engine.LANGUAGE_ONLY} worker needs its own",
+            f"give {spec.role} encoder_bootstrap_port {free}",
+            spec.name,
+            other.name,
+        )
 
 
 def _port_key(kind: str) -> str:
@@ -100,10 +120,22 @@ def router_bootstrap_port(ctx: CheckContext) -> Iterator[Finding]:
             if as_int(told) == binds:
                 continue
             router_given = has_flag(ctx.topology.roles[front.role].args, router.PREFILL)
-            at = (origin(ctx, front, router.PREFILL) if router_given
-                  else origin(ctx, prefill, bootstrap_flag, "bootstrap_port"))
-            fix = (f"write {router.PREFILL} {url} {binds} in {front.role}'s args" if router_given else
-                   f"set {prefill.role}.bootstrap_port: {binds} and drop {bootstrap_flag} from its "
-                   f"args, so the router is told the same port")
-            yield error(at, f"{front.name} tells decode workers to fetch KV from {prefill.name} at bootstrap port "
-                        f"{told or 'none'}, but {prefill.name} binds {binds}", fix, front.name, prefill.name)
+            at = (
+                origin(ctx, front, router.PREFILL)
+                if router_given
+                else origin(ctx, prefill, bootstrap_flag, "bootstrap_port")
+            )
+            fix = (
+                f"write {router.PREFILL} {url} {binds} in {front.role}'s args"
+                if router_given
+                else f"set {prefill.role}.bootstrap_port: {binds} and drop {bootstrap_flag} from its "
+                f"args, so the router is told the same port"
+            )
+            yield error(
+                at,
+                f"{front.name} tells decode workers to fetch KV from {prefill.name} at bootstrap port "
+                f"{told or 'none'}, but {prefill.name} binds {binds}",
+                fix,
+                front.name,
+                prefill.name,
+            )

@@ -17,12 +17,16 @@ from ..host.versions import Installed
 
 HELP_TIMEOUT = 30.0
 USAGE_GROUP = re.compile(r"\[(-[-\w]+)((?:\s+[^\[\]]+?)?(?:\s+\[[^\[\]]*\])*)\]")
-OPTION_LINE = re.compile(r"^\s{1,8}(-[-\w]+(?:[ =][^\s,]+)?(?:,\s+-[-\w]+(?:[ =][^\s,]+)?)*)(?:\s{2,}|$)", re.M)
+OPTION_LINE = re.compile(
+    r"^\s{1,8}(-[-\w]+(?:[ =][^\s,]+)?(?:,\s+-[-\w]+(?:[ =][^\s,]+)?)*)(?:\s{2,}|$)", re.M
+)
 
 
 @dataclass(frozen=True)
 class RouterOptions:
-    options: dict[str, tuple[str, ...] | None]  # flag -> its choices, () when it takes a free value, None: no value
+    options: dict[
+        str, tuple[str, ...] | None
+    ]  # flag -> its choices, () when it takes a free value, None: no value
 
     @classmethod
     def from_help(cls, text: str) -> RouterOptions:
@@ -38,7 +42,9 @@ class RouterOptions:
                 flag = flag.split("=")[0]
                 if flag not in options:
                     choices = re.match(r"^\{([^}]*)\}", metavar)
-                    options[flag] = tuple(choices.group(1).split(",")) if choices else (() if metavar else None)
+                    options[flag] = (
+                        tuple(choices.group(1).split(",")) if choices else (() if metavar else None)
+                    )
         return cls(options)
 
     def problems(self, args: Iterable[str]) -> list[tuple[str, str, str | None, str | None]]:
@@ -56,8 +62,15 @@ class RouterOptions:
             choices = self.options[flag]
             value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
             if choices and value is not None and value not in choices:
-                out.append((f"argument {flag}: invalid choice: {value!r} (choose from "
-                            f"{', '.join(repr(c) for c in choices)})", flag, value, None))
+                out.append(
+                    (
+                        f"argument {flag}: invalid choice: {value!r} (choose from "
+                        f"{', '.join(repr(c) for c in choices)})",
+                        flag,
+                        value,
+                        None,
+                    )
+                )
         return out
 
 
@@ -66,7 +79,8 @@ def help_cache_dir() -> Path:
 
 
 def read_router_help(found: Installed, box: dict) -> None:
-    """The installed router's option list into box["options"], or why not into box["why"] (a thread's result)."""
+    """The installed router's option list into box["options"], or why not into box["why"] (a thread's
+    result)."""
     program = found.program
     if program.executable is None:
         box["why"] = program.why
@@ -79,15 +93,27 @@ def read_router_help(found: Installed, box: dict) -> None:
     except OSError as exc:
         box["why"] = str(exc)
         return
-    key = hashlib.sha256(json.dumps([program.launcher, os.path.realpath(program.executable), stat.st_mtime_ns,
-                                     stat.st_size, found.dist, found.version]).encode()).hexdigest()[:24]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                program.launcher,
+                os.path.realpath(program.executable),
+                stat.st_mtime_ns,
+                stat.st_size,
+                found.dist,
+                found.version,
+            ]
+        ).encode()
+    ).hexdigest()[:24]
     cached = help_cache_dir() / f"{key}.txt"
     try:
         text = cached.read_text()
     except OSError:
         argv = [program.executable, *program.launcher[1:], "--help"]
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=HELP_TIMEOUT, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=HELP_TIMEOUT, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             box["why"] = f"`{' '.join(argv)}` failed: {exc}"
             return

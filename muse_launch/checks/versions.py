@@ -28,17 +28,31 @@ def version_findings(specs: Iterable[LaunchSpec], found: dict[str, Installed], l
             continue
         for flag, since in getattr(module, "FLAG_SINCE", {}).items():
             if has_flag(spec.args, flag) and older(have.version, since):
-                out.append(error(locate(spec, [flag], None),
-                                 f"{flag} is new in {spec.engine} {since}; the installed {spec.engine} is "
-                                 f"{have.version} ({have.program.python})",
-                                 f"install {spec.engine} >= {since}, or remove {flag}", spec.role))
+                out.append(
+                    error(
+                        locate(spec, [flag], None),
+                        f"{flag} is new in {spec.engine} {since}; the installed {spec.engine} is "
+                        f"{have.version} ({have.program.python})",
+                        f"install {spec.engine} >= {since}, or remove {flag}",
+                        spec.role,
+                    )
+                )
         minimum = getattr(module, "MIN_VERSION", None)
         model = ENGINES[spec.engine].model(spec.args)
-        if minimum and older(have.version, minimum) and model and any(
-                m in model for m in getattr(module, "MIN_VERSION_MODELS", ())):
-            out.append(error(locate(spec, module.KEY_FLAGS["model"], None),
-                             f"{spec.engine} {have.version} is older than {minimum}, the recipe's minimum for "
-                             f"{model}", f"install {spec.engine} >= {minimum}", spec.role))
+        if (
+            minimum
+            and older(have.version, minimum)
+            and model
+            and any(m in model for m in getattr(module, "MIN_VERSION_MODELS", ()))
+        ):
+            out.append(
+                error(
+                    locate(spec, module.KEY_FLAGS["model"], None),
+                    f"{spec.engine} {have.version} is older than {minimum}, the recipe's minimum for {model}",
+                    f"install {spec.engine} >= {minimum}",
+                    spec.role,
+                )
+            )
     return out
 
 
@@ -57,8 +71,10 @@ def installed_here(plan: Plan, loaded: LoadedTopology, echo) -> str:
         if have.version is None:
             parts[have.engine] = f"{have.engine} not installed here ({have.why})"
         elif have.runs:
-            parts[have.engine] = (f"{have.engine}: {have.dist} {have.version} (the `{have.program.launcher[0]}` "
-                                  f"program here is {have.dist}'s)")
+            parts[have.engine] = (
+                f"{have.engine}: {have.dist} {have.version} (the `{have.program.launcher[0]}` "
+                f"program here is {have.dist}'s)"
+            )
         else:
             parts[have.engine] = f"{have.engine} {have.version}"
     order = list(dict.fromkeys(s.engine for s in plan.specs))  # in start order; the oldest install of each

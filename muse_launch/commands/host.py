@@ -14,7 +14,9 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     file: Path | None = typer.Argument(None, help="topology file: also its GPUs and ports against this host"),
-    as_json: bool = typer.Option(False, "--json", help="as JSON, with the GPU view that MUSE_LAUNCH_GPU_VIEW replays"),
+    as_json: bool = typer.Option(
+        False, "--json", help="as JSON, with the GPU view that MUSE_LAUNCH_GPU_VIEW replays"
+    ),
 ) -> None:
     """What this host offers: GPUs, their model, free memory and holders, engine versions, a file's ports."""
     from muse_launch.host.gpus import read_gpu_view

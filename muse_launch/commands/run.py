@@ -31,8 +31,11 @@ def _names(incomplete: str) -> list[str]:
     from muse_launch.run.state import state_home
 
     home = state_home()
-    return sorted(p.name for p in home.iterdir() if p.is_dir() and p.name.startswith(incomplete)) \
-        if home.is_dir() else []
+    return (
+        sorted(p.name for p in home.iterdir() if p.is_dir() and p.name.startswith(incomplete))
+        if home.is_dir()
+        else []
+    )
 
 
 def _role_names(ctx: typer.Context, incomplete: str) -> list[str]:
@@ -48,8 +51,11 @@ def _role_names(ctx: typer.Context, incomplete: str) -> list[str]:
             running = running_deployments()
             record = running[0] if len(running) == 1 else None
         given = set(ctx.params.get("roles") or ())
-        return [r.name for r in (record.roles if record else ()) if r.name.startswith(incomplete)
-                and r.name not in given and r.name != name]
+        return [
+            r.name
+            for r in (record.roles if record else ())
+            if r.name.startswith(incomplete) and r.name not in given and r.name != name
+        ]
     except Exception:  # noqa: BLE001  a damaged state or a bad name: no completions
         return []
 
@@ -67,29 +73,52 @@ def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     run_dir = resolve_name(name)
     record = read_state(run_dir)  # StateDamaged (exit 1) when it cannot be read back
     if record is None:
-        raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
-                             fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+        raise RuntimeFailure(
+            f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+            fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
+        )
     return run_dir, record
 
 
 def up(
     file: Path = typer.Argument(..., help="topology file"),
-    detach: bool = typer.Option(False, "--detach", "-d", help="return once all roles are ready, leaving a supervisor"),
-    rehearse: bool = typer.Option(False, "--rehearse", help="simulated engines in place of GPU ones, real router"),
-    fail_fast: bool = typer.Option(False, "--fail-fast", help="after ready, a role that dies stops everything"),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="return once all roles are ready, leaving a supervisor"
+    ),
+    rehearse: bool = typer.Option(
+        False, "--rehearse", help="simulated engines in place of GPU ones, real router"
+    ),
+    fail_fast: bool = typer.Option(
+        False, "--fail-fast", help="after ready, a role that dies stops everything"
+    ),
     keep: bool = typer.Option(False, "--keep", help="when a role fails to start, leave the others running"),
-    only: str | None = typer.Option(None, "--only", help="start this role alone; its dependencies must be up"),
+    only: str | None = typer.Option(
+        None, "--only", help="start this role alone; its dependencies must be up"
+    ),
     set_: list[str] = typer.Option([], "--set", help="override a key: roles.prefill.mem_fraction=0.75"),
-    skip_gpu_check: bool = typer.Option(False, "--skip-gpu-check", help="start without reading the host's GPUs"),
-    engine_check: bool = typer.Option(True, "--engine-check/--no-engine-check", help="parse each command with "
-                                      "the installed engine's own parser first (not with --rehearse)"),
-    on: str | None = typer.Option(None, "--on", help="slurm: submit one job, each role a step on its node; "
-                                  "k8s: apply the exported manifests to a cluster (docs/kubernetes.md)"),
+    skip_gpu_check: bool = typer.Option(
+        False, "--skip-gpu-check", help="start without reading the host's GPUs"
+    ),
+    engine_check: bool = typer.Option(
+        True,
+        "--engine-check/--no-engine-check",
+        help="parse each command with the installed engine's own parser first (not with --rehearse)",
+    ),
+    on: str | None = typer.Option(
+        None,
+        "--on",
+        help="slurm: submit one job, each role a step on its node; "
+        "k8s: apply the exported manifests to a cluster (docs/kubernetes.md)",
+    ),
     partition: str | None = typer.Option(None, "--partition", help="--on slurm: sbatch --partition"),
     account: str | None = typer.Option(None, "--account", help="--on slurm: sbatch --account"),
     time_limit: str | None = typer.Option(None, "--time", help="--on slurm: sbatch --time"),
-    sbatch: list[str] = typer.Option([], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"),
-    to: str = typer.Option("lws", "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"),
+    sbatch: list[str] = typer.Option(
+        [], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"
+    ),
+    to: str = typer.Option(
+        "lws", "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"
+    ),
     context: str | None = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
     namespace: str = typer.Option("default", "--namespace", "-n", help="--on k8s: the namespace"),
     image: list[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
@@ -107,33 +136,63 @@ def up(
         raise
     for finding in loaded.findings:
         typer.echo(loaded.redact(finding.format(loaded.loaded)), err=True)
-    if pending and engine_check_.report(pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)):
+    if pending and engine_check_.report(
+        pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)
+    ):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
     if on == "k8s":
         from muse_launch.k8s.commands import up_on_k8s
 
         console = _console()
         say = lambda text: console.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-        raise typer.Exit(up_on_k8s(file, say, loaded.redact, image, {"--only": only, "--keep": keep},
-                                   flavour=to, context=context, namespace=namespace, sets=tuple(set_),
-                                   rehearse=rehearse, detach=detach))
+        raise typer.Exit(
+            up_on_k8s(
+                file,
+                say,
+                loaded.redact,
+                image,
+                {"--only": only, "--keep": keep},
+                flavour=to,
+                context=context,
+                namespace=namespace,
+                sets=tuple(set_),
+                rehearse=rehearse,
+                detach=detach,
+            )
+        )
     from muse_launch.k8s.commands import refuse_if_on_k8s
 
     refuse_if_on_k8s(loaded.plan.name)  # one name, one deployment: on this host, SLURM or Kubernetes
     backend = backend_named(on) if on is not None else backends()["local"]
-    request = UpRequest(detach=detach, fail_fast=fail_fast, rehearse=rehearse, keep=keep, only=only,
-                        skip_gpu_check=skip_gpu_check, sets=tuple(set_), partition=partition, account=account,
-                        time=time_limit, sbatch=tuple(sbatch))
+    request = UpRequest(
+        detach=detach,
+        fail_fast=fail_fast,
+        rehearse=rehearse,
+        keep=keep,
+        only=only,
+        skip_gpu_check=skip_gpu_check,
+        sets=tuple(set_),
+        partition=partition,
+        account=account,
+        time=time_limit,
+        sbatch=tuple(sbatch),
+    )
     raise typer.Exit(backend.bring_up(loaded, request, _console(), claim_for(backend.name)))
 
 
 def down(
-    name: str | None = typer.Argument(None, help="deployment name or topology file (default: the one running)",
-                                         autocompletion=_names),
-    grace: float | None = typer.Option(None, "--grace", min=0, help="seconds from stop signal to SIGKILL, "
-                                          "for every role (default: each role's stop.grace)"),
+    name: str | None = typer.Argument(
+        None, help="deployment name or topology file (default: the one running)", autocompletion=_names
+    ),
+    grace: float | None = typer.Option(
+        None,
+        "--grace",
+        min=0,
+        help="seconds from stop signal to SIGKILL, for every role (default: each role's stop.grace)",
+    ),
 ) -> None:
-    """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are closed
+    """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are
+    closed
     and none of its processes holds GPU memory."""
     from muse_launch.errors import UsageError
     from muse_launch.run.state import StateDamaged, resolve_name, running_deployments
@@ -142,8 +201,10 @@ def down(
     if name is None and not running_deployments(damaged):
         if damaged:
             names = ", ".join(exc.run_dir.name for exc in damaged)
-            raise UsageError(f"no deployment is running whose state reads back; damaged: {names}",
-                             fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker")
+            raise UsageError(
+                f"no deployment is running whose state reads back; damaged: {names}",
+                fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker",
+            )
         typer.echo("no deployment is running; nothing to stop")
         return
     from muse_launch.backend import backend_of
@@ -165,10 +226,12 @@ def down(
 
 
 def status(
-    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
-                                         autocompletion=_names),
-    as_json: bool = typer.Option(False, "--json", help="the deployment as JSON, each role's health now "
-                                 "included (docs/status-json.md)"),
+    name: str | None = typer.Argument(
+        None, help="deployment name (default: the one running)", autocompletion=_names
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="the deployment as JSON, each role's health now included (docs/status-json.md)"
+    ),
     watch: bool = typer.Option(False, "--watch", help="refresh every second until Ctrl-C"),
 ) -> None:
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
@@ -185,6 +248,7 @@ def status(
     console = _console()
     backend = backend_of(run_dir)
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
+
         def render() -> str | Table:
             if k8s := k8s_status(run_dir, as_json, watch):
                 return k8s
@@ -210,14 +274,20 @@ def status(
 
 
 def logs(
-    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
-                                      autocompletion=_names_or_roles),
-    roles: list[str] | None = typer.Argument(None, help="roles to show (default: all)",
-                                             autocompletion=_role_names),
+    name: str | None = typer.Argument(
+        None, help="deployment name (default: the one running)", autocompletion=_names_or_roles
+    ),
+    roles: list[str] | None = typer.Argument(
+        None, help="roles to show (default: all)", autocompletion=_role_names
+    ),
     follow: bool = typer.Option(False, "--follow", "-f", help="keep printing new lines until Ctrl-C"),
     lines: int = typer.Option(100, "--lines", "-n", min=0, help="how many of the last lines of each role"),
-    raw: bool = typer.Option(False, "--raw", help="the roles' bytes as written: their escape sequences and "
-                             "carriage returns reach the terminal (shown escaped by default)"),
+    raw: bool = typer.Option(
+        False,
+        "--raw",
+        help="the roles' bytes as written: their escape sequences and "
+        "carriage returns reach the terminal (shown escaped by default)",
+    ),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
     import time
@@ -271,11 +341,13 @@ def logs(
 
 
 def smoke(
-    name: str | None = typer.Argument(None, help="deployment name (default: the one running)",
-                                         autocompletion=_names),
+    name: str | None = typer.Argument(
+        None, help="deployment name (default: the one running)", autocompletion=_names
+    ),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
 ) -> None:
-    """One chat completion through the router (plus reasoning and tool-call checks where the parsers are on)."""
+    """One chat completion through the router (plus reasoning and tool-call checks where the parsers are
+    on)."""
     from muse_launch.k8s.commands import k8s_smoke_record
     from muse_launch.smoke import smoke_deployment, smoke_record
 
@@ -285,8 +357,11 @@ def smoke(
     raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
 
 
-def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one object per deployment "
-                                                        "(docs/status-json.md)")) -> None:
+def ls(
+    as_json: bool = typer.Option(
+        False, "--json", help="a JSON list, one object per deployment (docs/status-json.md)"
+    ),
+) -> None:
     """Running deployments."""
     import json
 
@@ -302,15 +377,32 @@ def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one obje
     from muse_launch.backend import backend_of
     from muse_launch.k8s.commands import is_k8s
 
-    rows = [{"name": record.name, "state": record.state.value,
-             "ready": sum(r.state.value == "ready" for r in record.roles), "roles": len(record.roles),
-             "supervisor_pid": record.supervisor.pid if record.supervisor else None, "file": record.source}
-            # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
-            for record in (r if is_k8s(RunDir.of(r.name)) else backend_of(RunDir.of(r.name)).observe(r)
-                           for r in running)]
-    rows += [{"name": exc.run_dir.name, "state": "state damaged", "ready": None, "roles": None,
-              "supervisor_pid": None, "file": None, "state_file": str(exc.run_dir.state_file)}
-             for exc in damaged]
+    rows = [
+        {
+            "name": record.name,
+            "state": record.state.value,
+            "ready": sum(r.state.value == "ready" for r in record.roles),
+            "roles": len(record.roles),
+            "supervisor_pid": record.supervisor.pid if record.supervisor else None,
+            "file": record.source,
+        }
+        # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
+        for record in (
+            r if is_k8s(RunDir.of(r.name)) else backend_of(RunDir.of(r.name)).observe(r) for r in running
+        )
+    ]
+    rows += [
+        {
+            "name": exc.run_dir.name,
+            "state": "state damaged",
+            "ready": None,
+            "roles": None,
+            "supervisor_pid": None,
+            "file": None,
+            "state_file": str(exc.run_dir.state_file),
+        }
+        for exc in damaged
+    ]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
     else:
@@ -318,9 +410,13 @@ def ls(as_json: bool = typer.Option(False, "--json", help="a JSON list, one obje
         for row in rows:
             damaged_row = row["roles"] is None
             ready = "-" if damaged_row else f"{row['ready']}/{row['roles']} ready"
-            table.add_row(row["name"], row["state"], ready,
-                          "-" if damaged_row else str(row["supervisor_pid"] or "none"),
-                          row.get("state_file") or row["file"])
+            table.add_row(
+                row["name"],
+                row["state"],
+                ready,
+                "-" if damaged_row else str(row["supervisor_pid"] or "none"),
+                row.get("state_file") or row["file"],
+            )
         _console().print(table)
     for exc in damaged:  # said once per deployment; the others are listed as usual
         for line in exc.lines():

@@ -18,7 +18,9 @@ ENGINES: dict[str, ModuleType] = {
     name: import_module(path)
     for name, path in {**registry.WORKER_ENGINES, **registry.ROUTER_ENGINES, **registry.OTHER_ENGINES}.items()
 }
-WORKER_ENGINES = tuple(registry.WORKER_ENGINES)  # serve a model; readers: model(), parallel(), mem_fraction(), ...
+WORKER_ENGINES = tuple(
+    registry.WORKER_ENGINES
+)  # serve a model; readers: model(), parallel(), mem_fraction(), ...
 ROUTER_ENGINES = tuple(registry.ROUTER_ENGINES)
 WORKERS: dict[str, WorkerFacts] = {name: ENGINES[name].FACTS for name in WORKER_ENGINES}
 ROUTERS: dict[str, RouterFacts] = {name: ENGINES[name].FACTS for name in ROUTER_ENGINES}

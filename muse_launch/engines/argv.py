@@ -56,14 +56,16 @@ def values_after(args: Sequence[str], flag: str) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(args):
         if arg == flag:
-            for nxt in args[i + 1:]:
+            for nxt in args[i + 1 :]:
                 if nxt.startswith("-"):
                     break
                 out.append(nxt)
     return out
 
 
-def sizes(args: Sequence[str], key_flags: dict[str, tuple[str, ...]], keys: Iterable[str]) -> dict[str, int] | None:
+def sizes(
+    args: Sequence[str], key_flags: dict[str, tuple[str, ...]], keys: Iterable[str]
+) -> dict[str, int] | None:
     """Each key's size as the argv sets it (1 where absent); None when one is not a positive whole number."""
     out: dict[str, int] = {}
     for key in keys:

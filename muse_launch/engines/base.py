@@ -1,4 +1,5 @@
-"""What an engine module receives and returns: role + wiring in, argv out; and what its argv reader gives back."""
+"""What an engine module receives and returns: role + wiring in, argv out; and what its argv reader gives
+back."""
 
 from __future__ import annotations
 

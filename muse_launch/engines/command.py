@@ -12,8 +12,11 @@ SHADOWED: dict[str, str] = {}
 
 
 def render(inst: Instance, ctx: Context) -> Rendered:
-    values = {"port": "" if inst.port is None else str(inst.port), "host": inst.bind,
-              "gpus": ",".join(map(str, inst.gpus))}
+    values = {
+        "port": "" if inst.port is None else str(inst.port),
+        "host": inst.bind,
+        "gpus": ",".join(map(str, inst.gpus)),
+    }
     args = tuple(_fill(a, values) for a in inst.role.command or ())
     probe = Probe(ProbeKind.TCP, timeout=600.0) if inst.port else Probe(ProbeKind.PROCESS)
     return Rendered(args, {"http": inst.port} if inst.port else {}, probe)

@@ -24,8 +24,11 @@ SHADOWED = {HOST: "bind", PORT: "port", METRICS_PORT: "metrics_port"}  # rendere
 PORT_FLAGS = {"metrics": METRICS_PORT}  # port kind -> the flag of the final argv that decides it
 # muse-launch restarts a dead worker on the same URL; these let the router take it back within a
 # second of its being ready (scripts/bench_recovery.py: 0.7 s, against 1.7 s with the router's defaults).
-RECOVERY_DEFAULTS = (("--health-check-interval-secs", "1"), ("--health-success-threshold", "1"),
-                     ("--cb-timeout-duration-secs", "2"))
+RECOVERY_DEFAULTS = (
+    ("--health-check-interval-secs", "1"),
+    ("--health-success-threshold", "1"),
+    ("--cb-timeout-duration-secs", "2"),
+)
 # Routers answer /health before any worker registers; /readiness waits for the workers.
 READY = Probe(ProbeKind.HTTP, ("/readiness",), timeout=600.0)
 
@@ -41,8 +44,10 @@ class RouterFacts:
     bootstrap_none: bool = True  # takes `--prefill URL none` for a prefill without a bootstrap port
     backend_flag: tuple[str, str] | None = None  # (flag, value) that points it at vLLM workers
     kv_connector_flag: str | None = None  # vllm-router: which KV hand-off protocol to drive
-    # Its worker list: sglang-router 0.3.2 and smg answer {"workers": [{"url", "worker_type", "is_healthy"}, ...]}
-    # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are in);
+    # Its worker list: sglang-router 0.3.2 and smg answer {"workers": [{"url", "worker_type", "is_healthy"},
+    # ...]}
+    # (a worker that never registered is absent, while /readiness is 200 once one prefill and one decode are
+    # in);
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
     shipped_in: str | None = None  # the worker engine whose container image carries it
@@ -60,8 +65,11 @@ def listed_workers(answer: object) -> dict[str, bool]:
     if not isinstance(answer, dict):
         return {}
     if isinstance(answer.get("workers"), list):
-        return {str(w.get("url", "")).rstrip("/"): w.get("is_healthy", True) is True
-                for w in answer["workers"] if isinstance(w, dict)}
+        return {
+            str(w.get("url", "")).rstrip("/"): w.get("is_healthy", True) is True
+            for w in answer["workers"]
+            if isinstance(w, dict)
+        }
     if isinstance(answer.get("urls"), list):
         return {str(u).rstrip("/"): True for u in answer["urls"]}
     return {}
@@ -75,8 +83,10 @@ def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:
             args += [PREFILL, p.url]
             if port or facts.bootstrap_none:
                 args.append(str(port) if port else "none")
-        vllm_mooncake = any(ctx.topology.role_engine(r) == vllm.NAME and vllm.connector_of(r) == "MooncakeConnector"
-                            for r in (ctx.topology.roles[n] for n in inst.role.prefill))
+        vllm_mooncake = any(
+            ctx.topology.role_engine(r) == vllm.NAME and vllm.connector_of(r) == "MooncakeConnector"
+            for r in (ctx.topology.roles[n] for n in inst.role.prefill)
+        )
         if facts.kv_connector_flag and vllm_mooncake:
             args += [facts.kv_connector_flag, "mooncake"]
         for d in inst.decode:
@@ -89,7 +99,12 @@ def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:
     for flag, value in (*RECOVERY_DEFAULTS, *facts.startup_defaults):
         if not has_flag(inst.role.args, flag):  # the routers refuse a flag given twice
             args += [flag, value]
-    args += [*inst.role.args, *opt(HOST, inst.bind), *opt(PORT, inst.port), *opt(METRICS_PORT, inst.metrics_port)]
+    args += [
+        *inst.role.args,
+        *opt(HOST, inst.bind),
+        *opt(PORT, inst.port),
+        *opt(METRICS_PORT, inst.metrics_port),
+    ]
     if inst.bind != "0.0.0.0" and inst.metrics_port:
         args += [METRICS_HOST, inst.bind]  # keep metrics on the same interface as the router
     ports = {"http": inst.port, "metrics": inst.metrics_port} if inst.metrics_port else {"http": inst.port}
@@ -101,7 +116,8 @@ def default_metrics_port(port: int | None) -> int | None:
 
 
 def _prefill_bootstrap_ports(inst: Instance, ctx: Context) -> list[int | None]:
-    """Each prefill upstream's KV bootstrap port, in order; vLLM has one only with Mooncake (NIXL needs none)."""
+    """Each prefill upstream's KV bootstrap port, in order; vLLM has one only with Mooncake (NIXL needs
+    none)."""
     out: list[int | None] = []
     upstream = iter(inst.prefill)
     for name in inst.role.prefill:
@@ -112,14 +128,18 @@ def _prefill_bootstrap_ports(inst: Instance, ctx: Context) -> list[int | None]:
                 out.append(p.bootstrap_port)
             elif vllm.connector_of(role) == "MooncakeConnector":
                 host = urlsplit(p.url).hostname or ""
-                out.append(vllm.mooncake_bootstrap_port(ctx.topology, name, host, i if role.replicas > 1 else None,
-                                                        p.bootstrap_port))
+                out.append(
+                    vllm.mooncake_bootstrap_port(
+                        ctx.topology, name, host, i if role.replicas > 1 else None, p.bootstrap_port
+                    )
+                )
             else:
                 out.append(None)
     return out
 
 
 # ---- reading a rendered router argv ------------------------------------------------------------
+
 
 def prefills(args: tuple[str, ...]) -> Iterator[tuple[str, str | None]]:
     """(URL, bootstrap port or None) of each `--prefill URL [PORT|none]`."""

@@ -87,8 +87,11 @@ def parser_args(entry: str, args: tuple[str, ...]) -> list[str]:
     args = list(args)
     if entry != "sglang serve":
         return args
-    args = [a for i, a in enumerate(args) if a != MODEL_TYPE and not a.startswith(MODEL_TYPE + "=")
-            and not (i and args[i - 1] == MODEL_TYPE)]
+    args = [
+        a
+        for i, a in enumerate(args)
+        if a != MODEL_TYPE and not a.startswith(MODEL_TYPE + "=") and not (i and args[i - 1] == MODEL_TYPE)
+    ]
     return [KEY_FLAGS["model"][0], *args] if args and not args[0].startswith("-") else args
 
 
@@ -104,9 +107,17 @@ def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
 
 TRANSFER_BACKEND_FLAGS = KEY_FLAGS["transfer_backend"]  # where a pair's KV hand-off protocol is set
 # Options SGLang parses as positive whole numbers.
-INTEGER_FLAGS = (*KEY_FLAGS["tp"], *KEY_FLAGS["ep"], *KEY_FLAGS["dp"], *KEY_FLAGS["pp"], NNODES,
-                 *KEY_FLAGS["page_size"], *KEY_FLAGS["bootstrap_port"], *KEY_FLAGS["encoder_bootstrap_port"],
-                 SPECULATIVE_DRAFT_TOKENS)
+INTEGER_FLAGS = (
+    *KEY_FLAGS["tp"],
+    *KEY_FLAGS["ep"],
+    *KEY_FLAGS["dp"],
+    *KEY_FLAGS["pp"],
+    NNODES,
+    *KEY_FLAGS["page_size"],
+    *KEY_FLAGS["bootstrap_port"],
+    *KEY_FLAGS["encoder_bootstrap_port"],
+    SPECULATIVE_DRAFT_TOKENS,
+)
 # Port kind -> the flag of the final argv that decides it; bound_ports() below reads SGLang's already.
 PORT_FLAGS: dict[str, str] = {}
 
@@ -124,13 +135,23 @@ ENCODER_FAIL_THRESHOLD = 3
 LATE_ENCODERS_SINCE = "0.5.17"
 
 FACTS = WorkerFacts(
-    name=NAME, title="SGLang", default_launcher=DEFAULT_LAUNCHER,
-    entrypoint=None, image_field="sglang_image", privileged=False,  # its images take the whole command
+    name=NAME,
+    title="SGLang",
+    default_launcher=DEFAULT_LAUNCHER,
+    entrypoint=None,
+    image_field="sglang_image",
+    privileged=False,  # its images take the whole command
     binds=("http", "bootstrap", "encoder_bootstrap", "dist_init"),
-    bootstrap_port=DEFAULT_BOOTSTRAP_PORT, encoder_bootstrap_port=DEFAULT_ENCODER_BOOTSTRAP_PORT,
-    encoder_list_path=ENCODER_LIST_PATH, late_encoders_since=LATE_ENCODERS_SINCE,
-    encoder_evicted_ttl_env=ENCODER_EVICTED_TTL_ENV, peer_flags=WIRING,
-    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0], attention_backend_flag=ATTENTION_BACKEND, rehearsed_as=NAME)
+    bootstrap_port=DEFAULT_BOOTSTRAP_PORT,
+    encoder_bootstrap_port=DEFAULT_ENCODER_BOOTSTRAP_PORT,
+    encoder_list_path=ENCODER_LIST_PATH,
+    late_encoders_since=LATE_ENCODERS_SINCE,
+    encoder_evicted_ttl_env=ENCODER_EVICTED_TTL_ENV,
+    peer_flags=WIRING,
+    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
+    attention_backend_flag=ATTENTION_BACKEND,
+    rehearsed_as=NAME,
+)
 
 
 def _flag(key: str) -> str:
@@ -145,16 +166,30 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     if inst.kind == "encoder":
         args += [ENCODER_ONLY, *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend)]
     if inst.encoders:
-        args += [LANGUAGE_ONLY, ENCODER_URLS, *(e.url for e in inst.encoders),
-                 *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend),
-                 *opt(_flag("encoder_bootstrap_port"), inst.encoder_bootstrap_port)]
+        args += [
+            LANGUAGE_ONLY,
+            ENCODER_URLS,
+            *(e.url for e in inst.encoders),
+            *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend),
+            *opt(_flag("encoder_bootstrap_port"), inst.encoder_bootstrap_port),
+        ]
     if inst.kind in ("prefill", "decode"):
-        args += [DISAGGREGATION_MODE, inst.kind, *opt(_flag("transfer_backend"), role.transfer_backend),
-                 *opt(_flag("bootstrap_port"), inst.bootstrap_port)]
+        args += [
+            DISAGGREGATION_MODE,
+            inst.kind,
+            *opt(_flag("transfer_backend"), role.transfer_backend),
+            *opt(_flag("bootstrap_port"), inst.bootstrap_port),
+        ]
     args += [*opt(_flag("kv_cache_dtype"), role.kv_cache_dtype), *opt(_flag("page_size"), role.page_size)]
     if inst.nnodes > 1:
-        args += [NNODES, str(inst.nnodes), NODE_RANK, str(inst.node_rank),
-                 DIST_INIT_ADDR, f"{inst.dist_init_host}:{inst.dist_init_port}"]
+        args += [
+            NNODES,
+            str(inst.nnodes),
+            NODE_RANK,
+            str(inst.node_rank),
+            DIST_INIT_ADDR,
+            f"{inst.dist_init_host}:{inst.dist_init_port}",
+        ]
     args += [*role.args, *opt(HOST, inst.bind), *opt(PORT, inst.port)]
     probe = READY if inst.serves_http else Probe(ProbeKind.PROCESS)
     return Rendered(tuple(args), bound_ports(args, inst), probe)
@@ -171,8 +206,9 @@ def bound_ports(args: list[str], inst: Instance) -> dict[str, int]:
     if mode == "prefill" or (mode == "decode" and has_flag(args, PD_ROLE_SWITCH)):
         ports["bootstrap"] = _port(last_value(args, _flag("bootstrap_port")), DEFAULT_BOOTSTRAP_PORT)
     if has_flag(args, LANGUAGE_ONLY):
-        ports["encoder_bootstrap"] = _port(last_value(args, _flag("encoder_bootstrap_port")),
-                                           DEFAULT_ENCODER_BOOTSTRAP_PORT)
+        ports["encoder_bootstrap"] = _port(
+            last_value(args, _flag("encoder_bootstrap_port")), DEFAULT_ENCODER_BOOTSTRAP_PORT
+        )
     dist_init = last_value(args, DIST_INIT_ADDR)
     if inst.nnodes > 1 and dist_init:
         ports["dist_init"] = _port(dist_init.rpartition(":")[2], inst.dist_init_port)
@@ -180,10 +216,13 @@ def bound_ports(args: list[str], inst: Instance) -> dict[str, int]:
 
 
 def _port(text: str | None, default: int | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else default  # a bad value is the checks' to report
+    return (
+        int(text) if text is not None and text.isdigit() else default
+    )  # a bad value is the checks' to report
 
 
 # ---- reading a rendered argv (checks, smoke, exporters) ---------------------------------------
+
 
 def model(args: tuple[str, ...]) -> str | None:
     return value(args, *KEY_FLAGS["model"])
@@ -213,7 +252,9 @@ def mem_fraction(args: tuple[str, ...]) -> float | None:
 def parallel(args: tuple[str, ...], nnodes: int) -> Parallel | None:
     """Parallel sizes; None when one is not a positive whole number (the checks say which)."""
     found = sizes(args, KEY_FLAGS, ("tp", "ep", "dp", "pp"))
-    return None if found is None else Parallel(**found, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
+    return (
+        None if found is None else Parallel(**found, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
+    )
 
 
 def nnodes(args: tuple[str, ...]) -> str | None:

@@ -7,8 +7,12 @@ from functools import partial
 from . import router, sglang_router
 from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
-FACTS = router.RouterFacts(name="smg", default_launcher=("smg", "launch"), pd_flag=sglang_router.FACTS.pd_flag,
-                           backend_flag=("--backend", "vllm"))
+FACTS = router.RouterFacts(
+    name="smg",
+    default_launcher=("smg", "launch"),
+    pd_flag=sglang_router.FACTS.pd_flag,
+    backend_flag=("--backend", "vllm"),
+)
 NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("smg",)  # what provides it (host/versions.py reads the installed release)
 MODULE = "smg"

@@ -30,14 +30,32 @@ MIN_VERSION = "0.33.0"
 MIN_VERSION_MODELS = ("Muse-Spark",)
 FLAG_SINCE: dict[str, str] = {}
 # KV connectors: the topology's transfer_backend names, and every class vLLM 0.33 registers.
-CONNECTORS = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "example": "ExampleConnector",
-              "lmcache": "LMCacheConnectorV1"}
+CONNECTORS = {
+    "nixl": "NixlConnector",
+    "mooncake": "MooncakeConnector",
+    "example": "ExampleConnector",
+    "lmcache": "LMCacheConnectorV1",
+}
 # Every connector vLLM 0.33.0 registers (vllm/distributed/kv_transfer/kv_connector/factory.py).
-KNOWN_CONNECTORS = ("NixlConnector", "NixlPullConnector", "NixlPushConnector", "MooncakeConnector",
-                    "MooncakeStoreConnector", "ExampleConnector", "ExampleHiddenStatesConnector",
-                    "LMCacheConnectorV1", "LMCacheMPConnector", "MultiConnector", "OffloadingConnector",
-                    "SimpleCPUOffloadConnector", "DecodeBenchConnector", "HiSparseConnector", "MoRIIOConnector",
-                    "FlexKVConnectorV1", "HF3FSKVConnector")
+KNOWN_CONNECTORS = (
+    "NixlConnector",
+    "NixlPullConnector",
+    "NixlPushConnector",
+    "MooncakeConnector",
+    "MooncakeStoreConnector",
+    "ExampleConnector",
+    "ExampleHiddenStatesConnector",
+    "LMCacheConnectorV1",
+    "LMCacheMPConnector",
+    "MultiConnector",
+    "OffloadingConnector",
+    "SimpleCPUOffloadConnector",
+    "DecodeBenchConnector",
+    "HiSparseConnector",
+    "MoRIIOConnector",
+    "FlexKVConnectorV1",
+    "HF3FSKVConnector",
+)
 CONNECTOR_MODULE_PATH = "kv_connector_module_path"  # a connector class outside vLLM, and its module
 KV_ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
 NIXL_SIDE_CHANNEL_BASE = 5600  # vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default
@@ -60,7 +78,11 @@ HOST, PORT = "--host", "--port"
 SHADOWED = {HOST: "bind", PORT: "port"}  # rendered after `args`: the key wins
 ENABLE_EXPERT_PARALLEL = "--enable-expert-parallel"
 DP_SIZE_LOCAL, DP_ADDRESS, DP_RPC_PORT, DP_START_RANK = (
-    "--data-parallel-size-local", "--data-parallel-address", "--data-parallel-rpc-port", "--data-parallel-start-rank")
+    "--data-parallel-size-local",
+    "--data-parallel-address",
+    "--data-parallel-rpc-port",
+    "--data-parallel-start-rank",
+)
 NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT = "--nnodes", "--node-rank", "--master-addr", "--master-port"
 HEADLESS = "--headless"
 KV_TRANSFER_CONFIG = "--kv-transfer-config"
@@ -82,12 +104,23 @@ ENTRYPOINT = ("vllm", "serve")  # the vLLM images' entrypoint
 # A prefill's KV bootstrap port is the connector's (MooncakeConnector only: mooncake_bootstrap_port below);
 # vLLM has no encoder roles of its own.
 FACTS = WorkerFacts(
-    name=NAME, title="vLLM", default_launcher=DEFAULT_LAUNCHER,
-    entrypoint=ENTRYPOINT, image_field="vllm_image", privileged=True,  # as the recipe's docker command
+    name=NAME,
+    title="vLLM",
+    default_launcher=DEFAULT_LAUNCHER,
+    entrypoint=ENTRYPOINT,
+    image_field="vllm_image",
+    privileged=True,  # as the recipe's docker command
     binds=("http", "dist_init", "side_channel", "bootstrap"),
-    bootstrap_port=None, encoder_bootstrap_port=None, encoder_list_path=None, late_encoders_since=None,
-    encoder_evicted_ttl_env=None, peer_flags={},
-    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0], attention_backend_flag=ATTENTION_BACKEND, rehearsed_as=NAME)
+    bootstrap_port=None,
+    encoder_bootstrap_port=None,
+    encoder_list_path=None,
+    late_encoders_since=None,
+    encoder_evicted_ttl_env=None,
+    peer_flags={},
+    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
+    attention_backend_flag=ATTENTION_BACKEND,
+    rehearsed_as=NAME,
+)
 
 
 def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
@@ -118,8 +151,14 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     if role.dp:
         args += [KEY_FLAGS["dp"][0], str(role.dp)]
         if spans_nodes:  # DP ranks across nodes rendezvous at rank 0's DP address and RPC port
-            args += [DP_SIZE_LOCAL, str(local_dp), DP_ADDRESS, str(inst.dist_init_host),
-                     DP_RPC_PORT, str(inst.dist_init_port)]
+            args += [
+                DP_SIZE_LOCAL,
+                str(local_dp),
+                DP_ADDRESS,
+                str(inst.dist_init_host),
+                DP_RPC_PORT,
+                str(inst.dist_init_port),
+            ]
             if inst.node_rank > 0:
                 args += [DP_START_RANK, str(start_rank)]
     if role.ep and role.ep > 1:
@@ -133,8 +172,16 @@ def render(inst: Instance, ctx: Context) -> Rendered:
     if spans_nodes and inst.node_rank == 0:
         ports["dist_init"] = inst.dist_init_port
     if spans_nodes and not role.dp:  # one engine over several nodes: torch rendezvous at rank 0
-        args += [NNODES, str(inst.nnodes), NODE_RANK, str(inst.node_rank),
-                 MASTER_ADDR, str(inst.dist_init_host), MASTER_PORT, str(inst.dist_init_port)]
+        args += [
+            NNODES,
+            str(inst.nnodes),
+            NODE_RANK,
+            str(inst.node_rank),
+            MASTER_ADDR,
+            str(inst.dist_init_host),
+            MASTER_PORT,
+            str(inst.dist_init_port),
+        ]
     if not serves_api:
         args.append(HEADLESS)
 
@@ -150,12 +197,17 @@ def render(inst: Instance, ctx: Context) -> Rendered:
             for k in range(local_dp):
                 ports["side_channel" if k == 0 else f"side_channel_{k}"] = base + start_rank + k
         elif connector == "MooncakeConnector" and inst.kind == "prefill" and inst.node_rank == 0:
-            port = mooncake_bootstrap_port(ctx.topology, inst.role_name, inst.host, inst.replica, inst.bootstrap_port)
+            port = mooncake_bootstrap_port(
+                ctx.topology, inst.role_name, inst.host, inst.replica, inst.bootstrap_port
+            )
             env[MOONCAKE_BOOTSTRAP_PORT_ENV] = str(port)
             ports["bootstrap"] = port
 
-    args += [*role.args, *opt(HOST, inst.bind if serves_api else None),
-             *opt(PORT, inst.port if serves_api else None)]
+    args += [
+        *role.args,
+        *opt(HOST, inst.bind if serves_api else None),
+        *opt(PORT, inst.port if serves_api else None),
+    ]
     probe = READY if serves_api else Probe(ProbeKind.PROCESS)
     return Rendered(tuple(args), ports, probe, env)
 
@@ -169,16 +221,19 @@ def side_channel_port(inst: Instance, topology: Topology) -> int:
     if inst.side_channel_port is not None:
         return inst.side_channel_port
     return _default_ports(topology, NIXL_SIDE_CHANNEL_BASE, "side_channel_port", _uses_nixl)[
-        (inst.role_name, inst.host, inst.replica)]
+        (inst.role_name, inst.host, inst.replica)
+    ]
 
 
-def mooncake_bootstrap_port(topology: Topology, role_name: str, host: str, replica: int | None,
-                            given: int | None) -> int:
+def mooncake_bootstrap_port(
+    topology: Topology, role_name: str, host: str, replica: int | None, given: int | None
+) -> int:
     """A Mooncake prefill's bootstrap port: the file's, else a default from 8998 up, unique on this host."""
     if given is not None:
         return given
     return _default_ports(topology, MOONCAKE_BOOTSTRAP_BASE, "bootstrap_port", _uses_mooncake_bootstrap)[
-        (role_name, host, replica)]
+        (role_name, host, replica)
+    ]
 
 
 def _uses_nixl(role: Role) -> bool:
@@ -189,8 +244,9 @@ def _uses_mooncake_bootstrap(role: Role) -> bool:
     return role.kind == "prefill" and connector_of(role) == "MooncakeConnector"
 
 
-def _default_ports(topology: Topology, base: int, key: str,
-                   uses: Callable[[Role], bool]) -> dict[tuple[str, str, int | None], int]:
+def _default_ports(
+    topology: Topology, base: int, key: str, uses: Callable[[Role], bool]
+) -> dict[tuple[str, str, int | None], int]:
     """Deterministic defaults: vLLM PD instances without the port are numbered in file order per
     host, each taking one port per DP rank (vLLM listens at base + DP index)."""
     out: dict[tuple[str, str, int | None], int] = {}
@@ -201,7 +257,9 @@ def _default_ports(topology: Topology, base: int, key: str,
         if role.nodes:
             places = [(topology.nodes[n].address if n in topology.nodes else n, None) for n in role.nodes]
         else:
-            places = [(role.host or topology.host, i if role.replicas > 1 else None) for i in range(role.replicas)]
+            places = [
+                (role.host or topology.host, i if role.replicas > 1 else None) for i in range(role.replicas)
+            ]
         for place, replica in places:
             port = next_free.get(place, base)
             out[(name, place, replica)] = port
@@ -212,8 +270,11 @@ def _default_ports(topology: Topology, base: int, key: str,
 
 # ---- reading a rendered argv (checks, smoke, exporters) ---------------------------------------
 
+
 def model(args: tuple[str, ...]) -> str | None:
-    return last_value(args, KEY_FLAGS["model"][0]) or (args[0] if args and not args[0].startswith("-") else None)
+    return last_value(args, KEY_FLAGS["model"][0]) or (
+        args[0] if args and not args[0].startswith("-") else None
+    )
 
 
 def served_model_name(args: tuple[str, ...]) -> str | None:

@@ -1,4 +1,5 @@
-"""vllm-router 0.1.17: PD routing for vLLM workers (`--prefill URL` without a bootstrap port unless Mooncake)."""
+"""vllm-router 0.1.17: PD routing for vLLM workers (`--prefill URL` without a bootstrap port unless
+Mooncake)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from . import router
 from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
 FACTS = router.RouterFacts(
-    name="vllm-router", default_launcher=("vllm-router",), pd_flag="--vllm-pd-disaggregation",
+    name="vllm-router",
+    default_launcher=("vllm-router",),
+    pd_flag="--vllm-pd-disaggregation",
     # It checks its workers every 30 s while starting; its readiness would lag theirs by as much.
     startup_defaults=(("--worker-startup-check-interval", "1"),),
-    bootstrap_none=False, kv_connector_flag="--kv-connector", workers_path="/list_workers")
+    bootstrap_none=False,
+    kv_connector_flag="--kv-connector",
+    workers_path="/list_workers",
+)
 NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("vllm-router",)  # what provides it (host/versions.py reads the installed release)
 MODULE = "vllm_router"

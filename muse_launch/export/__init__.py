@@ -13,8 +13,17 @@ from typing import Any
 
 # Loaded on first use: the CLI imports commands/export.py for every command, and this package's
 # modules import yaml, jsonschema and the planner.
-_LAZY = {"build": "api", "export": "api", "check_dir": "api", "Exported": "api", "ExportError": "transform",
-         "ExportPlan": "transform", "FLAVOURS": "names", "check_documents": "validate", "Problem": "validate"}
+_LAZY = {
+    "build": "api",
+    "export": "api",
+    "check_dir": "api",
+    "Exported": "api",
+    "ExportError": "transform",
+    "ExportPlan": "transform",
+    "FLAVOURS": "names",
+    "check_documents": "validate",
+    "Problem": "validate",
+}
 __all__ = sorted(_LAZY)
 
 

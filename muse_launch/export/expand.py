@@ -25,10 +25,10 @@ def expand(text: str, defined: Mapping[str, str]) -> str:
                 out.append("$(")
                 i += 2
                 continue
-            name = text[i + 2:end]
-            out.append(defined[name] if name in defined else text[i:end + 1])
+            name = text[i + 2 : end]
+            out.append(defined[name] if name in defined else text[i : end + 1])
             i = end + 1
         else:
-            out.append(text[i:i + 2])
+            out.append(text[i : i + 2])
             i += 2
     return "".join(out)

@@ -57,20 +57,27 @@ def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
     profile = PROFILES[topology.hardware]
     unknown = sorted(set(images) - {""} - set(topology.roles))
     if unknown:
-        raise ExportError(f"--image {unknown[0]}=...: no role {unknown[0]!r}; roles: {', '.join(topology.roles)}")
+        raise ExportError(
+            f"--image {unknown[0]}=...: no role {unknown[0]!r}; roles: {', '.join(topology.roles)}"
+        )
     missing = []
     image = {}
     for group in export.groups:
-        image[group.role] = (images.get(export.origin(group.role)) or images.get("")
-                             or image_for(group.specs[0], profile))
+        image[group.role] = (
+            images.get(export.origin(group.role)) or images.get("") or image_for(group.specs[0], profile)
+        )
         if not image[group.role]:
             missing.append(f"roles.{group.role} ({group.engine})")
     if missing:
-        raise ExportError(f"no image of the {profile.name} profile ships {', '.join(missing)}: give one with "
-                          f"--image ROLE=IMAGE (or --image IMAGE for every role)")
+        raise ExportError(
+            f"no image of the {profile.name} profile ships {', '.join(missing)}: give one with "
+            f"--image ROLE=IMAGE (or --image IMAGE for every role)"
+        )
     source = export.loaded.source.name
-    header = (f"# {export.plan.name}: exported by `muse-launch export {source} --to {export.names.flavour.name}`."
-              f"\n# Edit the topology and export again; check hand edits with `muse-launch export --check DIR`.\n")
+    header = (
+        f"# {export.plan.name}: exported by `muse-launch export {source} --to {export.names.flavour.name}`."
+        f"\n# Edit the topology and export again; check hand edits with `muse-launch export --check DIR`.\n"
+    )
     if export.names.flavour is LWS:
         files = [_lws_files(export, g, image[g.role], header) for g in export.groups]
     else:
@@ -80,14 +87,20 @@ def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
 
 
 def _labels(names: Names, role: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "muse-launch", "app.kubernetes.io/instance": names.instance,
-            "app.kubernetes.io/component": dns_label(role)}
+    return {
+        "app.kubernetes.io/name": "muse-launch",
+        "app.kubernetes.io/instance": names.instance,
+        "app.kubernetes.io/component": dns_label(role),
+    }
 
 
 def _meta(names: Names, name: str, role: str | None = None, **annotations: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": names.namespace}
-    meta["labels"] = _labels(names, role) if role else {"app.kubernetes.io/name": "muse-launch",
-                                                        "app.kubernetes.io/instance": names.instance}
+    meta["labels"] = (
+        _labels(names, role)
+        if role
+        else {"app.kubernetes.io/name": "muse-launch", "app.kubernetes.io/instance": names.instance}
+    )
     if annotations:
         meta["annotations"] = {f"muse-launch/{k.replace('_', '-')}": v for k, v in annotations.items()}
     return meta
@@ -106,8 +119,9 @@ def container(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> 
     names = export.names
     profile = PROFILES[export.loaded.topology.hardware]
     out: dict[str, Any] = {"name": dns_label(group.role), "image": image, "command": list(pod.argv)}
-    env: list[dict[str, Any]] = [{"name": n, "valueFrom": {"secretKeyRef": {"name": names.secret, "key": n}}}
-                                 for n in pod.secrets]
+    env: list[dict[str, Any]] = [
+        {"name": n, "valueFrom": {"secretKeyRef": {"name": names.secret, "key": n}}} for n in pod.secrets
+    ]
     env += [{"name": k, "value": v} for k, v in pod.env]
     if env:
         out["env"] = env
@@ -136,9 +150,14 @@ def probes(pod: PodCommand) -> dict[str, Any]:
         return {"tcpSocket": {"port": port_name("http")}}
 
     first, last = (probe.paths[0], probe.paths[-1]) if probe.paths else ("", "")
-    return {"startupProbe": {**action(first), "periodSeconds": STARTUP_PERIOD,
-                             "failureThreshold": max(1, math.ceil(probe.timeout / STARTUP_PERIOD))},
-            "readinessProbe": {**action(last), "periodSeconds": READY_PERIOD, "failureThreshold": 3}}
+    return {
+        "startupProbe": {
+            **action(first),
+            "periodSeconds": STARTUP_PERIOD,
+            "failureThreshold": max(1, math.ceil(probe.timeout / STARTUP_PERIOD)),
+        },
+        "readinessProbe": {**action(last), "periodSeconds": READY_PERIOD, "failureThreshold": 3},
+    }
 
 
 def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
@@ -150,12 +169,17 @@ def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> d
 
 
 def _template(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> dict[str, Any]:
-    return {"metadata": {"labels": _labels(export.names, group.role)},
-            "spec": pod_spec(export, group, pod, image)}
+    return {
+        "metadata": {"labels": _labels(export.names, group.role)},
+        "spec": pod_spec(export, group, pod, image),
+    }
 
 
 def _service_ports(pod: PodCommand) -> list[dict[str, Any]]:
-    return [{"name": port_name(k), "port": p, "targetPort": p, "protocol": "TCP"} for k, p in pod.spec.ports.items()]
+    return [
+        {"name": port_name(k), "port": p, "targetPort": p, "protocol": "TCP"}
+        for k, p in pod.spec.ports.items()
+    ]
 
 
 def _lws_files(export: ExportPlan, group: Group, image: str, header: str) -> Manifest:
@@ -164,14 +188,26 @@ def _lws_files(export: ExportPlan, group: Group, image: str, header: str) -> Man
     notes = _annotations(export, group)
     if group.kind in SINGLE_POD_KINDS and group.size == 1:
         labels = _labels(names, group.role)
-        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(names, name, group.role, **notes),
-                      "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                               "template": _template(export, group, group.leader, image)}}
+        deployment = {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(names, name, group.role, **notes),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": _template(export, group, group.leader, image),
+            },
+        }
         objects = [deployment]
         if group.leader.spec.ports:
-            objects.append({"apiVersion": "v1", "kind": "Service",
-                            "metadata": _meta(names, names.entry_service(group.role), group.role),
-                            "spec": {"selector": labels, "ports": _service_ports(group.leader)}})
+            objects.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": _meta(names, names.entry_service(group.role), group.role),
+                    "spec": {"selector": labels, "ports": _service_ports(group.leader)},
+                }
+            )
         return Manifest(f"{dns_label(group.role)}.yaml", tuple(objects), header)
     template: dict[str, Any] = {"size": group.size, "restartPolicy": "RecreateGroupOnPodRestart"}
     if group.worker is None:
@@ -179,18 +215,29 @@ def _lws_files(export: ExportPlan, group: Group, image: str, header: str) -> Man
     else:
         template["leaderTemplate"] = _template(export, group, group.leader, image)
         template["workerTemplate"] = _template(export, group, group.worker, image)
-    lws = {"apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": _meta(names, name, group.role, **notes),
-           # LeaderCreated: an engine's leader is ready only once every rank has joined it.
-           "spec": {"replicas": 1, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template}}
+    lws = {
+        "apiVersion": LWS_API,
+        "kind": "LeaderWorkerSet",
+        "metadata": _meta(names, name, group.role, **notes),
+        # LeaderCreated: an engine's leader is ready only once every rank has joined it.
+        "spec": {"replicas": 1, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": template},
+    }
     # The headless Service LWS would create for the set, written out so that its DNS names (the
     # wiring) and ports are part of the manifests; LWS leaves an existing one alone.
-    service_spec: dict[str, Any] = {"clusterIP": "None", "publishNotReadyAddresses": True,
-                                    "selector": {LWS_NAME_LABEL: name}}
+    service_spec: dict[str, Any] = {
+        "clusterIP": "None",
+        "publishNotReadyAddresses": True,
+        "selector": {LWS_NAME_LABEL: name},
+    }
     ports = _service_ports(group.leader)
     if ports:
         service_spec["ports"] = ports
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(names, names.group_service(group.role),
-                                                                       group.role), "spec": service_spec}
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(names, names.group_service(group.role), group.role),
+        "spec": service_spec,
+    }
     return Manifest(f"{dns_label(group.role)}.yaml", (lws, service), header)
 
 
@@ -203,31 +250,51 @@ def _rbg_file(export: ExportPlan, image: Mapping[str, str], header: str) -> Mani
         if group.depends_on:
             role["dependencies"] = [names.workload(d) for d in group.depends_on]
         if group.worker is None:
-            role["standalonePattern"] = {"template": _template(export, group, group.leader, image[group.role])}
+            role["standalonePattern"] = {
+                "template": _template(export, group, group.leader, image[group.role])
+            }
         else:
             leader = container(export, group, group.leader, image[group.role])
             role["leaderWorkerPattern"] = {
-                "size": group.size, "restartPolicy": "RecreateRoleInstanceOnPodRestart",
+                "size": group.size,
+                "restartPolicy": "RecreateRoleInstanceOnPodRestart",
                 "template": _template(export, group, group.worker, image[group.role]),
-                # A strategic merge patch: the leader's container by name, with its own command, ports and probes.
-                "leaderTemplatePatch": {"spec": {"containers": [leader]}}}
+                # A strategic merge patch: the leader's container by name, with its own command, ports and
+                # probes.
+                "leaderTemplatePatch": {"spec": {"containers": [leader]}},
+            }
         roles.append(role)
         if group.kind in SINGLE_POD_KINDS and group.leader.spec.ports:
-            entries.append({"apiVersion": "v1", "kind": "Service",
-                            "metadata": _meta(names, names.entry_service(group.role), group.role),
-                            "spec": {"selector": _labels(names, group.role), "ports": _service_ports(group.leader)}})
-    rbg = {"apiVersion": RBG_API, "kind": "RoleBasedGroup", "metadata": _meta(names, names.instance),
-           "spec": {"roles": roles}}
+            entries.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": _meta(names, names.entry_service(group.role), group.role),
+                    "spec": {"selector": _labels(names, group.role), "ports": _service_ports(group.leader)},
+                }
+            )
+    rbg = {
+        "apiVersion": RBG_API,
+        "kind": "RoleBasedGroup",
+        "metadata": _meta(names, names.instance),
+        "spec": {"roles": roles},
+    }
     return Manifest(f"{names.instance}.yaml", (rbg, *entries), header)
 
 
 def _kustomization(export: ExportPlan, files: list[str]) -> Manifest:
     names = export.names
-    lines = [f"# {export.plan.name}: `kubectl apply -k .` (namespace {names.namespace}: the wiring's DNS names "
-             f"name it; export again with --namespace to move it)."]
+    lines = [
+        f"# {export.plan.name}: `kubectl apply -k .` (namespace {names.namespace}: the wiring's DNS names "
+        f"name it; export again with --namespace to move it)."
+    ]
     if export.secrets:
         literal = " ".join(f"--from-literal={n}=..." for n in export.secrets)
         lines.append("# First create the Secret it reads (never written here):")
         lines.append(f"#   kubectl -n {names.namespace} create secret generic {names.secret} {literal}")
-    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": files}
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": files,
+    }
     return Manifest("kustomization.yaml", (kustomization,), "\n".join(lines) + "\n")

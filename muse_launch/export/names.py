@@ -79,7 +79,9 @@ class Names:
     def address_template(self, role: str, var: str) -> str:
         """A worker's own address with its index as `$(var)`: `address(role, i, True)` for every i > 0."""
         marker = "\0"
-        return self.address(role, 7, group=True).replace("-0-7.", f"-0-{marker}.").replace(marker, f"$({var})")
+        return (
+            self.address(role, 7, group=True).replace("-0-7.", f"-0-{marker}.").replace(marker, f"$({var})")
+        )
 
     def entry_address(self, role: str) -> str:
         return f"{self.entry_service(role)}.{self.namespace}"

@@ -92,8 +92,9 @@ def load_for_export(path: str | Path, sets: Iterable[str] = ()) -> tuple[LoadedT
     return loaded, tuple(names)
 
 
-def export_plan(path: str | Path, flavour: Flavour, namespace: str, sets: Iterable[str] = (),
-                rehearse: str | None = None) -> ExportPlan:
+def export_plan(
+    path: str | Path, flavour: Flavour, namespace: str, sets: Iterable[str] = (), rehearse: str | None = None
+) -> ExportPlan:
     """`rehearse`: a python that runs muse_launch, to run the simulated engine in place of each GPU engine
     (`up --on k8s --rehearse` on nodes that run pods as local processes)."""
     loaded, secrets = load_for_export(path, sets)
@@ -134,16 +135,28 @@ def split_replicas(topology: Topology) -> Topology:
         split[name] = []
         for inst in role_instances(topology, name, role):
             if inst.name in topology.roles:
-                raise ExportError(f"roles.{name}: its replica {inst.name} becomes a role of its own, but "
-                                  f"roles.{inst.name} exists; rename one")
-            roles[inst.name] = role.model_copy(update={
-                "replicas": 1, "port": inst.port, "gpus": list(inst.gpus) or None,
-                "bootstrap_port": inst.bootstrap_port, "encoder_bootstrap_port": inst.encoder_bootstrap_port,
-                "side_channel_port": inst.side_channel_port, "metrics_port": inst.metrics_port})
+                raise ExportError(
+                    f"roles.{name}: its replica {inst.name} becomes a role of its own, but "
+                    f"roles.{inst.name} exists; rename one"
+                )
+            roles[inst.name] = role.model_copy(
+                update={
+                    "replicas": 1,
+                    "port": inst.port,
+                    "gpus": list(inst.gpus) or None,
+                    "bootstrap_port": inst.bootstrap_port,
+                    "encoder_bootstrap_port": inst.encoder_bootstrap_port,
+                    "side_channel_port": inst.side_channel_port,
+                    "metrics_port": inst.metrics_port,
+                }
+            )
             split[name].append(inst.name)
     for name, role in roles.items():
-        update = {key: [n for ref in refs for n in split.get(ref, [ref])] for key, refs in role.references.items()
-                  if any(ref in split for ref in refs)}
+        update = {
+            key: [n for ref in refs for n in split.get(ref, [ref])]
+            for key, refs in role.references.items()
+            if any(ref in split for ref in refs)
+        }
         if update:
             roles[name] = role.model_copy(update=update)
     return topology.model_copy(update={"roles": roles})
@@ -155,22 +168,28 @@ def _refuse_unsupported(loaded: LoadedTopology, topology: Topology, names: Names
     for name in topology.roles:
         label = dns_label(name)
         if label in labels:
-            problems.append(f"{_where(loaded, name)}: roles.{name}: its Kubernetes name {label!r} is also "
-                            f"roles.{labels[label]}'s; rename one")
+            problems.append(
+                f"{_where(loaded, name)}: roles.{name}: its Kubernetes name {label!r} is also "
+                f"roles.{labels[label]}'s; rename one"
+            )
         labels[label] = name
         role = topology.roles[name]
         ready = getattr(role, "ready", None)
         for path in _probe_paths(ready):
             if (found := SECRET_MARK_RE.search(path)) is not None:
-                problems.append(f"{_where(loaded, name)}: roles.{name}.ready: the probe path takes "
-                                f"${{env:{found.group(1)}}}, and a Kubernetes httpGet path cannot read a "
-                                "Secret (it would stand in the manifest in clear); fix: write the path in "
-                                "the file")
+                problems.append(
+                    f"{_where(loaded, name)}: roles.{name}.ready: the probe path takes "
+                    f"${{env:{found.group(1)}}}, and a Kubernetes httpGet path cannot read a "
+                    "Secret (it would stand in the manifest in clear); fix: write the path in "
+                    "the file"
+                )
         for obj in (names.workload(name), names.group_service(name), names.pod(name, 99, True)):
             if len(obj) > 63 or not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", obj):
-                problems.append(f"{_where(loaded, name)}: roles.{name}: {obj!r} is not a valid Kubernetes "
-                                f"name (a DNS label: lowercase letters, digits and '-', at most 63); shorten the "
-                                f"topology's name or the role's")
+                problems.append(
+                    f"{_where(loaded, name)}: roles.{name}: {obj!r} is not a valid Kubernetes "
+                    f"name (a DNS label: lowercase letters, digits and '-', at most 63); shorten the "
+                    f"topology's name or the role's"
+                )
                 break
     if problems:
         raise ExportError("\n".join(dict.fromkeys(problems)))
@@ -258,14 +277,20 @@ def _value(argv: tuple[str, ...], flag: str) -> str | None:
     return argv[positions[-1]] if positions else None
 
 
-def _leader_worker(role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], names: Names,
-                   depends: tuple[str, ...]) -> Group:
+def _leader_worker(
+    role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], names: Names, depends: tuple[str, ...]
+) -> Group:
     flavour = names.flavour
     size = len(specs)
     flags = set().union(*(_flag_values(s.argv) for s in specs))
     rank_flags = {f for f in flags if all(_value(s.argv, f) == str(r) for r, s in enumerate(specs))}
-    size_flags = {f for f in flags if grown and all(_value(s.argv, f) == str(size) for s in specs)
-                  and _value(grown[0].argv, f) == str(size + 1)}
+    size_flags = {
+        f
+        for f in flags
+        if grown
+        and all(_value(s.argv, f) == str(size) for s in specs)
+        and _value(grown[0].argv, f) == str(size + 1)
+    }
     leader_address = names.address(role, 0, group=True)
 
     def template(spec: LaunchSpec, rank: int) -> PodCommand:
@@ -280,16 +305,27 @@ def _leader_worker(role: str, specs: list[LaunchSpec], grown: list[LaunchSpec], 
     leader, worker = template(specs[0], 0), template(specs[1], 1)
     for rank, spec in enumerate(specs):
         pod = leader if rank == 0 else worker
-        injected = {flavour.leader_var: leader_address, flavour.size_var: str(size), flavour.index_var: str(rank)}
+        injected = {
+            flavour.leader_var: leader_address,
+            flavour.size_var: str(size),
+            flavour.index_var: str(rank),
+        }
         argv, env = replay(pod, injected)
         want = _visible_env(spec)
-        if argv != list(spec.argv) or {k: v for k, v in env.items() if k in want or k not in pod.secrets} != want:
-            diff = [f"{spec.argv[i - 1]} {b} where the template gives {a}" for i, (a, b) in enumerate(zip(argv, spec.argv, strict=False))
-                    if a != b][:3] or ["their flags differ"]
+        if (
+            argv != list(spec.argv)
+            or {k: v for k, v in env.items() if k in want or k not in pod.secrets} != want
+        ):
+            diff = [
+                f"{spec.argv[i - 1]} {b} where the template gives {a}"
+                for i, (a, b) in enumerate(zip(argv, spec.argv, strict=False))
+                if a != b
+            ][:3] or ["their flags differ"]
             raise ExportError(
                 f"roles.{role}: {flavour.name.upper()} gives every worker of a group one template, but "
                 f"{spec.name}'s command is not {specs[1].name}'s with only the node rank, group size and "
-                f"addresses changed ({'; '.join(diff)}); export it with 2 nodes per role, or split the role")
+                f"addresses changed ({'; '.join(diff)}); export it with 2 nodes per role, or split the role"
+            )
     return Group(role, tuple(specs), leader, worker, depends)
 
 
@@ -309,6 +345,7 @@ def escape(text: str) -> str:
 
 def _pod(spec: LaunchSpec, swaps: Mapping[str, str], values: Mapping[int, str] | None = None) -> PodCommand:
     argv = spec.argv
+
     def render(text: str) -> str:
         text = escape(text)
         for old, new in swaps.items():
@@ -318,12 +355,17 @@ def _pod(spec: LaunchSpec, swaps: Mapping[str, str], values: Mapping[int, str] |
     visible = _visible_env(spec)
     secrets = sorted({m for text in (*argv, *visible.values()) for m in SECRET_MARK_RE.findall(text)})
     out = [values[i] if values and i in values else render(a) for i, a in enumerate(argv)]
-    pairs = tuple((k, render(v)) for k, v in visible.items() if not (k in secrets and v == SECRET_MARK.format(k)))
+    pairs = tuple(
+        (k, render(v)) for k, v in visible.items() if not (k in secrets and v == SECRET_MARK.format(k))
+    )
     return PodCommand(tuple(out), pairs, tuple(secrets), spec)
 
 
-def replay(pod: PodCommand, injected: Mapping[str, str], secrets: Mapping[str, str] | None = None,
-           ) -> tuple[list[str], dict[str, str]]:
+def replay(
+    pod: PodCommand,
+    injected: Mapping[str, str],
+    secrets: Mapping[str, str] | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """The argv and env Kubernetes gives the container: the injected variables, then the secrets
     (each as its mark unless given, so that the result compares with the plan), then the pod's env."""
     defined: dict[str, str] = dict(injected)

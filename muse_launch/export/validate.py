@@ -29,7 +29,10 @@ from .manifests import LWS_API, RBG_API
 
 KUBERNETES_VERSION = "1.33"
 SCHEMAS = Path(__file__).parent / "schemas"
-CRDS = {(LWS_API, "LeaderWorkerSet"): "leaderworkerset-v1.json", (RBG_API, "RoleBasedGroup"): "rolebasedgroup-v1alpha2.json"}
+CRDS = {
+    (LWS_API, "LeaderWorkerSet"): "leaderworkerset-v1.json",
+    (RBG_API, "RoleBasedGroup"): "rolebasedgroup-v1alpha2.json",
+}
 KUSTOMIZATION = ("kustomize.config.k8s.io/v1beta1", "Kustomization")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -65,8 +68,11 @@ def strict(schema: Any) -> Any:
     preserve unknown ones."""
     if isinstance(schema, dict):
         out = {k: strict(v) for k, v in schema.items()}
-        if "properties" in out and "additionalProperties" not in out \
-                and not out.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -112,7 +118,9 @@ def _core_file(api_version: str, kind: str) -> str:
     return f"{kind.lower()}-{group + '-' if group else ''}{version}.json"
 
 
-def _errors(validator: jsonschema.Validator, data: Any, at: tuple[Any, ...], file: str, obj: str) -> Iterator[Problem]:
+def _errors(
+    validator: jsonschema.Validator, data: Any, at: tuple[Any, ...], file: str, obj: str
+) -> Iterator[Problem]:
     for error in sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]):
         leaves = error.context if error.context and error.validator in ("anyOf", "oneOf") else None
         if leaves:  # an anyOf's own message quotes the whole value; its alternatives say what is wrong
@@ -146,7 +154,9 @@ def validate_object(data: Any, file: str) -> list[Problem]:
         validator = _core_validator(_core_file(api, kind))
         if validator is None:
             known = ", ".join(f"{a} {k}" for a, k in CRDS)
-            return [Problem(file, obj, "", f"no schema for {api} {kind}: export writes {known} and core kinds")]
+            return [
+                Problem(file, obj, "", f"no schema for {api} {kind}: export writes {known} and core kinds")
+            ]
         problems += _errors(validator, data, (), file, obj)
     if not problems:
         problems += _names(data, file, obj)
@@ -166,19 +176,34 @@ def pod_templates(data: dict[str, Any]) -> Iterator[tuple[tuple[Any, ...], Any]]
             if not isinstance(role, dict):
                 continue
             if "template" in (role.get("standalonePattern") or {}):
-                yield ("spec", "roles", i, "standalonePattern", "template"), role["standalonePattern"]["template"]
+                yield (
+                    ("spec", "roles", i, "standalonePattern", "template"),
+                    role["standalonePattern"]["template"],
+                )
             lwp = role.get("leaderWorkerPattern") or {}
             if "template" in lwp:
                 at = ("spec", "roles", i, "leaderWorkerPattern")
                 yield (*at, "template"), lwp["template"]
                 if lwp.get("leaderTemplatePatch"):
-                    yield (*at, "leaderTemplatePatch"), merge_patch(lwp["template"], lwp["leaderTemplatePatch"])
+                    yield (
+                        (*at, "leaderTemplatePatch"),
+                        merge_patch(lwp["template"], lwp["leaderTemplatePatch"]),
+                    )
                 if lwp.get("workerTemplatePatch"):
-                    yield (*at, "workerTemplatePatch"), merge_patch(lwp["template"], lwp["workerTemplatePatch"])
+                    yield (
+                        (*at, "workerTemplatePatch"),
+                        merge_patch(lwp["template"], lwp["workerTemplatePatch"]),
+                    )
 
 
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "ports": "containerPort",
-              "volumes": "name", "volumeMounts": "mountPath"}
+MERGE_KEYS = {
+    "containers": "name",
+    "initContainers": "name",
+    "env": "name",
+    "ports": "containerPort",
+    "volumes": "name",
+    "volumeMounts": "mountPath",
+}
 
 
 def merge_patch(base: Any, patch: Any, key: str | None = None) -> Any:
@@ -193,8 +218,14 @@ def merge_patch(base: Any, patch: Any, key: str | None = None) -> Any:
         field = MERGE_KEYS[key]
         out = copy.deepcopy(base)
         for item in patch:
-            index = next((i for i, b in enumerate(out) if isinstance(b, dict) and isinstance(item, dict)
-                          and b.get(field) == item.get(field)), None)
+            index = next(
+                (
+                    i
+                    for i, b in enumerate(out)
+                    if isinstance(b, dict) and isinstance(item, dict) and b.get(field) == item.get(field)
+                ),
+                None,
+            )
             if index is None:
                 out.append(copy.deepcopy(item))
             else:
@@ -207,38 +238,68 @@ def _names(data: dict[str, Any], file: str, obj: str) -> list[Problem]:
     """What the API server's name validation would refuse."""
     out = []
     kind, name = data["kind"], data["metadata"].get("name", "")
-    pattern, what = {"Service": (DNS_1035, "a DNS-1035 label (a letter first)"),
-                     "LeaderWorkerSet": (DNS_1035, "a DNS-1035 label: it names the set's Service"),
-                     }.get(kind, (DNS_SUBDOMAIN, "a DNS-1123 subdomain"))
+    pattern, what = {
+        "Service": (DNS_1035, "a DNS-1035 label (a letter first)"),
+        "LeaderWorkerSet": (DNS_1035, "a DNS-1035 label: it names the set's Service"),
+    }.get(kind, (DNS_SUBDOMAIN, "a DNS-1123 subdomain"))
     limit = 253 if pattern is DNS_SUBDOMAIN else 63
     if not pattern.match(name) or len(name) > limit:
-        out.append(Problem(file, obj, "metadata.name", f"{name!r} is not {what} of at most {limit} characters"))
-    for at, pod in pod_templates(data) if kind in ("LeaderWorkerSet", "RoleBasedGroup") else \
-            [(("spec", "template"), (data.get("spec") or {}).get("template") or {})]:
+        out.append(
+            Problem(file, obj, "metadata.name", f"{name!r} is not {what} of at most {limit} characters")
+        )
+    for at, pod in (
+        pod_templates(data)
+        if kind in ("LeaderWorkerSet", "RoleBasedGroup")
+        else [(("spec", "template"), (data.get("spec") or {}).get("template") or {})]
+    ):
         for i, c in enumerate(((pod or {}).get("spec") or {}).get("containers") or []):
             where = (*at, "spec", "containers", i)
             if not DNS_LABEL.match(c.get("name", "")):
-                out.append(Problem(file, obj, dotted((*where, "name")), f"{c.get('name')!r} is not a DNS label"))
+                out.append(
+                    Problem(file, obj, dotted((*where, "name")), f"{c.get('name')!r} is not a DNS label")
+                )
             for j, p in enumerate(c.get("ports") or []):
                 if "name" in p and (not PORT_NAME.match(p["name"]) or len(p["name"]) > 15):
-                    out.append(Problem(file, obj, dotted((*where, "ports", j, "name")),
-                                       f"{p['name']!r} is not a port name (at most 15 of a-z, 0-9 and '-', a letter)"))
+                    out.append(
+                        Problem(
+                            file,
+                            obj,
+                            dotted((*where, "ports", j, "name")),
+                            f"{p['name']!r} is not a port name (at most 15 of a-z, 0-9 and '-', a letter)",
+                        )
+                    )
             for j, e in enumerate(c.get("env") or []):
                 if not ENV_NAME.match(e.get("name", "")):
-                    out.append(Problem(file, obj, dotted((*where, "env", j, "name")), f"{e.get('name')!r} is not "
-                                       f"a valid environment variable name"))
+                    out.append(
+                        Problem(
+                            file,
+                            obj,
+                            dotted((*where, "env", j, "name")),
+                            f"{e.get('name')!r} is not a valid environment variable name",
+                        )
+                    )
     if kind == "Deployment":
         selector = ((data.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         labels = (((data.get("spec") or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
-            out.append(Problem(file, obj, "spec.selector.matchLabels", "does not match spec.template.metadata.labels"))
+            out.append(
+                Problem(
+                    file, obj, "spec.selector.matchLabels", "does not match spec.template.metadata.labels"
+                )
+            )
     if kind == "RoleBasedGroup":
         roles = [r.get("name") for r in (data.get("spec") or {}).get("roles") or [] if isinstance(r, dict)]
         for i, role in enumerate((data.get("spec") or {}).get("roles") or []):
             for j, dep in enumerate(role.get("dependencies") or []):
                 if dep not in roles:
-                    out.append(Problem(file, obj, dotted(("spec", "roles", i, "dependencies", j)),
-                                       f"{dep!r} is not a role of this group; roles: {', '.join(map(str, roles))}"))
+                    out.append(
+                        Problem(
+                            file,
+                            obj,
+                            dotted(("spec", "roles", i, "dependencies", j)),
+                            f"{dep!r} is not a role of this group; roles: {', '.join(map(str, roles))}",
+                        )
+                    )
     return out
 
 
@@ -255,7 +316,9 @@ def read_dir(directory: Path) -> tuple[list[tuple[str, Any]], list[Problem]]:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{path.name}:{mark.line + 1}" if mark else path.name
-            problems.append(Problem(where, "?", "", f"not valid YAML: {getattr(exc, 'problem', None) or exc}"))
+            problems.append(
+                Problem(where, "?", "", f"not valid YAML: {getattr(exc, 'problem', None) or exc}")
+            )
         except (OSError, UnicodeDecodeError) as exc:
             problems.append(Problem(path.name, "?", "", f"cannot read: {exc}"))
     return docs, problems
@@ -272,8 +335,11 @@ def check_documents(docs: list[tuple[str, Any]], present: Iterable[str]) -> list
             kustomized = True
             for i, resource in enumerate(doc.get("resources") or []):
                 if resource not in present:
-                    problems.append(Problem(file, "Kustomization", f"resources[{i}]",
-                                            f"{resource!r} is not in this directory"))
+                    problems.append(
+                        Problem(
+                            file, "Kustomization", f"resources[{i}]", f"{resource!r} is not in this directory"
+                        )
+                    )
             listed = set(doc.get("resources") or [])
             for other in sorted(present - listed - {file}):
                 problems.append(Problem(file, "Kustomization", "resources", f"{other} is not listed; add it"))
@@ -287,7 +353,9 @@ def check_documents(docs: list[tuple[str, Any]], present: Iterable[str]) -> list
         unique.setdefault((p.file, p.obj, p.path), p)
     problems = list(unique.values())
     if docs and not kustomized:
-        problems.append(Problem("kustomization.yaml", "Kustomization", "", "missing: list the manifests in it"))
+        problems.append(
+            Problem("kustomization.yaml", "Kustomization", "", "missing: list the manifests in it")
+        )
     return problems
 
 

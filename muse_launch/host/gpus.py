@@ -60,7 +60,9 @@ class GpuHolder:
 
 @dataclass(frozen=True)
 class Gpu:
-    index: int  # the driver's (PCI bus) order: what nvidia-smi shows, and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    index: (
+        int  # the driver's (PCI bus) order: what nvidia-smi shows, and CUDA with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    )
     name: str  # "NVIDIA H200", "AMD Instinct MI355X"
     total_bytes: int
     used_bytes: int  # all of it, the driver's own reserve included (~0.6 GiB on an idle H200)
@@ -73,14 +75,27 @@ class Gpu:
         return max(self.total_bytes - self.used_bytes, 0)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "total_bytes": self.total_bytes,
-                "used_bytes": self.used_bytes, "holders": [h.to_json() for h in self.holders],
-                "uuid": self.uuid, "pci_bus_id": self.pci_bus_id}
+        return {
+            "index": self.index,
+            "name": self.name,
+            "total_bytes": self.total_bytes,
+            "used_bytes": self.used_bytes,
+            "holders": [h.to_json() for h in self.holders],
+            "uuid": self.uuid,
+            "pci_bus_id": self.pci_bus_id,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Gpu:
-        return cls(int(d["index"]), str(d["name"]), int(d["total_bytes"]), int(d["used_bytes"]),
-                   tuple(GpuHolder.from_json(h) for h in d.get("holders", ())), d.get("uuid"), d.get("pci_bus_id"))
+        return cls(
+            int(d["index"]),
+            str(d["name"]),
+            int(d["total_bytes"]),
+            int(d["used_bytes"]),
+            tuple(GpuHolder.from_json(h) for h in d.get("holders", ())),
+            d.get("uuid"),
+            d.get("pci_bus_id"),
+        )
 
 
 @dataclass(frozen=True)
@@ -101,14 +116,22 @@ class GpuView:
         return next((g for g in self.gpus if g.index == index), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "driver": self.driver, "unavailable": self.unavailable,
-                "gpus": [g.to_json() for g in self.gpus]}
+        return {
+            "source": self.source,
+            "driver": self.driver,
+            "unavailable": self.unavailable,
+            "gpus": [g.to_json() for g in self.gpus],
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any], source: str | None = None) -> GpuView:
         d = d.get("gpu_view", d)  # `doctor --json` writes the view under "gpu_view"
-        return cls(source or str(d.get("source", "saved")), tuple(Gpu.from_json(g) for g in d.get("gpus", ())),
-                   d.get("driver"), d.get("unavailable"))
+        return cls(
+            source or str(d.get("source", "saved")),
+            tuple(Gpu.from_json(g) for g in d.get("gpus", ())),
+            d.get("driver"),
+            d.get("unavailable"),
+        )
 
     def save(self, path: Path) -> None:
         """Atomically: a reader in another process (`down` polling the view) sees the old view or the new one,
@@ -122,7 +145,9 @@ class GpuView:
         try:
             return cls.from_json(json.loads(path.read_text()), source=str(path))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})") from e
+            raise UsageError(
+                f"{VIEW_ENV}={path}: not a GPU view written by `muse-launch doctor --json` ({e})"
+            ) from e
 
 
 def command_of(pid: int) -> str | None:
@@ -159,13 +184,25 @@ def _nvml_view() -> GpuView:
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
             processes: dict[int, int | None] = {}
             # A process with a CUDA and a graphics context is in both lists, with the same memory.
-            for proc in [*_nvml_processes(pynvml, pynvml.nvmlDeviceGetComputeRunningProcesses, handle),
-                         *_nvml_processes(pynvml, pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle)]:
+            for proc in [
+                *_nvml_processes(pynvml, pynvml.nvmlDeviceGetComputeRunningProcesses, handle),
+                *_nvml_processes(pynvml, pynvml.nvmlDeviceGetGraphicsRunningProcesses, handle),
+            ]:
                 seen = processes.get(proc.pid)
-                processes[proc.pid] = seen if proc.usedGpuMemory is None else max(seen or 0, proc.usedGpuMemory)
-            gpus.append(Gpu(index, _text(pynvml.nvmlDeviceGetName(handle)), memory.total, memory.used,
-                            tuple(GpuHolder(pid, used, command_of(pid)) for pid, used in sorted(processes.items())),
-                            _text(pynvml.nvmlDeviceGetUUID(handle)), _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)))
+                processes[proc.pid] = (
+                    seen if proc.usedGpuMemory is None else max(seen or 0, proc.usedGpuMemory)
+                )
+            gpus.append(
+                Gpu(
+                    index,
+                    _text(pynvml.nvmlDeviceGetName(handle)),
+                    memory.total,
+                    memory.used,
+                    tuple(GpuHolder(pid, used, command_of(pid)) for pid, used in sorted(processes.items())),
+                    _text(pynvml.nvmlDeviceGetUUID(handle)),
+                    _text(pynvml.nvmlDeviceGetPciInfo(handle).busId),
+                )
+            )
         return GpuView("nvml", tuple(gpus), driver=_text(pynvml.nvmlSystemGetDriverVersion()))
     except pynvml.NVMLError as e:
         return GpuView("nvml", unavailable=f"NVML: {e}")
@@ -194,12 +231,23 @@ def _amd_view() -> GpuView:
             for entry in entries:
                 info = entry if isinstance(entry, dict) else amdsmi.amdsmi_get_gpu_process_info(handle, entry)
                 used = (info.get("memory_usage") or {}).get("vram_mem")
-                holders.append(GpuHolder(int(info["pid"]), used if isinstance(used, int) else None,
-                                         command_of(int(info["pid"]))))
-            gpus.append(Gpu(index, amdsmi.amdsmi_get_gpu_asic_info(handle)["market_name"],
-                            amdsmi.amdsmi_get_gpu_memory_total(handle, vram),
-                            amdsmi.amdsmi_get_gpu_memory_usage(handle, vram), tuple(holders),
-                            pci_bus_id=amdsmi.amdsmi_get_gpu_device_bdf(handle)))
+                holders.append(
+                    GpuHolder(
+                        int(info["pid"]),
+                        used if isinstance(used, int) else None,
+                        command_of(int(info["pid"])),
+                    )
+                )
+            gpus.append(
+                Gpu(
+                    index,
+                    amdsmi.amdsmi_get_gpu_asic_info(handle)["market_name"],
+                    amdsmi.amdsmi_get_gpu_memory_total(handle, vram),
+                    amdsmi.amdsmi_get_gpu_memory_usage(handle, vram),
+                    tuple(holders),
+                    pci_bus_id=amdsmi.amdsmi_get_gpu_device_bdf(handle),
+                )
+            )
         return GpuView("amdsmi", tuple(gpus))
     except Exception as e:
         return GpuView("amdsmi", unavailable=f"AMD SMI: {e}")
@@ -216,7 +264,11 @@ def read_gpu_view(environ: Mapping[str, str] = os.environ) -> GpuView:
         view = _nvml_view()
         if not view.available:
             amd = _amd_view()
-            view = amd if amd.available else GpuView("none", unavailable=f"{view.unavailable}; {amd.unavailable}")
+            view = (
+                amd
+                if amd.available
+                else GpuView("none", unavailable=f"{view.unavailable}; {amd.unavailable}")
+            )
     return GpuView(view.source, view.gpus, view.driver, view.unavailable, time.perf_counter() - started)
 
 

@@ -30,7 +30,8 @@ QUERY_TIMEOUT = 20.0
 
 # engine name -> the distributions that provide it, first choice first (facts of each engine module)
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    name: module.DISTRIBUTIONS for name, module in ENGINES.items() if hasattr(module, "DISTRIBUTIONS")}
+    name: module.DISTRIBUTIONS for name, module in ENGINES.items() if hasattr(module, "DISTRIBUTIONS")
+}
 # top-level module -> engine name: what a program runs decides which engine it is
 MODULE_ENGINES: dict[str, str] = {
     **{m: name for name, module in ENGINES.items() for m in getattr(module, "MODULES", ())},
@@ -104,8 +105,15 @@ def resolve_program(launcher: Iterable[str], env: Mapping[str, str] | None = Non
     word = launcher[0]
     exe = shutil.which(program_path(word, {"PATH": path}), path=path)  # as `up` will find it
     if exe is None:
-        return Program(launcher, None, None, None, why=f"`{word}` is not on PATH" if "/" not in word
-                       else f"{word} does not exist or is not executable")
+        return Program(
+            launcher,
+            None,
+            None,
+            None,
+            why=f"`{word}` is not on PATH"
+            if "/" not in word
+            else f"{word} does not exist or is not executable",
+        )
     exe = os.path.abspath(exe)
     if PYTHON_NAME.match(Path(exe).name):
         if launcher[1:2] == ("-m",) and len(launcher) > 2:
@@ -119,10 +127,18 @@ def resolve_program(launcher: Iterable[str], env: Mapping[str, str] | None = Non
     if Path(interpreter).name == "env" and len(shebang) > 1:
         interpreter = shutil.which(shebang[-1], path=path) or shebang[-1]
     if not PYTHON_NAME.match(Path(interpreter).name) or not os.access(interpreter, os.X_OK):
-        return Program(launcher, exe, None, None, launcher[1:], why=f"{exe} is not run by a Python interpreter")
+        return Program(
+            launcher, exe, None, None, launcher[1:], why=f"{exe} is not run by a Python interpreter"
+        )
     imported = CONSOLE_SCRIPT_IMPORT.search(head)
-    return Program(launcher, exe, interpreter, imported.group(1) if imported else None, launcher[1:],
-                   why=None if imported else f"{exe} is not a console script")
+    return Program(
+        launcher,
+        exe,
+        interpreter,
+        imported.group(1) if imported else None,
+        launcher[1:],
+        why=None if imported else f"{exe} is not a console script",
+    )
 
 
 def _head(path: str, size: int = 4096) -> str:
@@ -136,8 +152,12 @@ def _head(path: str, size: int = 4096) -> str:
 def query_interpreter(python: str, tops: Mapping[str, tuple[str, ...]]) -> dict[str, tuple | None]:
     """{top-level module: (distribution, version, install stamp) or None}, read by `python` itself."""
     try:
-        done = subprocess.run([python, "-c", _QUERY, json.dumps({t: list(c) for t, c in tops.items()})],
-                              capture_output=True, text=True, timeout=QUERY_TIMEOUT)
+        done = subprocess.run(
+            [python, "-c", _QUERY, json.dumps({t: list(c) for t, c in tops.items()})],
+            capture_output=True,
+            text=True,
+            timeout=QUERY_TIMEOUT,
+        )
         found = json.loads(done.stdout)["versions"]
     except (OSError, subprocess.SubprocessError, ValueError, KeyError):
         return {t: None for t in tops}
@@ -153,15 +173,22 @@ def installed(programs: Iterable[tuple[str, Program]]) -> list[Installed]:
             candidates = DISTRIBUTIONS.get(MODULE_ENGINES.get(program.top, ""), ())
             wanted.setdefault(program.python, {})[program.top] = candidates
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(wanted)))) as pool:
-        answers = dict(zip(wanted, pool.map(lambda py: query_interpreter(py, wanted[py]), wanted), strict=True))
+        answers = dict(
+            zip(wanted, pool.map(lambda py: query_interpreter(py, wanted[py]), wanted), strict=True)
+        )
     out = []
     for engine, program in programs:
         if not (program.python and program.top):
             out.append(Installed(engine, program, why=program.why or "unknown program"))
             continue
         if program.top not in MODULE_ENGINES:  # a wrapper, a stand-in, the rehearsal's simulated engine
-            out.append(Installed(engine, program, why=f"{' '.join(program.launcher)} runs {program.module}, "
-                                                       f"not a known engine"))
+            out.append(
+                Installed(
+                    engine,
+                    program,
+                    why=f"{' '.join(program.launcher)} runs {program.module}, not a known engine",
+                )
+            )
             continue
         found = answers.get(program.python, {}).get(program.top)
         if found is None:
@@ -187,7 +214,9 @@ def installed_versions(plan: Plan) -> dict[str, str | None]:
         known.setdefault(found.engine, [])
         if found.version is not None:
             known[found.engine].append(found.version)
-    return {engine: min(versions, key=version_key) if versions else None for engine, versions in known.items()}
+    return {
+        engine: min(versions, key=version_key) if versions else None for engine, versions in known.items()
+    }
 
 
 def argv_versions(roles: Iterable[tuple[str, tuple[str, ...], str | None]]) -> dict[str, Installed]:

@@ -23,7 +23,7 @@ from .client import FIELD_MANAGER, REQUEST_TIMEOUT, Cluster, status_body
 TYPED_PATCH = re.compile(r"failed to create typed patch object \([^)]*\): (\.\S+?): (.*)$", re.S)
 UNKNOWN_FIELD = re.compile(r'(unknown|duplicate) field "([^"]+)"')
 DENIED = re.compile(r'admission webhook "([^"]+)" denied the request: ([A-Za-z][\w.\[\]]*): (.*)$', re.S)
-SEGMENT = re.compile(r'\.([^.\[]+)|\[([^\]]*)\]')
+SEGMENT = re.compile(r"\.([^.\[]+)|\[([^\]]*)\]")
 WORKLOADS = ("LeaderWorkerSet", "RoleBasedGroup")
 
 
@@ -39,23 +39,39 @@ def apply(cluster: Cluster, doc: dict[str, Any], dry_run: bool = False, namespac
     if dry_run:
         query.append(("dryRun", "All"))
     path = res.path(name=doc["metadata"]["name"], namespace=ns) + "?" + urlencode(query)
-    return cluster.dynamic.request("patch", path, body=json.dumps(doc), content_type="application/apply-patch+yaml",
-                                   _request_timeout=REQUEST_TIMEOUT)
+    return cluster.dynamic.request(
+        "patch",
+        path,
+        body=json.dumps(doc),
+        content_type="application/apply-patch+yaml",
+        _request_timeout=REQUEST_TIMEOUT,
+    )
 
 
 def dry_run_pod(cluster: Cluster, name: str, namespace: str, template: dict[str, Any]) -> Any:
     """A pod template as a Pod the server validates and admits, and stores nothing of."""
     meta = template.get("metadata") or {}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{name}-check"[:63].rstrip("-"),
-                                                           "namespace": namespace, "labels": meta.get("labels") or {}},
-           "spec": template.get("spec") or {}}
-    path = f"/api/v1/namespaces/{namespace}/pods?" + urlencode([("fieldValidation", "Strict"), ("dryRun", "All"),
-                                                              ("fieldManager", FIELD_MANAGER)])
-    return cluster.dynamic.request("post", path, body=pod, content_type="application/json",
-                                   _request_timeout=REQUEST_TIMEOUT)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-check"[:63].rstrip("-"),
+            "namespace": namespace,
+            "labels": meta.get("labels") or {},
+        },
+        "spec": template.get("spec") or {},
+    }
+    path = f"/api/v1/namespaces/{namespace}/pods?" + urlencode(
+        [("fieldValidation", "Strict"), ("dryRun", "All"), ("fieldManager", FIELD_MANAGER)]
+    )
+    return cluster.dynamic.request(
+        "post", path, body=pod, content_type="application/json", _request_timeout=REQUEST_TIMEOUT
+    )
 
 
-def server_problems(cluster: Cluster, docs: Iterable[tuple[str, Any]], namespace: str = "default") -> list[Problem]:
+def server_problems(
+    cluster: Cluster, docs: Iterable[tuple[str, Any]], namespace: str = "default"
+) -> list[Problem]:
     """Every object (and each workload's pod templates) through the server as a dry run."""
     from kubernetes.client.exceptions import ApiException
 
@@ -66,7 +82,11 @@ def server_problems(cluster: Cluster, docs: Iterable[tuple[str, Any]], namespace
         if not isinstance(doc, dict) or (doc.get("apiVersion"), doc.get("kind")) == KUSTOMIZATION:
             continue
         obj = describe(doc)
-        if not isinstance(doc.get("metadata"), dict) or not doc["metadata"].get("name") or not doc.get("apiVersion"):
+        if (
+            not isinstance(doc.get("metadata"), dict)
+            or not doc["metadata"].get("name")
+            or not doc.get("apiVersion")
+        ):
             problems.append(Problem(file, obj, "", "apiVersion, kind and metadata.name are required"))
             continue
         try:
@@ -82,13 +102,17 @@ def server_problems(cluster: Cluster, docs: Iterable[tuple[str, Any]], namespace
         ns = doc["metadata"].get("namespace") or namespace
         for at, template in pod_templates(doc):
             try:
-                dry_run_pod(cluster, doc["metadata"]["name"], ns, template if isinstance(template, dict) else {})
+                dry_run_pod(
+                    cluster, doc["metadata"]["name"], ns, template if isinstance(template, dict) else {}
+                )
             except ApiException as exc:
                 problems += refusal(exc, file, obj, template, prefix=at, pod=True)
     return problems
 
 
-def refusal(exc: Any, file: str, obj: str, doc: Any, prefix: tuple[Any, ...] = (), pod: bool = False) -> list[Problem]:
+def refusal(
+    exc: Any, file: str, obj: str, doc: Any, prefix: tuple[Any, ...] = (), pod: bool = False
+) -> list[Problem]:
     """The problems a refused request names, each at its field where the answer says which."""
     body = status_body(exc)
     message = str(body.get("message") or getattr(exc, "reason", "") or exc).strip()
@@ -101,19 +125,29 @@ def refusal(exc: Any, file: str, obj: str, doc: Any, prefix: tuple[Any, ...] = (
             field = "metadata.name"  # the check pod's own name: not the template's
         return f"{at}.{field}" if at and field else (at or field)
 
-    causes = [c for c in (body.get("details") or {}).get("causes") or [] if isinstance(c, dict) and c.get("field")]
+    causes = [
+        c for c in (body.get("details") or {}).get("causes") or [] if isinstance(c, dict) and c.get("field")
+    ]
     if causes:
         return [Problem(file, obj, where(c["field"]), str(c.get("message", "")).strip()) for c in causes]
     if m := TYPED_PATCH.search(message):
         return [Problem(file, obj, where(resolve(m.group(1), doc)), m.group(2).strip())]
     if unknown := UNKNOWN_FIELD.findall(message):
-        return [Problem(file, obj, where(field), f"field not declared in schema ({kind} field)")
-                for kind, field in unknown]
+        return [
+            Problem(file, obj, where(field), f"field not declared in schema ({kind} field)")
+            for kind, field in unknown
+        ]
     if m := DENIED.search(message):
         return [Problem(file, obj, where(m.group(2)), f"{m.group(3).strip()} (webhook {m.group(1)})")]
     if code == 404 and "namespaces" in message:
-        return [Problem(file, obj, "metadata.namespace", f"{message} on the cluster: create it first "
-                        f"(kubectl create namespace NAME)")]
+        return [
+            Problem(
+                file,
+                obj,
+                "metadata.namespace",
+                f"{message} on the cluster: create it first (kubectl create namespace NAME)",
+            )
+        ]
     return [Problem(file, obj, at, f"HTTP {code}: {message}" if code else message)]
 
 
@@ -130,7 +164,9 @@ def resolve(path: str, doc: Any) -> str:
         index = _index(node, selector)
         parts.append(index if index is not None else f"[{selector}]")
         node = node[index] if index is not None else None
-    return "".join(f"[{p}]" if isinstance(p, int) else (p if p.startswith("[") else f".{p}") for p in parts).lstrip(".")
+    return "".join(
+        f"[{p}]" if isinstance(p, int) else (p if p.startswith("[") else f".{p}") for p in parts
+    ).lstrip(".")
 
 
 def _index(items: Any, selector: str) -> int | None:

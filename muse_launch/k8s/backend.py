@@ -52,10 +52,18 @@ class KubernetesBackend:
 
         if options.flavour not in FLAVOURS:
             raise UsageError(f"--to {options.flavour}: one of {', '.join(FLAVOURS)}")
-        done = build(file, options.flavour, options.namespace, options.images, options.sets,
-                     options.python if options.rehearse else None)
+        done = build(
+            file,
+            options.flavour,
+            options.namespace,
+            options.images,
+            options.sets,
+            options.python if options.rehearse else None,
+        )
         if done.problems:
-            raise RuntimeFailure("the exported manifests fail validation:\n" + "\n".join(map(str, done.problems)))
+            raise RuntimeFailure(
+                "the exported manifests fail validation:\n" + "\n".join(map(str, done.problems))
+            )
         export = done.export
         run_dir = RunDir.of(export.plan.name)
         cluster = connect(options.context)
@@ -74,16 +82,19 @@ class KubernetesBackend:
             cluster.close()
         return self._after(run_dir, rec, export, outcome, started, options)
 
-    def _after(self, run_dir: RunDir, rec: K8sRecord, export: Any, outcome: str, started: float,
-               options: K8sOptions) -> int:
+    def _after(
+        self, run_dir: RunDir, rec: K8sRecord, export: Any, outcome: str, started: float, options: K8sOptions
+    ) -> int:
         name = export.plan.name
         if outcome != "ready":
             self.say(f"{name}: deleting what was applied")
             self.down(run_dir)
             return 130 if outcome == "interrupted" else 1
         self._write_ready(run_dir)
-        self.say(f"{name}: ready in {time.monotonic() - started:.2f}s on {rec.server} (context {rec.context}, "
-                 f"namespace {rec.namespace}, {rec.flavour})")
+        self.say(
+            f"{name}: ready in {time.monotonic() - started:.2f}s on {rec.server} (context {rec.context}, "
+            f"namespace {rec.namespace}, {rec.flavour})"
+        )
         self.say(f"smoke it with `muse-launch smoke {name}`, stop it with `muse-launch down {name}`")
         if options.detach:
             return 0
@@ -93,12 +104,16 @@ class KubernetesBackend:
         from muse_launch.run.state import is_locked
 
         if is_locked(run_dir):
-            raise RuntimeFailure(f"deployment {run_dir.name!r} is running on this host; "
-                                 f"`muse-launch down {run_dir.name}` first")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} is running on this host; "
+                f"`muse-launch down {run_dir.name}` first"
+            )
         old = records.read(run_dir)
         if old is not None and old.down_at is None:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} is up on {old.server} (namespace {old.namespace}); "
-                                 f"`muse-launch down {run_dir.name}` first")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} is up on {old.server} (namespace {old.namespace}); "
+                f"`muse-launch down {run_dir.name}` first"
+            )
 
     def _require_secret(self, cluster: Cluster, export: Any) -> None:
         """The pods read their secrets from a Secret that must exist first; it is never written here."""
@@ -116,28 +131,51 @@ class KubernetesBackend:
             missing = list(export.secrets)
         if missing:
             literal = " ".join(f"--from-literal={n}=..." for n in export.secrets)
-            raise RuntimeFailure(f"Secret {names.secret} in namespace {names.namespace} lacks "
-                                 f"{', '.join(missing)}: the pods read them from it; nothing was applied",
-                                 fix=f"kubectl -n {names.namespace} create secret generic {names.secret} {literal}")
+            raise RuntimeFailure(
+                f"Secret {names.secret} in namespace {names.namespace} lacks "
+                f"{', '.join(missing)}: the pods read them from it; nothing was applied",
+                fix=f"kubectl -n {names.namespace} create secret generic {names.secret} {literal}",
+            )
 
     def _record(self, cluster: Cluster, export: Any, files: Any, options: K8sOptions) -> K8sRecord:
         from muse_launch.export.manifests import SINGLE_POD_KINDS
         from muse_launch.export.names import LWS, dns_label
 
         names = export.names
-        objects = [{"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"]}
-                   for f in files for o in f.objects if o["kind"] != "Kustomization"]
+        objects = [
+            {"apiVersion": o["apiVersion"], "kind": o["kind"], "name": o["metadata"]["name"]}
+            for f in files
+            for o in f.objects
+            if o["kind"] != "Kustomization"
+        ]
         roles, entry = [], {}
         for group in export.groups:
             deployment = names.flavour is LWS and group.kind in SINGLE_POD_KINDS and group.size == 1
             for rank, spec in enumerate(group.specs):
                 pod = None if deployment else names.pod(group.role, rank, group.size > 1)
-                roles.append({"name": spec.name, "component": dns_label(group.role), "pod": pod, "kind": spec.kind,
-                              "port": spec.ports.get("http")})
+                roles.append(
+                    {
+                        "name": spec.name,
+                        "component": dns_label(group.role),
+                        "pod": pod,
+                        "kind": spec.kind,
+                        "port": spec.ports.get("http"),
+                    }
+                )
             if group.kind == "router" and not entry and group.specs[0].ports.get("http"):
                 entry = {"service": names.entry_service(group.role), "port": group.specs[0].ports["http"]}
-        return K8sRecord(cluster.kubeconfig, cluster.context, cluster.server, names.namespace, names.flavour.name,
-                         names.instance, objects, roles, entry, options.rehearse)
+        return K8sRecord(
+            cluster.kubeconfig,
+            cluster.context,
+            cluster.server,
+            names.namespace,
+            names.flavour.name,
+            names.instance,
+            objects,
+            roles,
+            entry,
+            options.rehearse,
+        )
 
     def _apply(self, cluster: Cluster, rec: K8sRecord, files: Any) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -154,8 +192,10 @@ class KubernetesBackend:
                     apply(cluster, obj, namespace=rec.namespace)
                 except ApiException as exc:
                     problems = refusal(exc, f.path, describe(obj), obj)
-                    raise RuntimeFailure("the API server refused an object:\n" + "\n".join(map(str, problems)),
-                                         fix=f"`muse-launch down {rec.instance}` deletes what was applied") from None
+                    raise RuntimeFailure(
+                        "the API server refused an object:\n" + "\n".join(map(str, problems)),
+                        fix=f"`muse-launch down {rec.instance}` deletes what was applied",
+                    ) from None
                 self.say(f"  applied {describe(obj)}")
 
     def _ensure_namespace(self, cluster: Cluster, namespace: str) -> None:
@@ -166,8 +206,10 @@ class KubernetesBackend:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-            raise RuntimeFailure(f"namespace {namespace} does not exist on {cluster.server}",
-                                 fix=f"kubectl create namespace {namespace}") from None
+            raise RuntimeFailure(
+                f"namespace {namespace} does not exist on {cluster.server}",
+                fix=f"kubectl create namespace {namespace}",
+            ) from None
 
     # ---- waiting ----
     def _await(self, cluster: Cluster, rec: K8sRecord, name: str, started: float, limit: float) -> str:
@@ -205,7 +247,9 @@ class KubernetesBackend:
         why = f": {pod.reason}" if pod.reason and role.state != "ready" else ""
         return f"{role.name}: {role.state}{where} pod {pod.name}{why}"
 
-    def _failure(self, cluster: Cluster, rec: K8sRecord, view: ClusterView, since: dict[str, float]) -> list[str]:
+    def _failure(
+        self, cluster: Cluster, rec: K8sRecord, view: ClusterView, since: dict[str, float]
+    ) -> list[str]:
         for role in view.roles:
             pod = role.pod
             if pod is None:
@@ -213,14 +257,20 @@ class KubernetesBackend:
             if pod.unschedulable:
                 first = since.setdefault(pod.name, time.monotonic())
                 if time.monotonic() - first >= UNSCHEDULABLE_SECONDS:
-                    return [f"error: pod {pod.name} ({role.name}) stays Pending: the scheduler says {pod.reason}",
-                            "  fix: give the cluster nodes that fit it, or lower the role's GPUs in the topology"]
+                    return [
+                        f"error: pod {pod.name} ({role.name}) stays Pending: the scheduler says {pod.reason}",
+                        "  fix: give the cluster nodes that fit it, or lower the role's GPUs in the topology",
+                    ]
             else:
                 since.pop(pod.name, None)
             if pod.crash_looping:
                 tail = log_tail(cluster, rec.namespace, pod.name)
-                return [f"error: pod {pod.name} ({role.name}) crash-loops ({pod.restarts} restarts: {pod.reason}); "
-                        f"its last lines:", *(f"  {line}" for line in tail)]
+                return [
+                    f"error: pod {pod.name} ({role.name}) crash-loops ({pod.restarts} restarts: "
+                    f"{pod.reason}); "
+                    f"its last lines:",
+                    *(f"  {line}" for line in tail),
+                ]
         return []
 
     def _write_ready(self, run_dir: RunDir) -> None:
@@ -229,7 +279,9 @@ class KubernetesBackend:
 
         state = read_state(run_dir)
         if state is not None:
-            write_state(run_dir, replace(state, roles=tuple(replace(r, state=RoleState.READY) for r in state.roles)))
+            write_state(
+                run_dir, replace(state, roles=tuple(replace(r, state=RoleState.READY) for r in state.roles))
+            )
 
     def _follow(self, run_dir: RunDir, name: str) -> int:
         self.say(f"{name}: up; Ctrl-C deletes it (`up -d` leaves it running)")
@@ -264,14 +316,24 @@ class KubernetesBackend:
                     deleted.append(f"{obj['kind']}/{obj['name']}")
                 except ApiException as exc:
                     if exc.status != 404:
-                        notes.append(f"could not delete {obj['kind']}/{obj['name']}: HTTP {exc.status} {exc.reason}")
+                        notes.append(
+                            f"could not delete {obj['kind']}/{obj['name']}: HTTP {exc.status} {exc.reason}"
+                        )
             left = self._await_gone(cluster, rec, grace)
         finally:
             cluster.close()
         self._write_stopped(run_dir, rec)
         roles = tuple(r["name"] for r in rec.roles)
-        return DownReport(run_dir.name, time.monotonic() - started, roles if deleted else (), (), tuple(left), (),
-                          tuple(notes), gpus=None)
+        return DownReport(
+            run_dir.name,
+            time.monotonic() - started,
+            roles if deleted else (),
+            (),
+            tuple(left),
+            (),
+            tuple(notes),
+            gpus=None,
+        )
 
     def _await_gone(self, cluster: Cluster, rec: K8sRecord, grace: float | None) -> list[str]:
         longest = max([float(grace)] if grace is not None else [30.0])
@@ -290,14 +352,20 @@ class KubernetesBackend:
         records.write(run_dir, rec)
         state = read_state(run_dir)
         if state is not None:
-            write_state(run_dir, replace(state, roles=tuple(replace(r, state=RoleState.STOPPED, process=None)
-                                                            for r in state.roles)))
+            write_state(
+                run_dir,
+                replace(
+                    state, roles=tuple(replace(r, state=RoleState.STOPPED, process=None) for r in state.roles)
+                ),
+            )
 
     # ---- status, logs, entry ----
     def _read(self, run_dir: RunDir) -> K8sRecord:
         rec = records.read(run_dir)
         if rec is None:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} has no Kubernetes record ({records.path(run_dir)})")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} has no Kubernetes record ({records.path(run_dir)})"
+            )
         return rec
 
     def status(self, run_dir: RunDir) -> tuple[K8sRecord, ClusterView]:
@@ -321,7 +389,9 @@ class KubernetesBackend:
                 if role.pod is None:
                     out.append((role.name, ["(no pod yet)"]))
                     continue
-                out.append((role.name, log_tail(cluster, rec.namespace, role.pod.name, lines) if lines else []))
+                out.append(
+                    (role.name, log_tail(cluster, rec.namespace, role.pod.name, lines) if lines else [])
+                )
             return out
         finally:
             cluster.close()
@@ -342,8 +412,11 @@ class KubernetesBackend:
         """Each ready role's pod address with its HTTP port."""
         rec, view = self.status(run_dir)
         ports = {r["name"]: r.get("port") for r in rec.roles}
-        return {r.name: f"http://{r.pod.ip}:{ports[r.name]}" for r in view.roles
-                if r.pod and r.pod.ip and ports.get(r.name)}
+        return {
+            r.name: f"http://{r.pod.ip}:{ports[r.name]}"
+            for r in view.roles
+            if r.pod and r.pod.ip and ports.get(r.name)
+        }
 
 
 def connect_record(rec: K8sRecord) -> Cluster:
@@ -353,14 +426,23 @@ def connect_record(rec: K8sRecord) -> Cluster:
 def service_url(cluster: Cluster, namespace: str, service: str, port: int) -> str:
     from kubernetes import client
 
-    slices = client.DiscoveryV1Api(cluster.api).list_namespaced_endpoint_slice(
-        namespace, label_selector=f"kubernetes.io/service-name={service}", _request_timeout=30).items
+    slices = (
+        client.DiscoveryV1Api(cluster.api)
+        .list_namespaced_endpoint_slice(
+            namespace, label_selector=f"kubernetes.io/service-name={service}", _request_timeout=30
+        )
+        .items
+    )
     for s in slices:
         # the Service's port named http (its targetPort here), else the one the plan gives the router
-        target = next((p.port for p in s.ports or [] if p.name == "http"),
-                      next((p.port for p in s.ports or [] if p.port == port), port))
+        target = next(
+            (p.port for p in s.ports or [] if p.name == "http"),
+            next((p.port for p in s.ports or [] if p.port == port), port),
+        )
         for endpoint in s.endpoints or []:
             if endpoint.conditions is None or endpoint.conditions.ready:
                 return f"http://{endpoint.addresses[0]}:{target}"
-    raise RuntimeFailure(f"Service {service} (namespace {namespace}) has no ready endpoint",
-                         fix="check its pods with `muse-launch status`")
+    raise RuntimeFailure(
+        f"Service {service} (namespace {namespace}) has no ready endpoint",
+        fix="check its pods with `muse-launch status`",
+    )

@@ -19,8 +19,10 @@ def _import():
     try:
         from kubernetes import client, config, dynamic  # noqa: F401
     except ModuleNotFoundError as exc:
-        raise MissingDependency(f"Kubernetes needs the kubernetes client ({exc.name} is not installed): "
-                                f"pip install 'muse-launch[k8s]'") from exc
+        raise MissingDependency(
+            f"Kubernetes needs the kubernetes client ({exc.name} is not installed): "
+            f"pip install 'muse-launch[k8s]'"
+        ) from exc
     return client, config, dynamic
 
 
@@ -45,8 +47,10 @@ class Cluster:
         try:
             return self.dynamic.resources.get(api_version=api_version, kind=kind)
         except ResourceNotFoundError:
-            raise UsageError(f"the cluster at {self.server} serves no {kind} ({api_version})",
-                             fix=_install_hint(api_version)) from None
+            raise UsageError(
+                f"the cluster at {self.server} serves no {kind} ({api_version})",
+                fix=_install_hint(api_version),
+            ) from None
 
     def close(self) -> None:
         self.api.close()
@@ -70,14 +74,18 @@ def connect(context: str | None = None, kubeconfig: str | None = None) -> Cluste
     client, config, dynamic = _import()
     path = kubeconfig or kubeconfig_path()
     if not Path(path).is_file():
-        raise UsageError(f"no kubeconfig at {path}", fix="set KUBECONFIG to your cluster's kubeconfig "
-                         "(for a local one: eval \"$(scripts/k8s_local.sh start)\")")
+        raise UsageError(
+            f"no kubeconfig at {path}",
+            fix="set KUBECONFIG to your cluster's kubeconfig "
+            '(for a local one: eval "$(scripts/k8s_local.sh start)")',
+        )
     try:
         contexts, current = config.list_kube_config_contexts(config_file=path)
         chosen = context or (current or {}).get("name")
         if context and context not in [c["name"] for c in contexts]:
-            raise UsageError(f"--context {context}: not in {path}; contexts: "
-                             f"{', '.join(c['name'] for c in contexts)}")
+            raise UsageError(
+                f"--context {context}: not in {path}; contexts: {', '.join(c['name'] for c in contexts)}"
+            )
         configuration = client.Configuration()
         config.load_kube_config(config_file=path, context=chosen, client_configuration=configuration)
     except (config.ConfigException, ValueError, OSError) as exc:
@@ -87,9 +95,10 @@ def connect(context: str | None = None, kubeconfig: str | None = None) -> Cluste
         dyn = dynamic.DynamicClient(api)
     except Exception as exc:  # discovery: the server does not answer, or refuses the credentials
         api.close()
-        raise RuntimeFailure(f"the cluster at {configuration.host} (context {chosen}) does not answer: "
-                             f"{_reason(exc)}", fix="check that it runs and that the kubeconfig's credentials "
-                             "are valid") from None
+        raise RuntimeFailure(
+            f"the cluster at {configuration.host} (context {chosen}) does not answer: {_reason(exc)}",
+            fix="check that it runs and that the kubeconfig's credentials are valid",
+        ) from None
     return Cluster(api, dyn, chosen or "", configuration.host, path)
 
 

@@ -35,12 +35,20 @@ def refuse_if_on_k8s(name: str) -> None:
     run_dir = RunDir.of(name)
     if is_k8s(run_dir):
         rec = records.read(run_dir)
-        raise RuntimeFailure(f"deployment {name!r} is up on Kubernetes ({rec.server}, namespace {rec.namespace})",
-                             fix=f"`muse-launch down {name}` first")
+        raise RuntimeFailure(
+            f"deployment {name!r} is up on Kubernetes ({rec.server}, namespace {rec.namespace})",
+            fix=f"`muse-launch down {name}` first",
+        )
 
 
-def up_on_k8s(file: Path, say: Callable[[str], None], redact: Callable[[str], str], images: list[str],
-              one_host_only: dict[str, object], **options) -> int:
+def up_on_k8s(
+    file: Path,
+    say: Callable[[str], None],
+    redact: Callable[[str], str],
+    images: list[str],
+    one_host_only: dict[str, object],
+    **options,
+) -> int:
     from .backend import K8sOptions, KubernetesBackend
 
     if given := [flag for flag, value in one_host_only.items() if value]:
@@ -68,33 +76,65 @@ def k8s_status(run_dir: RunDir, as_json: bool, watch: bool) -> str | Table | Non
 
     rec, view = KubernetesBackend(lambda _: None).status(run_dir)
     if as_json:
-        data = {"name": run_dir.name, "on": "k8s", "context": rec.context, "server": rec.server,
-                "namespace": rec.namespace, "flavour": rec.flavour, "ready": view.ready,
-                "workloads": view.workloads,
-                "roles": [{"name": r.name, "state": r.state, "pod": r.pod.name if r.pod else r.pod_name,
-                           "node": r.pod.node if r.pod else None, "ip": r.pod.ip if r.pod else None,
-                           "restarts": r.pod.restarts if r.pod else 0, "reason": r.pod.reason if r.pod else None}
-                          for r in view.roles]}
+        data = {
+            "name": run_dir.name,
+            "on": "k8s",
+            "context": rec.context,
+            "server": rec.server,
+            "namespace": rec.namespace,
+            "flavour": rec.flavour,
+            "ready": view.ready,
+            "workloads": view.workloads,
+            "roles": [
+                {
+                    "name": r.name,
+                    "state": r.state,
+                    "pod": r.pod.name if r.pod else r.pod_name,
+                    "node": r.pod.node if r.pod else None,
+                    "ip": r.pod.ip if r.pod else None,
+                    "restarts": r.pod.restarts if r.pod else 0,
+                    "reason": r.pod.reason if r.pod else None,
+                }
+                for r in view.roles
+            ],
+        }
         return json.dumps(data, indent=None if watch else 2)
-    table = Table("role", "state", "pod", "node", "address", "restarts", "reason",
-                  title=f"{run_dir.name} on Kubernetes: {rec.server} (context {rec.context}, namespace "
-                        f"{rec.namespace}, {rec.flavour}){'' if view.ready else ' - not ready'}")
+    table = Table(
+        "role",
+        "state",
+        "pod",
+        "node",
+        "address",
+        "restarts",
+        "reason",
+        title=f"{run_dir.name} on Kubernetes: {rec.server} (context {rec.context}, namespace "
+        f"{rec.namespace}, {rec.flavour}){'' if view.ready else ' - not ready'}",
+    )
     for r in view.roles:
         pod = r.pod
-        table.add_row(r.name, r.state, pod.name if pod else (r.pod_name or "-"), (pod.node if pod else None) or "-",
-                      (pod.ip if pod else None) or "-", str(pod.restarts if pod else 0),
-                      (pod.reason if pod and r.state != "ready" else None) or "")
+        table.add_row(
+            r.name,
+            r.state,
+            pod.name if pod else (r.pod_name or "-"),
+            (pod.node if pod else None) or "-",
+            (pod.ip if pod else None) or "-",
+            str(pod.restarts if pod else 0),
+            (pod.reason if pod and r.state != "ready" else None) or "",
+        )
     return table
 
 
-def k8s_logs(run_dir: RunDir, roles: list[str], lines: int, line: Callable[[str, str], None],
-             follow: bool = False) -> bool:
+def k8s_logs(
+    run_dir: RunDir, roles: list[str], lines: int, line: Callable[[str, str], None], follow: bool = False
+) -> bool:
     """False for a deployment that is not on Kubernetes."""
     if not is_k8s(run_dir):
         return False
     if follow:
-        raise UsageError("logs --follow: not yet for a deployment on Kubernetes",
-                         fix="`muse-launch logs NAME` prints the last lines; `kubectl logs -f POD` follows one pod")
+        raise UsageError(
+            "logs --follow: not yet for a deployment on Kubernetes",
+            fix="`muse-launch logs NAME` prints the last lines; `kubectl logs -f POD` follows one pod",
+        )
     from .backend import KubernetesBackend
 
     rec = records.read(run_dir)

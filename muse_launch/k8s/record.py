@@ -54,10 +54,16 @@ def read(run_dir: RunDir) -> K8sRecord | None:
     except FileNotFoundError:
         return None
     except (PlantedLink, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RuntimeFailure(f"{path(run_dir)}: damaged ({type(exc).__name__})",
-                             fix="remove it; the objects it named must then be deleted with kubectl") from None
-    if not isinstance(data, dict) or any(k not in data for k in KEYS) or not isinstance(data.get("objects"), list) \
-            or not isinstance(data.get("roles"), list):
+        raise RuntimeFailure(
+            f"{path(run_dir)}: damaged ({type(exc).__name__})",
+            fix="remove it; the objects it named must then be deleted with kubectl",
+        ) from None
+    if (
+        not isinstance(data, dict)
+        or any(k not in data for k in KEYS)
+        or not isinstance(data.get("objects"), list)
+        or not isinstance(data.get("roles"), list)
+    ):
         raise RuntimeFailure(f"{path(run_dir)}: not a deployment record (keys {', '.join(KEYS)})")
     known = set(K8sRecord.__dataclass_fields__)
     return K8sRecord(**{k: v for k, v in data.items() if k in known})

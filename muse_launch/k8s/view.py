@@ -71,20 +71,33 @@ def pod_view(pod: Any) -> PodView:
     waiting = next((c.state.waiting for c in statuses if c.state and c.state.waiting), None)
     if waiting is not None:
         reason = f"{waiting.reason}: {waiting.message}" if waiting.message else waiting.reason
-    crash = restarts >= CRASH_LOOP_RESTARTS and not ready or (waiting is not None and
-                                                               waiting.reason == "CrashLoopBackOff")
+    crash = (
+        restarts >= CRASH_LOOP_RESTARTS
+        and not ready
+        or (waiting is not None and waiting.reason == "CrashLoopBackOff")
+    )
     if crash and not reason:
         reason = f"restarted {restarts} times"
     if pod.metadata.deletion_timestamp is not None:
         reason = "terminating"
-    return PodView(pod.metadata.name, pod.spec.node_name, status.pod_ip, status.phase or "Pending", ready, restarts,
-                   reason, crash, unschedulable)
+    return PodView(
+        pod.metadata.name,
+        pod.spec.node_name,
+        status.pod_ip,
+        status.phase or "Pending",
+        ready,
+        restarts,
+        reason,
+        crash,
+        unschedulable,
+    )
 
 
 def observe(cluster: Any, record: K8sRecord) -> ClusterView:
     core = cluster.core()
-    pods = core.list_namespaced_pod(record.namespace, label_selector=f"{INSTANCE}={record.instance}",
-                                    _request_timeout=30).items
+    pods = core.list_namespaced_pod(
+        record.namespace, label_selector=f"{INSTANCE}={record.instance}", _request_timeout=30
+    ).items
     by_name = {p.metadata.name: p for p in pods}
     by_component: dict[str, list[Any]] = {}
     for p in sorted(pods, key=lambda p: p.metadata.name):
@@ -92,8 +105,14 @@ def observe(cluster: Any, record: K8sRecord) -> ClusterView:
     roles = []
     for role in record.roles:
         view = RoleView(role["name"], role.get("pod"), role["component"])
-        pod = by_name.get(view.pod_name) if view.pod_name else next(
-            (p for p in by_component.get(view.component, []) if p.metadata.deletion_timestamp is None), None)
+        pod = (
+            by_name.get(view.pod_name)
+            if view.pod_name
+            else next(
+                (p for p in by_component.get(view.component, []) if p.metadata.deletion_timestamp is None),
+                None,
+            )
+        )
         view.pod = pod_view(pod) if pod is not None else None
         roles.append(view)
     return ClusterView(roles, workload_conditions(cluster, record), sorted(by_name))
@@ -108,11 +127,13 @@ def workload_conditions(cluster: Any, record: K8sRecord) -> dict[str, bool]:
         if wanted is None:
             continue
         try:
-            live = cluster.resource(obj["apiVersion"], obj["kind"]).get(name=obj["name"], namespace=record.namespace,
-                                                                        _request_timeout=30)
+            live = cluster.resource(obj["apiVersion"], obj["kind"]).get(
+                name=obj["name"], namespace=record.namespace, _request_timeout=30
+            )
             conditions = (live.to_dict().get("status") or {}).get("conditions") or []
-            out[f"{obj['kind']}/{obj['name']}"] = any(c.get("type") == wanted and c.get("status") == "True"
-                                                      for c in conditions)
+            out[f"{obj['kind']}/{obj['name']}"] = any(
+                c.get("type") == wanted and c.get("status") == "True" for c in conditions
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise

@@ -21,7 +21,7 @@ def waves(depends_on: Mapping[str, Sequence[str]]) -> tuple[tuple[str, ...], ...
         if name in level:
             return level[name]
         if name in visiting:
-            raise Cycle(visiting[visiting.index(name):] + [name])
+            raise Cycle(visiting[visiting.index(name) :] + [name])
         visiting.append(name)
         level[name] = 1 + max((depth(d) for d in depends_on[name]), default=-1)
         visiting.pop()

@@ -25,7 +25,8 @@ _ADDRESS = re.compile(r"^(?P<scheme>[a-z]+://)?(?P<host>\[[^\]]+\]|[^:/\s]+)(?P<
 
 
 def loopback_addresses(plan: Plan, topology: Topology) -> dict[str, str]:
-    """Each machine's loopback stand-in, by the address the plan names it with (nodes first, in file order)."""
+    """Each machine's loopback stand-in, by the address the plan names it with (nodes first, in file
+    order)."""
     machines: dict[str, str] = {}
     out: dict[str, str] = {}
     for address in [n.address for n in topology.nodes.values()] + [s.host for s in plan.specs]:
@@ -46,13 +47,23 @@ def relocate(text: str, addresses: Mapping[str, str]) -> str:
 def _relocated(spec: LaunchSpec, addresses: Mapping[str, str]) -> LaunchSpec:
     here = addresses[spec.host]
     own = {**addresses, spec.bind: here}  # a wildcard bind (`--host 0.0.0.0`) becomes this machine's address
-    return replace(spec, host=here, bind=here, args=tuple(relocate(a, own) for a in spec.args),
-                   env={k: relocate(v, own) for k, v in spec.env.items()})
+    return replace(
+        spec,
+        host=here,
+        bind=here,
+        args=tuple(relocate(a, own) for a in spec.args),
+        env={k: relocate(v, own) for k, v in spec.env.items()},
+    )
 
 
-# The `rehearse:` timing keys as the simulated engine's flags (muse_launch/sim/cli.py), and their scale to its units.
-SIM_RATE_FLAGS = {"prefill_tokens_per_s": ("--prefill-tokens-per-s", 1.0), "itl_ms": ("--itl", 0.001),
-                  "itl_ms_per_running": ("--itl-per-running", 0.001), "max_running": ("--max-running", 1)}
+# The `rehearse:` timing keys as the simulated engine's flags (muse_launch/sim/cli.py), and their scale to its
+# units.
+SIM_RATE_FLAGS = {
+    "prefill_tokens_per_s": ("--prefill-tokens-per-s", 1.0),
+    "itl_ms": ("--itl", 0.001),
+    "itl_ms_per_running": ("--itl-per-running", 0.001),
+    "max_running": ("--max-running", 1),
+}
 
 
 def sim_rate_args(rates: Mapping[str, float]) -> tuple[str, ...]:
@@ -71,14 +82,26 @@ def rehearsal_plan(plan: Plan, topology: Topology, python: str) -> Plan:
 
 
 def simulated(plan: Plan, python: str) -> Plan:
-    """Every GPU engine as the simulated engine, with the same arguments; the router kept offline. Addresses stay
+    """Every GPU engine as the simulated engine, with the same arguments; the router kept offline. Addresses
+    stay
     as they are (a rehearsal on Kubernetes keeps the cluster's DNS names)."""
     specs = []
     for spec in plan.specs:
         if spec.engine in WORKERS:
-            delay = spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
-            launcher = (python, "-m", SIMULATED, "--engine", WORKERS[spec.engine].rehearsed_as,
-                        "--ready-after", f"{delay:g}", *sim_rate_args(spec.sim_rates), "--")
+            delay = (
+                spec.ready_after if spec.ready_after is not None else DEFAULT_READY_AFTER.get(spec.kind, 1.0)
+            )
+            launcher = (
+                python,
+                "-m",
+                SIMULATED,
+                "--engine",
+                WORKERS[spec.engine].rehearsed_as,
+                "--ready-after",
+                f"{delay:g}",
+                *sim_rate_args(spec.sim_rates),
+                "--",
+            )
             spec = replace(spec, launcher=launcher)
         elif spec.engine in ROUTER_ENGINES:
             # Keep the real router offline: it may try to fetch a tokenizer for the model a worker reports.

@@ -84,8 +84,11 @@ class LaunchSpec:
             "probe": self.probe.to_dict(),
             "depends_on": list(self.depends_on),
             "stop": {"signal": self.stop.signal, "grace": self.stop.grace},
-            "restart": {"policy": self.restart.policy.value, "max": self.restart.max,
-                        "reset_after": self.restart.reset_after},
+            "restart": {
+                "policy": self.restart.policy.value,
+                "max": self.restart.max,
+                "reset_after": self.restart.reset_after,
+            },
             "logs": {"max_size": self.logs.max_size, "keep": self.logs.keep},
         }
 

@@ -19,8 +19,9 @@ from ..topology.grammar import path_part
 
 CGROUPS_SWITCH = "MUSE_LAUNCH_CGROUPS"  # "0": no cgroups, markers and sessions only
 LAYOUT_DIR = "muse-launch"
-BEST_EFFORT_NOTE = ("no cgroup here: a process that left the role's session and cleared its environment "
-                    "can escape `down`")
+BEST_EFFORT_NOTE = (
+    "no cgroup here: a process that left the role's session and cleared its environment can escape `down`"
+)
 
 
 def enabled() -> bool:
@@ -29,7 +30,8 @@ def enabled() -> bool:
 
 @lru_cache(maxsize=1)
 def cgroup2_mount() -> Path | None:
-    """Where cgroup v2 is mounted (/sys/fs/cgroup on a pure-v2 host, /sys/fs/cgroup/unified on a hybrid one)."""
+    """Where cgroup v2 is mounted (/sys/fs/cgroup on a pure-v2 host, /sys/fs/cgroup/unified on a hybrid
+    one)."""
     try:
         with open("/proc/self/mountinfo") as f:
             for line in f:
@@ -62,7 +64,7 @@ def deployment_dir(deployment: str, run_dir: str) -> Path | None:
     # Never nest under a role's own cgroup (muse-launch started from inside a role): go beside it.
     parts = base.relative_to(mount).parts
     if LAYOUT_DIR in parts:
-        base = mount.joinpath(*parts[:parts.index(LAYOUT_DIR)])
+        base = mount.joinpath(*parts[: parts.index(LAYOUT_DIR)])
     return base / LAYOUT_DIR / path_part(deployment_dir_name(deployment, run_dir), "deployment name")
 
 
@@ -98,7 +100,8 @@ def role_cgroups(deployment: str, run_dir: str, anywhere: bool = False) -> list[
 
 
 def _find_deployment_dir(name: str, max_depth: int = 8) -> Path | None:
-    """<somewhere>/muse-launch/<name>, looked for through the cgroup2 hierarchy (a few hundred directories on a
+    """<somewhere>/muse-launch/<name>, looked for through the cgroup2 hierarchy (a few hundred directories on
+    a
     systemd host; never below a muse-launch directory)."""
     mount = cgroup2_mount()
     if mount is None:

@@ -49,7 +49,8 @@ def start_ticks(pid: int) -> int | None:
 
 
 def process_state(pid: int) -> str | None:
-    """Its state letter (field 3): R, S, D, T (stopped, SIGSTOP), t (traced), Z (zombie)...; None when gone."""
+    """Its state letter (field 3): R, S, D, T (stopped, SIGSTOP), t (traced), Z (zombie)...; None when
+    gone."""
     fields = _stat_fields(pid)
     return fields[0] if fields else None
 
@@ -145,7 +146,11 @@ class ProcessRef:
 
     def is_running(self) -> bool:
         if self.verified:
-            return start_ticks(self.pid) == self.start_ticks and process_state(self.pid) not in ("Z", "X", None)
+            return start_ticks(self.pid) == self.start_ticks and process_state(self.pid) not in (
+                "Z",
+                "X",
+                None,
+            )
         return False
 
     def find(self) -> psutil.Process | None:
@@ -158,8 +163,10 @@ class ProcessRef:
                 return proc if start_ticks(self.pid) == self.start_ticks else None
             if self.start_ticks is None and self.create_time is not None:  # a legacy state file
                 proc = psutil.Process(self.pid)
-                if abs(proc.create_time() - self.create_time) < CREATE_TIME_SLACK and \
-                        proc.status() != psutil.STATUS_ZOMBIE:
+                if (
+                    abs(proc.create_time() - self.create_time) < CREATE_TIME_SLACK
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     return proc
         except psutil.Error:
             pass
@@ -170,14 +177,19 @@ class ProcessRef:
         return self.verified and signal_if(self.pid, self.start_ticks, sig)
 
     def to_json(self, prefix: str = "") -> dict[str, Any]:
-        return {f"{prefix}create_time": self.create_time, f"{prefix}start_ticks": self.start_ticks,
-                f"{prefix}boot_id": self.boot_id}
+        return {
+            f"{prefix}create_time": self.create_time,
+            f"{prefix}start_ticks": self.start_ticks,
+            f"{prefix}boot_id": self.boot_id,
+        }
 
     @classmethod
     def from_json(cls, pid: int | None, d: Mapping[str, Any], prefix: str = "") -> ProcessRef | None:
         if not pid:
             return None
-        return cls(pid, d.get(f"{prefix}start_ticks"), d.get(f"{prefix}boot_id"), d.get(f"{prefix}create_time"))
+        return cls(
+            pid, d.get(f"{prefix}start_ticks"), d.get(f"{prefix}boot_id"), d.get(f"{prefix}create_time")
+        )
 
 
 def signal_if(pid: int, ticks: int | None, sig: int) -> bool:

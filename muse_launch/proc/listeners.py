@@ -30,7 +30,7 @@ WILDCARDS = (ipaddress.ip_address("0.0.0.0"), ipaddress.ip_address("::"))
 def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     raw = bytes.fromhex(hex_addr)
     # The kernel prints each 32-bit word in host (little-endian) order.
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
     address = ipaddress.ip_address(words)
     return address.ipv4_mapped or address if isinstance(address, ipaddress.IPv6Address) else address
 
@@ -123,7 +123,10 @@ class ListenerOwner:
         if self._other is None or self._other[0] != frozenset(inodes):
             from muse_launch.proc.process import describe
 
-            self._other = frozenset(inodes), holder(inodes, describe)  # every process's fds: once per listener
+            self._other = (
+                frozenset(inodes),
+                holder(inodes, describe),
+            )  # every process's fds: once per listener
         found = self._other[1]
         if found.forwarder or (found.pid is not None and _marked(found.pid, self.marker)):
             self.confirmed = True

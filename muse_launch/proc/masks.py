@@ -39,8 +39,9 @@ class Masks:
         if not self.shown:
             return line
         pieces = _EDGES.split(line)
-        return "".join(self.shown.get(_digest(self.salt, p), p) if i % 2 == 0 and p else p
-                       for i, p in enumerate(pieces))
+        return "".join(
+            self.shown.get(_digest(self.salt, p), p) if i % 2 == 0 and p else p for i, p in enumerate(pieces)
+        )
 
     def __bool__(self) -> bool:
         return bool(self.shown)
@@ -67,8 +68,11 @@ class Masks:
 # A flag whose value is a secret, whoever's process it is (another user's deployment holding a port we want):
 # --api-key, --hf-token, --password, --control-plane-api-keys, --auth-header, --client-secret...
 # Not --max-total-tokens, --tokenizer-path, --disable-auth-check style names that carry no secret.
-SECRET_FLAG = re.compile(r"^--?[\w.-]*(key|token(?!s|izer)|secret|passw(or)?d|auth(?!or)|credential|cookie"
-                         r"|bearer)[\w.-]*$", re.I)
+SECRET_FLAG = re.compile(
+    r"^--?[\w.-]*(key|token(?!s|izer)|secret|passw(or)?d|auth(?!or)|credential|cookie"
+    r"|bearer)[\w.-]*$",
+    re.I,
+)
 
 
 def command_line(argv: Iterable[str], mask: Callable[[str], str] = lambda arg: arg) -> str:

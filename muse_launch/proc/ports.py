@@ -72,9 +72,13 @@ def _blocks(listening_on: str, host: str | None) -> bool:
     return listening_on in (host, f"::ffff:{host}")
 
 
-def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | None = None,
-                mask: Callable[[str], str] = lambda text: text,
-                recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> str:
+def port_holder(
+    port: int,
+    host: str | None = None,
+    roles: Mapping[int, str] | None = None,
+    mask: Callable[[str], str] = lambda text: text,
+    recorded: Callable[[psutil.Process], str | None] = lambda proc: None,
+) -> str:
     """Who holds (host, port) (no host: any address). A role is named from `roles` (pid -> role), else
     from the marker in its environment (which a process that sets its title, like sglang-router, wipes).
     A role is described by its program alone (its command line may hold its deployment's secrets, which this
@@ -82,7 +86,11 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
     `mask` hides (proc/masks.py). `recorded` names a role a running deployment recorded (run/state.py's
     recorded_role: passed in, this layer reads no deployment state)."""
     for conn in psutil.net_connections(kind="inet"):
-        if not conn.laddr or conn.laddr.port != port or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE):
+        if (
+            not conn.laddr
+            or conn.laddr.port != port
+            or conn.status not in (psutil.CONN_LISTEN, psutil.CONN_NONE)
+        ):
             continue
         if not _blocks(conn.laddr.ip, host):
             continue
@@ -97,7 +105,11 @@ def port_holder(port: int, host: str | None = None, roles: Mapping[int, str] | N
         if role is None:
             try:
                 environ = proc.environ()
-                role = f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}" if MARKER_ROLE in environ else None
+                role = (
+                    f"{environ[MARKER_ROLE]} of {environ.get(MARKER_DEPLOYMENT)}"
+                    if MARKER_ROLE in environ
+                    else None
+                )
             except psutil.Error:
                 pass
         role = role or recorded(proc)  # sglang-router sets its title, which wipes its environment
@@ -115,8 +127,10 @@ def local_end_holder(port: int) -> str | None:
     for conn in psutil.net_connections(kind="inet"):
         if conn.laddr and conn.laddr.port == port and conn.raddr:
             who = f"pid {conn.pid}" if conn.pid else "a process this user cannot see"
-            return (f"{who}'s connection to {conn.raddr.ip}:{conn.raddr.port} ({conn.status}; the kernel gave it "
-                    f"this port as its local end: prefer ports below 32768)")
+            return (
+                f"{who}'s connection to {conn.raddr.ip}:{conn.raddr.port} ({conn.status}; the kernel gave it "
+                f"this port as its local end: prefer ports below 32768)"
+            )
     return None
 
 
@@ -128,8 +142,11 @@ def holding_deployments(busy: list[BusyPort]) -> list[str]:
     return list(dict.fromkeys(m.group(1) for b in busy if (m := HELD_BY_DEPLOYMENT.search(b.holder))))
 
 
-def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text,
-               recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> list[BusyPort]:
+def busy_ports(
+    plan: Plan,
+    mask: Callable[[str], str] = lambda text: text,
+    recorded: Callable[[psutil.Process], str | None] = lambda proc: None,
+) -> list[BusyPort]:
     return [
         BusyPort(spec.name, name, port, port_holder(port, spec.bind, mask=mask, recorded=recorded), spec.bind)
         for spec in plan.specs
@@ -138,12 +155,18 @@ def busy_ports(plan: Plan, mask: Callable[[str], str] = lambda text: text,
     ]
 
 
-def taken_ports(spec: LaunchSpec, roles: Mapping[int, str],
-                recorded: Callable[[psutil.Process], str | None] = lambda proc: None) -> list[str]:
+def taken_ports(
+    spec: LaunchSpec,
+    roles: Mapping[int, str],
+    recorded: Callable[[psutil.Process], str | None] = lambda proc: None,
+) -> list[str]:
     """After a role exited: which of its ports someone else holds now (a likely reason it exited)."""
-    return [f"its {name} port {port}{'' if spec.bind in DEFAULT_ADDRESSES else ' on ' + spec.bind} is in use by "
-            f"{port_holder(port, spec.bind, roles, recorded=recorded)}"
-            for name, port in spec.ports.items() if not can_bind(spec.bind, port)]
+    return [
+        f"its {name} port {port}{'' if spec.bind in DEFAULT_ADDRESSES else ' on ' + spec.bind} is in use by "
+        f"{port_holder(port, spec.bind, roles, recorded=recorded)}"
+        for name, port in spec.ports.items()
+        if not can_bind(spec.bind, port)
+    ]
 
 
 def is_listening(host: str, port: int) -> bool:

@@ -73,7 +73,8 @@ def is_alive(proc: psutil.Process) -> bool:
 
 
 def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
-    """"pid N (command line)"; `mask` hides each argument that holds a secret (proc/masks.py), before the line
+    """ "pid N (command line)"; `mask` hides each argument that holds a secret (proc/masks.py), before the
+    line
     is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
     try:
         if isinstance(proc, ProcessRef):
@@ -147,7 +148,8 @@ class SpawnError(Exception):
 
 
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
-    """The role's log for its stdout and stderr, no link followed below the state home (muse_launch/files.py)."""
+    """The role's log for its stdout and stderr, no link followed below the state home
+    (muse_launch/files.py)."""
     # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
     # next write lands at the new end, not at its old offset past a hole.
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
@@ -171,7 +173,11 @@ def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -
         raise
     try:
         popen = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own session and group: Ctrl-C on our terminal never reaches it
             # Into its cgroup before exec, so nothing it runs is ever outside ("0": the writer itself).
             preexec_fn=None if procs is None else lambda: os.write(procs, b"0"),
@@ -179,8 +185,10 @@ def spawn_role(spec: LaunchSpec, marker: Marker, log_path: Path, append: bool) -
     except OSError as e:
         raise SpawnError(f"cannot run {spec.argv[0]!r}: {e.strerror}") from e
     except subprocess.SubprocessError as e:  # the preexec_fn failed: the move into the cgroup was refused
-        raise SpawnError(f"cannot move {spec.name} into its cgroup {cgroup} ({e}); "
-                         f"{cgroups.CGROUPS_SWITCH}=0 runs roles without cgroups") from e
+        raise SpawnError(
+            f"cannot move {spec.name} into its cgroup {cgroup} ({e}); "
+            f"{cgroups.CGROUPS_SWITCH}=0 runs roles without cgroups"
+        ) from e
     finally:
         os.close(log)
         if procs is not None:
@@ -232,7 +240,8 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef]
     me = boot_id()
     found: dict[int, ProcessRef] = {}
     if leader is not None and leader.verified:
-        # Its pid is still the leader's (alive, or a zombie not yet reaped): no one else can have made that session.
+        # Its pid is still the leader's (alive, or a zombie not yet reaped): no one else can have made that
+        # session.
         session_ours = start_ticks(leader.pid) == leader.start_ticks
         if leader.is_running():
             found[leader.pid] = leader
@@ -249,8 +258,11 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef]
             continue
         ticks = stat.start_ticks
         ref = ProcessRef(pid, ticks, me)
-        same_session = leader is not None and leader.pid in (stat.pgid, stat.sid) and (
-            leader.start_ticks is None or ticks >= leader.start_ticks)
+        same_session = (
+            leader is not None
+            and leader.pid in (stat.pgid, stat.sid)
+            and (leader.start_ticks is None or ticks >= leader.start_ticks)
+        )
         try:
             ours = pid in in_cgroup or marker.matches(proc.environ(), target.role)
         except psutil.Error:
@@ -268,7 +280,11 @@ def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef]
         except psutil.Error:
             continue
         for child in children:
-            if (ticks := start_ticks(child.pid)) is not None and process_state(child.pid) not in ("Z", "X", None):
+            if (ticks := start_ticks(child.pid)) is not None and process_state(child.pid) not in (
+                "Z",
+                "X",
+                None,
+            ):
                 found.setdefault(child.pid, ProcessRef(child.pid, ticks, me))
     return list(found.values()), leader.pid if session_ours else None
 
@@ -300,8 +316,13 @@ class GroupStop:
     the end of each one's grace (or at once on `kill_now`). `poll` never waits: the supervisor's loop
     calls it between other work; it returns the report once none of their processes is alive."""
 
-    def __init__(self, targets: Iterable[StopTarget], marker: Marker, now: float,
-                 mask: Callable[[str], str] = lambda arg: arg):
+    def __init__(
+        self,
+        targets: Iterable[StopTarget],
+        marker: Marker,
+        now: float,
+        mask: Callable[[str], str] = lambda arg: arg,
+    ):
         self.marker = marker
         self.mask = mask  # for the command lines of what it reports killed
         self.stopping: list[_Stopping] = []
@@ -313,7 +334,8 @@ class GroupStop:
             if any(is_suspended(p.pid) for p in processes):
                 # Stopped by SIGSTOP: continue it first, and send the stop signal once it runs. A signal sent
                 # while all its threads are stopped goes to whichever wakes first, and Python runs a handler
-                # only in its main thread (asleep for an hour, it never would); a running process gets it there.
+                # only in its main thread (asleep for an hour, it never would); a running process gets it
+                # there.
                 _signal(processes, pgid, signal.SIGCONT)
                 entry.resuming = (now, pgid)
             else:
@@ -324,7 +346,11 @@ class GroupStop:
         for entry in list(self.stopping):
             if entry.resuming is not None:
                 since, pgid = entry.resuming
-                if any(is_suspended(p.pid) for p in entry.processes) and now - since < RESUME_SECONDS and not kill_now:
+                if (
+                    any(is_suspended(p.pid) for p in entry.processes)
+                    and now - since < RESUME_SECONDS
+                    and not kill_now
+                ):
                     continue
                 _stop_signal(entry.processes, pgid, signal.Signals[entry.target.signal])
                 entry.resuming = None
@@ -332,7 +358,9 @@ class GroupStop:
             if not entry.processes:
                 # Look again: a process may have forked while shutting down; its cgroup lists every one left.
                 target = entry.target
-                entry.processes, _ = role_processes(StopTarget(target.role, None, cgroup=target.cgroup), self.marker)
+                entry.processes, _ = role_processes(
+                    StopTarget(target.role, None, cgroup=target.cgroup), self.marker
+                )
                 if not entry.processes:
                     cgroups.remove(target.cgroup, wait=0.0)  # never waits: the supervisor's loop calls this
                     self.stopping.remove(entry)
@@ -355,9 +383,13 @@ class Polled(Protocol):
     def poll(self, now: float, kill_now: bool) -> StopReport | None: ...
 
 
-def stop_in_waves(waves: Iterable[tuple[str, ...]], begin: Callable[[tuple[str, ...]], Iterable[Polled]],
-                  wait: Callable[[], None], now: Callable[[], float] = time.monotonic,
-                  kill_now: Callable[[], bool] = lambda: False) -> StopReport:
+def stop_in_waves(
+    waves: Iterable[tuple[str, ...]],
+    begin: Callable[[tuple[str, ...]], Iterable[Polled]],
+    wait: Callable[[], None],
+    now: Callable[[], float] = time.monotonic,
+    kill_now: Callable[[], bool] = lambda: False,
+) -> StopReport:
     """The one wave-stop (the supervisor's, `down`'s, and `down` of a SLURM job): the waves in the order given
     (last wave first), each wave's stops begun together, the next wave once every one of them reported."""
     killed: list[str] = []
@@ -376,8 +408,12 @@ def stop_in_waves(waves: Iterable[tuple[str, ...]], begin: Callable[[tuple[str, 
     return StopReport(tuple(killed), tuple(survivors))
 
 
-def stop_roles(targets: Iterable[StopTarget], marker: Marker, kill_now: threading.Event | None = None,
-               mask: Callable[[str], str] = lambda arg: arg) -> StopReport:
+def stop_roles(
+    targets: Iterable[StopTarget],
+    marker: Marker,
+    kill_now: threading.Event | None = None,
+    mask: Callable[[str], str] = lambda arg: arg,
+) -> StopReport:
     """Stop roles together and wait until none of their processes is alive (`down`: nothing else to do).
 
     `kill_now` (a second Ctrl-C) cuts the grace short.

@@ -83,13 +83,19 @@ def refuse_leftovers(run_dir: RunDir) -> None:
     mask = record.masks.token if record else no_arguments  # the earlier run's secrets, by value
     running = [f"{name} ({describe(proc, mask)})" for name, proc in sorted(roles.items())]
     # One that cleared its environment carries no marker, but stays in its role's cgroup.
-    running += [f"{path.name} (pid {pid}, in its cgroup {path})" for path in cgroups.role_cgroups(
-        run_dir.name, marker.run_dir) for pid in cgroups.members(path) if path.name not in roles]
+    running += [
+        f"{path.name} (pid {pid}, in its cgroup {path})"
+        for path in cgroups.role_cgroups(run_dir.name, marker.run_dir)
+        for pid in cgroups.members(path)
+        if path.name not in roles
+    ]
     if running:
         running = ", ".join(running)
-        raise RuntimeFailure(f"deployment {run_dir.name!r} still has processes from an earlier run: roles "
-                             f"{running} are running with no supervisor; nothing new was started",
-                             fix=f"`muse-launch down {run_dir.name}` stops them; then `up` again")
+        raise RuntimeFailure(
+            f"deployment {run_dir.name!r} still has processes from an earlier run: roles "
+            f"{running} are running with no supervisor; nothing new was started",
+            fix=f"`muse-launch down {run_dir.name}` stops them; then `up` again",
+        )
 
 
 def release_supervisor(record: DeploymentRecord) -> str | None:
@@ -118,7 +124,8 @@ def _release(ref: ProcessRef, proc: psutil.Process) -> str | None:
         deadline = time.monotonic() + SUPERVISOR_EXIT_SECONDS
         while alive() and time.monotonic() < deadline:  # its death frees the lock
             time.sleep(0.02)
-        return f"the supervisor (pid {proc.pid}) did not hand over within {SUPERVISOR_EXIT_SECONDS:g}s; killed it"
+        limit = f"{SUPERVISOR_EXIT_SECONDS:g}s"
+        return f"the supervisor (pid {proc.pid}) did not hand over within {limit}; killed it"
     return None
 
 
@@ -136,8 +143,11 @@ def lock_holding_supervisors(run_dir: RunDir) -> list[ProcessRef]:
             argv = proc.cmdline()
         except psutil.Error:
             continue
-        if "up" in argv and any("muse_launch" in a or "muse-launch" in a for a in argv[:3]) \
-                and catches(proc.pid, signal.SIGUSR1):
+        if (
+            "up" in argv
+            and any("muse_launch" in a or "muse-launch" in a for a in argv[:3])
+            and catches(proc.pid, signal.SIGUSR1)
+        ):
             found.append(ProcessRef.of(proc.pid))
     return found
 
@@ -152,8 +162,10 @@ def containment_note(record: DeploymentRecord) -> str | None:
 def open_ports(record: DeploymentRecord) -> list[str]:
     """Each role's ports on its own address (a rehearsal gives each node its own loopback address)."""
     return [
-        f"{role.name} {name} port {role.probe_host}:{port} (held by {port_holder(port, role.probe_host, recorded=recorded_role)})"
-        for role in record.roles for name, port in role.ports.items()
+        f"{role.name} {name} port {role.probe_host}:{port} (held by "
+        f"{port_holder(port, role.probe_host, recorded=recorded_role)})"
+        for role in record.roles
+        for name, port in role.ports.items()
         if is_listening(role.probe_host, port)
     ]
 
@@ -186,8 +198,10 @@ def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, lis
                 if ref.pid not in asked and (proc := ref.find()) is not None:
                     asked.add(ref.pid)
                     released = True
-                    notes.append(f"{run_dir.state_file} is unreadable: asked the supervisor holding the "
-                                  f"deployment's lock (pid {ref.pid}) to hand over")
+                    notes.append(
+                        f"{run_dir.state_file} is unreadable: asked the supervisor holding the "
+                        f"deployment's lock (pid {ref.pid}) to hand over"
+                    )
                     if note := _release(ref, proc):
                         notes.append(note)
         if (lock := DeploymentLock.attempt(run_dir)) is not None:
@@ -195,13 +209,23 @@ def take_over(run_dir: RunDir, grace: float | None) -> tuple[DeploymentLock, lis
                 notes.insert(0, "no supervisor was running")
             return lock, notes + ([lock.note] if lock.note else [])
         if deadline is None:
-            graces = sum(max((grace if grace is not None else r.grace) for r in record.roles) for _ in
-                         record.stop_waves) if record and record.roles else 0.0
-            deadline = time.monotonic() + LOCK_WAIT_SECONDS + graces + PORTS_CLOSE_SECONDS + GPU_RELEASE_SECONDS
+            graces = (
+                sum(
+                    max((grace if grace is not None else r.grace) for r in record.roles)
+                    for _ in record.stop_waves
+                )
+                if record and record.roles
+                else 0.0
+            )
+            deadline = (
+                time.monotonic() + LOCK_WAIT_SECONDS + graces + PORTS_CLOSE_SECONDS + GPU_RELEASE_SECONDS
+            )
         if time.monotonic() >= deadline:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} is still held by another muse-launch (an `up` or "
-                                 f"a `down`) after {LOCK_WAIT_SECONDS:g}s plus its roles' grace periods",
-                                 fix=f"wait for it, then run `muse-launch down {run_dir.name}` again")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} is still held by another muse-launch (an `up` or "
+                f"a `down`) after {LOCK_WAIT_SECONDS:g}s plus its roles' grace periods",
+                fix=f"wait for it, then run `muse-launch down {run_dir.name}` again",
+            )
         time.sleep(LOCK_POLL_SECONDS)
 
 
@@ -222,10 +246,14 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         stopped: list[str] = []
         killed: list[str] = []
         survivors: list[str] = []
+
         def begin(wave: tuple[str, ...]) -> list[GroupStop]:
             targets = [record.role(name).stop_target(grace) for name in wave]
-            stopped.extend(t.role for t in targets
-                           if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup))
+            stopped.extend(
+                t.role
+                for t in targets
+                if t.leader or marked_processes(marker, t.role) or cgroups.members(t.cgroup)
+            )
             return [GroupStop(targets, marker, time.monotonic(), record.masks.token)]
 
         report = stop_in_waves(record.stop_waves, begin, lambda: time.sleep(POLL_SECONDS))
@@ -235,36 +263,60 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         # that restarted a role while it could not write its state).
         leftover_roles = marked_roles(marker)
         stopped += sorted(leftover_roles - set(stopped))
-        report = stop_roles([StopTarget(role, None, "SIGKILL", 0.0) for role in leftover_roles], marker,
-                            mask=record.masks.token)
+        report = stop_roles(
+            [StopTarget(role, None, "SIGKILL", 0.0) for role in leftover_roles],
+            marker,
+            mask=record.masks.token,
+        )
         killed += report.killed
         survivors += report.survivors
-        still_open = Retrying(stop=stop_after_delay(PORTS_CLOSE_SECONDS), wait=wait_fixed(0.05),
-                              retry=retry_if_result(bool), retry_error_callback=lambda s: s.outcome.result())(
-            open_ports, record)
+        still_open = Retrying(
+            stop=stop_after_delay(PORTS_CLOSE_SECONDS),
+            wait=wait_fixed(0.05),
+            retry=retry_if_result(bool),
+            retry_error_callback=lambda s: s.outcome.result(),
+        )(open_ports, record)
         for role in record.roles:
             cgroups.remove(role.cgroup)  # emptied by now; waits a moment for members still exiting
         if note := containment_note(record):
             notes.append(note)
         release = await_gpu_release(record, gpus, seen) if on_gpus else None
-        final = replace(record, supervisor=None, roles=tuple(
-            replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles))
+        final = replace(
+            record,
+            supervisor=None,
+            roles=tuple(
+                replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles
+            ),
+        )
         try:
             write_state(run_dir, final)
         except OSError as exc:
-            notes.append(f"everything is stopped, but {run_dir.state_file} could not be updated "
-                         f"({exc.strerror or exc}); `status` shows the state last written")
+            notes.append(
+                f"everything is stopped, but {run_dir.state_file} could not be updated "
+                f"({exc.strerror or exc}); `status` shows the state last written"
+            )
     finally:
         lock.release()
-    return DownReport(record.name, time.monotonic() - started, tuple(stopped), tuple(killed), tuple(survivors),
-                      tuple(still_open), tuple(notes), release.line if release else None,
-                      release.held if release else ())
+    return DownReport(
+        record.name,
+        time.monotonic() - started,
+        tuple(stopped),
+        tuple(killed),
+        tuple(survivors),
+        tuple(still_open),
+        tuple(notes),
+        release.line if release else None,
+        release.held if release else (),
+    )
 
 
 def format_report(report: DownReport) -> list[str]:
     lines = [*report.notes]
-    lines.append(f"{report.name}: stopped {', '.join(report.stopped)} in {report.seconds:.2f}s" if report.stopped
-                 else f"{report.name}: nothing was running; checked in {report.seconds:.2f}s")
+    lines.append(
+        f"{report.name}: stopped {', '.join(report.stopped)} in {report.seconds:.2f}s"
+        if report.stopped
+        else f"{report.name}: nothing was running; checked in {report.seconds:.2f}s"
+    )
     if report.killed:
         lines.append("had to SIGKILL:")
         lines += [f"  {k}" for k in report.killed]
@@ -282,21 +334,42 @@ def format_report(report: DownReport) -> list[str]:
     return lines
 
 
-
 def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> DownReport:
     """`down` of a deployment whose state.json is gone or damaged: stop whatever carries its marker, and
     empty the role cgroups it left (where a process that cleared its environment still is)."""
     started = time.monotonic()
     marker = Marker(run_dir.name, str(run_dir.path))
-    contained = {path.name: path for path in cgroups.role_cgroups(run_dir.name, marker.run_dir, anywhere=True)}
+    contained = {
+        path.name: path for path in cgroups.role_cgroups(run_dir.name, marker.run_dir, anywhere=True)
+    }
     roles = sorted(marked_roles(marker) | {role for role, path in contained.items() if cgroups.members(path)})
-    report = stop_roles([StopTarget(role, None, "SIGTERM", 10.0 if grace is None else grace,
-                                    cgroup=str(contained[role]) if role in contained else None) for role in roles],
-                        marker, mask=no_arguments)  # the secrets' digests went with the state
+    report = stop_roles(
+        [
+            StopTarget(
+                role,
+                None,
+                "SIGTERM",
+                10.0 if grace is None else grace,
+                cgroup=str(contained[role]) if role in contained else None,
+            )
+            for role in roles
+        ],
+        marker,
+        mask=no_arguments,
+    )  # the secrets' digests went with the state
     for path in contained.values():
         cgroups.remove(path)
     reach = "the deployment's marker and its role cgroups" if contained else "the deployment's marker"
-    note = (f"{run_dir.state_file} is missing or damaged: stopped the processes in {reach} "
-            f"(best effort: no ports or process groups to check without the state)")
-    return DownReport(name=run_dir.name, seconds=time.monotonic() - started, stopped=tuple(roles),
-                      killed=tuple(report.killed), survivors=tuple(report.survivors), open_ports=(), notes=(note,))
+    note = (
+        f"{run_dir.state_file} is missing or damaged: stopped the processes in {reach} "
+        f"(best effort: no ports or process groups to check without the state)"
+    )
+    return DownReport(
+        name=run_dir.name,
+        seconds=time.monotonic() - started,
+        stopped=tuple(roles),
+        killed=tuple(report.killed),
+        survivors=tuple(report.survivors),
+        open_ports=(),
+        notes=(note,),
+    )

@@ -25,9 +25,14 @@ def _pointer(argv: tuple[str, ...], host: str, port: int) -> str | None:
             flag = arg
         elif f"{host}:{port}" in arg:
             return f"{flag} {arg}" if flag else arg
-        if arg == PREFILL and i + 2 < len(argv) and argv[i + 2] == str(port) \
-                and urlsplit(argv[i + 1]).hostname == host:
-            return f"{PREFILL} {argv[i + 1]} {port}"  # the prefill's KV bootstrap port, as the router tells decode
+        if (
+            arg == PREFILL
+            and i + 2 < len(argv)
+            and argv[i + 2] == str(port)
+            and urlsplit(argv[i + 1]).hostname == host
+        ):
+            # the prefill's KV bootstrap port, as the router tells decode
+            return f"{PREFILL} {argv[i + 1]} {port}"
     return None
 
 
@@ -36,13 +41,19 @@ def explain_addresses(text: str, record: DeploymentRecord, unknown_only: bool = 
     out = []
     for host, number in dict.fromkeys(ADDRESS.findall(text)):
         host, port = "127.0.0.1" if host == "localhost" else host, int(number)
-        owners = [f"{r.name}'s {kind} port" for r in record.roles for kind, p in r.ports.items()
-                  if p == port and host in _hosts(r)]
+        owners = [
+            f"{r.name}'s {kind} port"
+            for r in record.roles
+            for kind, p in r.ports.items()
+            if p == port and host in _hosts(r)
+        ]
         if owners:
             if not unknown_only:
                 out.append(f"{host}:{port} is {' and '.join(owners)}")
             continue
         told = [f"{r.name} ({arg})" for r in record.roles if (arg := _pointer(r.argv, host, port))]
-        out.append(f"{host}:{port}: no role of {record.name} listens there"
-                   + (f"; it comes from {', '.join(told)}" if told else ""))
+        out.append(
+            f"{host}:{port}: no role of {record.name} listens there"
+            + (f"; it comes from {', '.join(told)}" if told else "")
+        )
     return out

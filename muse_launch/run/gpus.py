@@ -28,7 +28,9 @@ from muse_launch.topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, Hardware
 if TYPE_CHECKING:  # `down` and `status` import this module, and need no topology schema
     from muse_launch.topology.model import Topology
 
-GPU_RELEASE_SECONDS = 10.0  # the driver frees a dead process's memory at once; tearing down 100+ GiB takes a moment
+GPU_RELEASE_SECONDS = (
+    10.0  # the driver frees a dead process's memory at once; tearing down 100+ GiB takes a moment
+)
 GPU_POLL_SECONDS = 0.1
 GB = 10**9  # checkpoint sizes are in GB, as the recipes state them
 
@@ -55,7 +57,8 @@ class GpuNeed:
 
 
 def gpu_needs(plan: Plan, topology: Topology) -> tuple[GpuNeed, ...]:
-    """Each GPU process's need: its mem_fraction (the engine flag in its argv wins, as it does for the engine),
+    """Each GPU process's need: its mem_fraction (the engine flag in its argv wins, as it does for the
+    engine),
     else its share of the checkpoint's known size; neither known (a command, an unknown model): no figure."""
     from muse_launch.engines import ENGINES
 
@@ -69,11 +72,22 @@ def gpu_needs(plan: Plan, topology: Topology) -> tuple[GpuNeed, ...]:
         fraction = (read_fraction(spec.args) if read_fraction else None) or role.mem_fraction
         read_model = getattr(engine, "model", None)
         model = (read_model(spec.args) if read_model else None) or role.model or topology.model
-        size = CHECKPOINT_VRAM_GB.get(model or "") if spec.kind != "encoder" else None  # encoders load no experts
+        size = (
+            CHECKPOINT_VRAM_GB.get(model or "") if spec.kind != "encoder" else None
+        )  # encoders load no experts
         gpus_in_all = len(spec.gpus) * max(len(role.nodes), 1)
         share = size * GB // gpus_in_all if size and fraction is None else None
-        needs.append(GpuNeed(spec.name, spec.role, spec.gpus, fraction, share,
-                             f"its share of {model}'s {size} GB over {gpus_in_all} GPUs" if share else "", spec.node))
+        needs.append(
+            GpuNeed(
+                spec.name,
+                spec.role,
+                spec.gpus,
+                fraction,
+                share,
+                f"its share of {model}'s {size} GB over {gpus_in_all} GPUs" if share else "",
+                spec.node,
+            )
+        )
     return tuple(needs)
 
 
@@ -98,21 +112,33 @@ def _started_at(pid: int, ref: ProcessRef, or_later: bool) -> bool:
         return ticks is not None and (ticks >= ref.start_ticks if or_later else ticks == ref.start_ticks)
     if ref.start_ticks is None and ref.create_time is not None:
         created = psutil.Process(pid).create_time()
-        return created >= ref.create_time - CREATE_TIME_SLACK if or_later else \
-            abs(created - ref.create_time) < CREATE_TIME_SLACK
+        return (
+            created >= ref.create_time - CREATE_TIME_SLACK
+            if or_later
+            else abs(created - ref.create_time) < CREATE_TIME_SLACK
+        )
     return False
 
 
 class Owners:
     """Which deployment and role a process is of: its marker, its role's cgroup, else the session or the
-    ancestor that a role's leader is (an engine that sets its title, like vLLM's EngineCore, blanks its marker)."""
+    ancestor that a role's leader is (an engine that sets its title, like vLLM's EngineCore, blanks its
+    marker)."""
 
     def __init__(self, records: Iterable[DeploymentRecord]):
         records = list(records)
-        self.leaders = {r.process.pid: Leader(rec.name, r.name, r.process)
-                        for rec in records for r in rec.roles if r.process}
-        self.cgroups = {r.cgroup: (rec.name, r.name) for rec in records for r in rec.roles
-                        if cgroups.is_role_cgroup(r.cgroup)}
+        self.leaders = {
+            r.process.pid: Leader(rec.name, r.name, r.process)
+            for rec in records
+            for r in rec.roles
+            if r.process
+        }
+        self.cgroups = {
+            r.cgroup: (rec.name, r.name)
+            for rec in records
+            for r in rec.roles
+            if cgroups.is_role_cgroup(r.cgroup)
+        }
 
     def of(self, pid: int) -> tuple[str, str] | None:
         try:
@@ -126,7 +152,8 @@ class Owners:
             if self.cgroups and (owner := self.cgroups.get(cgroups.cgroup_of(pid))):
                 return owner
             leader = self.leaders.get(os.getsid(pid))
-            # Its session is the leader's only while the leader lives: a dead leader's pid may be anyone's now.
+            # Its session is the leader's only while the leader lives: a dead leader's pid may be anyone's
+            # now.
             if leader and leader.ref.find() and _started_at(pid, leader.ref, or_later=True):
                 return leader.deployment, leader.role
             for ancestor in [proc, *proc.parents()]:
@@ -147,18 +174,21 @@ class Owners:
 
 
 def held(gpu: Gpu, owners: Owners, holders: Iterable[GpuHolder] | None = None) -> str:
-    """"GPU 0: 100.6 of 139.8 GiB held by pid 564 (python3 serve.py)"."""
+    """ "GPU 0: 100.6 of 139.8 GiB held by pid 564 (python3 serve.py)"."""
     holders = list(gpu.holders if holders is None else holders)
     if not holders:
-        return f"GPU {gpu.index}: {gib(gpu.used_bytes)} of {gib(gpu.total_bytes)} GiB in use, by no process the " \
-               f"driver lists (another container, or memory being freed)"
+        return (
+            f"GPU {gpu.index}: {gib(gpu.used_bytes)} of {gib(gpu.total_bytes)} GiB in use, by no process the "
+            f"driver lists (another container, or memory being freed)"
+        )
     if len(holders) == 1:
         used = holders[0].used_bytes
         amount = f"{gib(used)} of {gib(gpu.total_bytes)} GiB" if used is not None else "memory"
         return f"GPU {gpu.index}: {amount} held by {owners.label(holders[0])}"
     total = sum(h.used_bytes or 0 for h in holders)
-    each = ", ".join(f"{owners.label(h)}{f' {gib(h.used_bytes)} GiB' if h.used_bytes is not None else ''}"
-                     for h in holders)
+    each = ", ".join(
+        f"{owners.label(h)}{f' {gib(h.used_bytes)} GiB' if h.used_bytes is not None else ''}" for h in holders
+    )
     return f"GPU {gpu.index}: {gib(total)} of {gib(gpu.total_bytes)} GiB held by {each}"
 
 
@@ -171,35 +201,49 @@ class GpuProblem:
         return f"{self.text}\n    fix: {self.fix}"
 
 
-def gpu_problems(needs: Iterable[GpuNeed], profile: HardwareProfile, view: GpuView,
-                 owners: Owners) -> tuple[list[GpuProblem], list[str]]:
+def gpu_problems(
+    needs: Iterable[GpuNeed], profile: HardwareProfile, view: GpuView, owners: Owners
+) -> tuple[list[GpuProblem], list[str]]:
     """What stops the planned GPUs from running their roles on this host, and notes that do not."""
     needs = list(needs)
     planned = sorted({g for n in needs for g in n.gpus})
     problems: list[GpuProblem] = []
-    host = f"{len(view.gpus)} GPU{'s' if len(view.gpus) != 1 else ''}" + \
-        (f" ({index_ranges(g.index for g in view.gpus)}: {_models(view.gpus)})" if view.gpus else "")
+    host = f"{len(view.gpus)} GPU{'s' if len(view.gpus) != 1 else ''}" + (
+        f" ({index_ranges(g.index for g in view.gpus)}: {_models(view.gpus)})" if view.gpus else ""
+    )
     missing = [(n, [g for g in n.gpus if view.gpu(g) is None]) for n in needs]
     missing = [(n, gpus) for n, gpus in missing if gpus]
     if missing:
         absent = sorted({g for _, gpus in missing for g in gpus})
-        problems.append(GpuProblem(
-            f"GPU {index_ranges(absent)} {'is' if len(absent) == 1 else 'are'} planned "
-            f"({'; '.join(f'{n.name} on {index_ranges(gpus)}' for n, gpus in missing)}), but this host has {host}",
-            f"run the file on a host with {max(planned) + 1} GPUs, or give "
-            f"{', '.join(dict.fromkeys(f'roles.{n.role}.gpus' for n, _ in missing))} GPUs of this host"))
+        problems.append(
+            GpuProblem(
+                f"GPU {index_ranges(absent)} {'is' if len(absent) == 1 else 'are'} planned "
+                f"({'; '.join(f'{n.name} on {index_ranges(gpus)}' for n, gpus in missing)}), but this host "
+                f"has {host}",
+                f"run the file on a host with {max(planned) + 1} GPUs, or give "
+                f"{', '.join(dict.fromkeys(f'roles.{n.role}.gpus' for n, _ in missing))} GPUs of this host",
+            )
+        )
     present = [view.gpu(g) for g in planned if view.gpu(g) is not None]
     other_model = [g for g in present if not profile.matches_gpu(g.name)]
     if other_model:
         names = _models(other_model)
         suited = next((p for p in PROFILES.values() if p.matches_gpu(other_model[0].name)), None)
-        fix = (f"write the file for this host (`hardware: {suited.name}`, or `muse-launch init --hardware "
-               f"{suited.name} ...`), or run it on {profile.display}" if suited else
-               f"run it on {profile.display}, or use --skip-gpu-check if this GPU can run it")
-        problems.append(GpuProblem(
-            f"hardware: {profile.name}: the file is written for {profile.display}, but GPU "
-            f"{index_ranges(g.index for g in other_model)} of this host {'is' if len(other_model) == 1 else 'are'} "
-            f"{names}", fix))
+        fix = (
+            f"write the file for this host (`hardware: {suited.name}`, or `muse-launch init --hardware "
+            f"{suited.name} ...`), or run it on {profile.display}"
+            if suited
+            else f"run it on {profile.display}, or use --skip-gpu-check if this GPU can run it"
+        )
+        problems.append(
+            GpuProblem(
+                f"hardware: {profile.name}: the file is written for {profile.display}, but GPU "
+                f"{index_ranges(g.index for g in other_model)} of this host "
+                f"{'is' if len(other_model) == 1 else 'are'} "
+                f"{names}",
+                fix,
+            )
+        )
     notes: list[str] = []
     for gpu in present:
         users = [n for n in needs if gpu.index in n.gpus]
@@ -207,18 +251,31 @@ def gpu_problems(needs: Iterable[GpuNeed], profile: HardwareProfile, view: GpuVi
         unknown = [n for n in users if n.bytes_on(gpu) is None]
         need = sum(b for _, b in known)
         if need > gpu.free_bytes:
-            whose = " and ".join(n.why(gpu) for n, _ in known) + (f", {gib(need)} GiB in all" if len(known) > 1 else "")
-            problems.append(GpuProblem(f"{held(gpu, owners)}; {gib(gpu.free_bytes)} GiB is free, and {whose}",
-                                       _memory_fix(gpu, known, owners, view, planned)))
+            whose = " and ".join(n.why(gpu) for n, _ in known) + (
+                f", {gib(need)} GiB in all" if len(known) > 1 else ""
+            )
+            problems.append(
+                GpuProblem(
+                    f"{held(gpu, owners)}; {gib(gpu.free_bytes)} GiB is free, and {whose}",
+                    _memory_fix(gpu, known, owners, view, planned),
+                )
+            )
         elif unknown and gpu.holders:
-            problems.append(GpuProblem(
-                f"{held(gpu, owners)}, and {', '.join(n.name for n in unknown)} "
-                f"{'sets' if len(unknown) == 1 else 'set'} no mem_fraction, so whether it fits cannot be told",
-                f"{_stop(gpu, owners)}, or set roles.{unknown[0].role}.mem_fraction so the check can tell, "
-                f"or use --skip-gpu-check"))
+            problems.append(
+                GpuProblem(
+                    f"{held(gpu, owners)}, and {', '.join(n.name for n in unknown)} "
+                    f"{'sets' if len(unknown) == 1 else 'set'} no mem_fraction, so whether it fits cannot be "
+                    "told",
+                    f"{_stop(gpu, owners)}, or set roles.{unknown[0].role}.mem_fraction so the check can "
+                    "tell, "
+                    f"or use --skip-gpu-check",
+                )
+            )
         elif gpu.holders:
-            notes.append(f"{held(gpu, owners)}; {gib(gpu.free_bytes)} GiB free is enough for "
-                         f"{', '.join(n.name for n in users)}")
+            notes.append(
+                f"{held(gpu, owners)}; {gib(gpu.free_bytes)} GiB free is enough for "
+                f"{', '.join(n.name for n in users)}"
+            )
     return problems, notes
 
 
@@ -232,12 +289,17 @@ def _stop(gpu: Gpu, owners: Owners) -> str:
         return "find what holds it (`nvidia-smi`), and stop it"
     ours = sorted({owner[0] for h in gpu.holders if (owner := owners.of(h.pid))})
     foreign = [owners.label(h) for h in gpu.holders if owners.of(h.pid) is None]
-    return " and ".join([*(f"run `muse-launch down {name}`" for name in ours),
-                         *([f"stop {', '.join(foreign)}"] if foreign else [])])
+    return " and ".join(
+        [
+            *(f"run `muse-launch down {name}`" for name in ours),
+            *([f"stop {', '.join(foreign)}"] if foreign else []),
+        ]
+    )
 
 
-def _memory_fix(gpu: Gpu, known: list[tuple[GpuNeed, int]], owners: Owners, view: GpuView,
-                planned: list[int]) -> str:
+def _memory_fix(
+    gpu: Gpu, known: list[tuple[GpuNeed, int]], owners: Owners, view: GpuView, planned: list[int]
+) -> str:
     ways = [_stop(gpu, owners)]
     top, top_bytes = max(known, key=lambda k: k[1])
     if top.fraction is not None:
@@ -260,7 +322,9 @@ class GpuPreflight:
     read: GpuReader
     skipped: str | None = None  # why not to look at all: --skip-gpu-check, a rehearsal
 
-    def require(self, plan: Plan, records: Callable[[], Iterable[DeploymentRecord]], say: Callable[[str], None]) -> None:
+    def require(
+        self, plan: Plan, records: Callable[[], Iterable[DeploymentRecord]], say: Callable[[str], None]
+    ) -> None:
         """Raises RuntimeFailure naming each problem and its fix; else one line saying what it saw."""
         names = {s.name for s in plan.specs}
         needs = one_host(n for n in self.needs if n.name in names)  # `--only` starts a part of the plan
@@ -276,22 +340,29 @@ class GpuPreflight:
         owners = Owners(records())  # a holder that is a role of a deployment of ours is named so
         problems, notes = gpu_problems(needs, self.profile, view, owners)
         if problems:
-            raise RuntimeFailure(f"{plan.name}: the host's GPUs cannot run it; nothing was started:\n  " +
-                                 "\n  ".join(map(str, problems)))
+            raise RuntimeFailure(
+                f"{plan.name}: the host's GPUs cannot run it; nothing was started:\n  "
+                + "\n  ".join(map(str, problems))
+            )
         for note in notes:
             say(f"note: {note}")
         planned = sorted({g for n in needs for g in n.gpus})
-        say(f"GPU{'s' if len(planned) > 1 else ''} {index_ranges(planned)}: {_models(view.gpu(g) for g in planned)}, "
-            f"with the memory their roles need ({view.source}, read in {view.read_seconds * 1000:.0f} ms)")
+        say(
+            f"GPU{'s' if len(planned) > 1 else ''} {index_ranges(planned)}: "
+            f"{_models(view.gpu(g) for g in planned)}, "
+            f"with the memory their roles need ({view.source}, read in {view.read_seconds * 1000:.0f} ms)"
+        )
 
 
 def preflight_for(plan: Plan, topology: Topology, read: GpuReader, skipped: str | None) -> GpuPreflight:
     return GpuPreflight(gpu_needs(plan, topology), PROFILES[topology.hardware], read, skipped)
 
 
-def holders_of(record: DeploymentRecord, view: GpuView, owners: Owners,
-               seen: Mapping[int, str] | None = None) -> list[tuple[Gpu, GpuHolder, str]]:
-    """The deployment's processes holding GPU memory, with their role: by owner, or as `seen` earlier (pid -> role)."""
+def holders_of(
+    record: DeploymentRecord, view: GpuView, owners: Owners, seen: Mapping[int, str] | None = None
+) -> list[tuple[Gpu, GpuHolder, str]]:
+    """The deployment's processes holding GPU memory, with their role: by owner, or as `seen` earlier (pid ->
+    role)."""
     role_of = seen or {}
     out = []
     for gpu in view.gpus:
@@ -314,7 +385,8 @@ def role_gpu_memory(record: DeploymentRecord, view: GpuView) -> dict[str, dict[i
 
 
 def deployment_holders(record: DeploymentRecord, view: GpuView) -> dict[int, str]:
-    """Before `down` stops them: the GPU holders that are the deployment's (pid -> role), while they can be told:
+    """Before `down` stops them: the GPU holders that are the deployment's (pid -> role), while they can be
+    told:
     the driver may list a killed process a moment longer, when it can no longer be told whose it was."""
     return {h.pid: role for _, h, role in holders_of(record, view, Owners([record]))}
 
@@ -325,8 +397,9 @@ class GpuRelease:
     held: tuple[str, ...] = ()  # the deployment's processes still holding memory after the wait
 
 
-def await_gpu_release(record: DeploymentRecord, read: GpuReader, seen: Mapping[int, str],
-                      seconds: float = GPU_RELEASE_SECONDS) -> GpuRelease:
+def await_gpu_release(
+    record: DeploymentRecord, read: GpuReader, seen: Mapping[int, str], seconds: float = GPU_RELEASE_SECONDS
+) -> GpuRelease:
     """Wait until no process of the deployment (or seen as one before it stopped) holds GPU memory."""
     gpus = sorted({g for r in record.roles for g in r.gpus})
     if not gpus:
@@ -342,10 +415,17 @@ def await_gpu_release(record: DeploymentRecord, read: GpuReader, seen: Mapping[i
             break
         time.sleep(GPU_POLL_SECONDS)
     if ours:
-        return GpuRelease(None, tuple(held(g, owners, [h]) + ("" if owners.of(h.pid) else f" (was role {role})")
-                                      for g, h, role in ours))
+        return GpuRelease(
+            None,
+            tuple(
+                held(g, owners, [h]) + ("" if owners.of(h.pid) else f" (was role {role})")
+                for g, h, role in ours
+            ),
+        )
     others = [g for g in view.gpus if g.index in gpus and g.holders]
     if not others:
         return GpuRelease(f"GPUs {index_ranges(gpus)} free" if len(gpus) > 1 else f"GPU {gpus[0]} free")
-    return GpuRelease(f"GPUs {index_ranges(gpus)}: nothing of {record.name} holds memory; also held, not by "
-                      f"{record.name}: " + "; ".join(held(g, owners) for g in others))
+    return GpuRelease(
+        f"GPUs {index_ranges(gpus)}: nothing of {record.name} holds memory; also held, not by "
+        f"{record.name}: " + "; ".join(held(g, owners) for g in others)
+    )

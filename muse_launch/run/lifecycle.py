@@ -20,10 +20,20 @@ class RoleState(str, Enum):
 ALLOWED = {
     RoleState.PENDING: {RoleState.STARTING, RoleState.FAILED, RoleState.STOPPED},  # failed: could not exec
     RoleState.STARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPING, RoleState.STOPPED},
-    RoleState.READY: {RoleState.UNHEALTHY, RoleState.RESTARTING, RoleState.FAILED, RoleState.STOPPING,
-                      RoleState.STOPPED},
-    RoleState.UNHEALTHY: {RoleState.READY, RoleState.RESTARTING, RoleState.FAILED, RoleState.STOPPING,
-                          RoleState.STOPPED},
+    RoleState.READY: {
+        RoleState.UNHEALTHY,
+        RoleState.RESTARTING,
+        RoleState.FAILED,
+        RoleState.STOPPING,
+        RoleState.STOPPED,
+    },
+    RoleState.UNHEALTHY: {
+        RoleState.READY,
+        RoleState.RESTARTING,
+        RoleState.FAILED,
+        RoleState.STOPPING,
+        RoleState.STOPPED,
+    },
     RoleState.RESTARTING: {RoleState.READY, RoleState.FAILED, RoleState.STOPPING, RoleState.STOPPED},
     RoleState.STOPPING: {RoleState.STOPPED},
     RoleState.FAILED: {RoleState.STOPPED},  # a failed role's leftovers are stopped without leaving FAILED
@@ -31,8 +41,9 @@ ALLOWED = {
 }
 
 # States in which the role has (or is about to have) a process of its own.
-LIVE_STATES = frozenset({RoleState.STARTING, RoleState.READY, RoleState.UNHEALTHY, RoleState.RESTARTING,
-                         RoleState.STOPPING})
+LIVE_STATES = frozenset(
+    {RoleState.STARTING, RoleState.READY, RoleState.UNHEALTHY, RoleState.RESTARTING, RoleState.STOPPING}
+)
 
 
 SUSPENDED_REASON = "stopped (SIGSTOP): serves nothing until SIGCONT"
@@ -66,6 +77,8 @@ def deployment_state(roles: Iterable[RoleState], wired: bool = True) -> Deployme
         return DeploymentState.STOPPING
     if all(s is RoleState.READY for s in states):
         return DeploymentState.READY if wired else DeploymentState.STARTING
-    if any(s in (RoleState.FAILED, RoleState.UNHEALTHY, RoleState.RESTARTING, RoleState.STOPPED) for s in states):
+    if any(
+        s in (RoleState.FAILED, RoleState.UNHEALTHY, RoleState.RESTARTING, RoleState.STOPPED) for s in states
+    ):
         return DeploymentState.DEGRADED
     return DeploymentState.STARTING

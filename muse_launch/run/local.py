@@ -25,19 +25,30 @@ class LocalBackend:
     def owns(self, run_dir: RunDir) -> bool:
         return True  # what no other backend claims runs here
 
-    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
-                 claim: Callable[[RunDir], None]) -> int:
+    def bring_up(
+        self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
+    ) -> int:
         from muse_launch.host.gpus import read_gpu_view
         from muse_launch.run.gpus import preflight_for
         from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
 
         if not request.rehearse:
             refuse_multi_node(loaded.plan)
-        options = UpOptions(detach=request.detach, fail_fast=request.fail_fast, keep=request.keep,
-                            only=request.only, start=loaded.loaded.topology.start,
-                            secret_sources=loaded.loaded.secret_sources)
-        skipped = ("--skip-gpu-check" if request.skip_gpu_check
-                   else "a rehearsal runs no GPU engine" if request.rehearse else None)
+        options = UpOptions(
+            detach=request.detach,
+            fail_fast=request.fail_fast,
+            keep=request.keep,
+            only=request.only,
+            start=loaded.loaded.topology.start,
+            secret_sources=loaded.loaded.secret_sources,
+        )
+        skipped = (
+            "--skip-gpu-check"
+            if request.skip_gpu_check
+            else "a rehearsal runs no GPU engine"
+            if request.rehearse
+            else None
+        )
         gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
         return bring_up(loaded.plan, loaded.source, loaded.redact, options, console, gpus, claim=claim)
 
@@ -72,8 +83,10 @@ class LocalBackend:
 
         recorded = read_state(run_dir)  # again at each refresh of --watch
         if recorded is None:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
-                                 fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
+                fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
+            )
         # engine -> release: as `up` recorded it, else (an older state) read now from the roles' recorded argv
         versions = dict(recorded.versions) or deployment_versions(recorded.roles)
         record = observed(recorded)
@@ -87,15 +100,21 @@ class LocalBackend:
         return {role: run_dir.log(role) for role in roles}
 
     def add_instance(self, run_dir: RunDir, role: str) -> None:
-        raise NotSupported(f"adding an instance of {role} to a running deployment is not supported on this host yet",
-                           fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-                               "and `up` it again")
+        raise NotSupported(
+            f"adding an instance of {role} to a running deployment is not supported on this host yet",
+            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
+            "and `up` it again",
+        )
 
     def remove_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(f"removing {instance} from a running deployment is not supported on this host yet",
-                           fix=f"lower its role's replicas in the file, then `down {run_dir.name}` and `up` again")
+        raise NotSupported(
+            f"removing {instance} from a running deployment is not supported on this host yet",
+            fix=f"lower its role's replicas in the file, then `down {run_dir.name}` and `up` again",
+        )
 
     def restart_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(f"restarting {instance} alone is not supported on this host yet",
-                           fix=f"`muse-launch down {run_dir.name}` and `up` it again; the supervisor restarts "
-                               "a role that dies by its restart policy")
+        raise NotSupported(
+            f"restarting {instance} alone is not supported on this host yet",
+            fix=f"`muse-launch down {run_dir.name}` and `up` it again; the supervisor restarts "
+            "a role that dies by its restart policy",
+        )

@@ -2,7 +2,8 @@
 
 Why copy-truncate, and not a pipe: a role's stdout and stderr go straight to its log file, opened
 with O_APPEND (process.open_role_log). The alternative, a pipe that the supervisor copies into
-rotating files, puts the supervisor in the role's write path: a supervisor that is slow blocks the role once the pipe is
+rotating files, puts the supervisor in the role's write path: a supervisor that is slow blocks the role once
+the pipe is
 full, and one that dies (SIGKILL, OOM) leaves the role writing into a pipe with no reader, so its
 next write raises SIGPIPE and kills it. Roles must outlive their supervisor (`down` works without
 it), so the file stays theirs.
@@ -49,7 +50,8 @@ def rotated(path: Path, n: int = 1) -> Path:
 
 
 def forget_rotated(path: Path) -> None:
-    """At `up`: an earlier run's ROLE.log.1 .. .N go with its ROLE.log, so no reader takes them for this run's."""
+    """At `up`: an earlier run's ROLE.log.1 .. .N go with its ROLE.log, so no reader takes them for this
+    run's."""
     for n in range(1, LOG_MAX_KEEP + 1):
         try:
             os.unlink(rotated(path, n))  # unlinks a planted link itself, never its target
@@ -69,7 +71,9 @@ def file_id(path: Path) -> tuple[int, int] | None:
 def read_chunk(path: Path, offset: int, limit: int = READ_CHUNK) -> tuple[bytes, int]:
     """At most `limit` bytes of the file from `offset`, and its size now; (b"", 0) when it is gone."""
     try:
-        fd = open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # HOME/NAME/logs/ROLE.log: no link below HOME
+        fd = open_nofollow(
+            path, os.O_RDONLY, root=path.parents[2]
+        )  # HOME/NAME/logs/ROLE.log: no link below HOME
     except OSError:  # not there (yet), or a planted link (files.PlantedLink): nothing of ours to show
         return b"", 0
     try:
@@ -89,10 +93,12 @@ class LineSplitter:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         *complete, self.partial = (self.partial + chunk).split(b"\n")
-        lines = [line[i:i + self.limit] for line in complete for i in range(0, max(len(line), 1), self.limit)]
+        lines = [
+            line[i : i + self.limit] for line in complete for i in range(0, max(len(line), 1), self.limit)
+        ]
         while len(self.partial) >= self.limit:
-            lines.append(self.partial[:self.limit])
-            self.partial = self.partial[self.limit:]
+            lines.append(self.partial[: self.limit])
+            self.partial = self.partial[self.limit :]
         return lines
 
     def reset(self) -> None:
@@ -128,7 +134,10 @@ def rotate(path: Path, keep: int, force: bool = False) -> bool:
                 pass
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                offset, limit = 0, os.fstat(fd).st_size * 2 + COPY_CHUNK  # a writer faster than the copy: stop
+                offset, limit = (
+                    0,
+                    os.fstat(fd).st_size * 2 + COPY_CHUNK,
+                )  # a writer faster than the copy: stop
                 while offset < limit and (sent := os.sendfile(out, fd, offset, COPY_CHUNK)) > 0:
                     offset += sent
             except OSError:  # a full disk: the log is emptied rather than left to grow, its copy dropped

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from muse_launch.files import open_nofollow
 from muse_launch.printable import escaped
-from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, read_chunk, rotated
+from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
@@ -81,7 +81,11 @@ def last_lines(path: Path, n: int) -> list[str]:
             end = start
     finally:
         os.close(fd)
-    pieces = [line[i:i + READ_CHUNK] or b"" for line in data.split(b"\n") for i in range(0, max(len(line), 1), READ_CHUNK)]
+    pieces = [
+        line[i : i + READ_CHUNK] or b""
+        for line in data.split(b"\n")
+        for i in range(0, max(len(line), 1), READ_CHUNK)
+    ]
     if pieces and pieces[-1] == b"":
         pieces.pop()  # the file ends with a newline
     return [p.decode(errors="replace") for p in pieces[-n:]]
@@ -92,8 +96,14 @@ class RolePrinter:
     escape sequences and carriage returns shown escaped (muse_launch/printable.py) unless `raw`, and what
     `mask` hides (a secret) hidden."""
 
-    def __init__(self, out: TextIO, roles: list[str], colour: bool, raw: bool = False,
-                 mask: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        out: TextIO,
+        roles: list[str],
+        colour: bool,
+        raw: bool = False,
+        mask: Callable[[str], str] | None = None,
+    ):
         self.out = out
         self.width = max((len(r) for r in roles), default=0)
         self.colours = {r: COLOURS[i % len(COLOURS)] for i, r in enumerate(roles)}

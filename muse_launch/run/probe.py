@@ -26,8 +26,15 @@ def base_url(host: str, port: int) -> str:
 class ReadinessCheck:
     """One role's probe, polled repeatedly; `last_seen` says what the latest attempt observed."""
 
-    def __init__(self, probe: Probe, host: str, port: int | None, log_path: Path, client: httpx.Client,
-                 owner: ListenerOwner | None = None):
+    def __init__(
+        self,
+        probe: Probe,
+        host: str,
+        port: int | None,
+        log_path: Path,
+        client: httpx.Client,
+        owner: ListenerOwner | None = None,
+    ):
         """`owner`: for a role on this host, whose listener must be the one that answers (none on SLURM)."""
         self.probe = probe
         self.host = host
@@ -87,7 +94,8 @@ class ReadinessCheck:
         """Matches the pattern against complete lines written since the last check, a chunk at a time
         (a role that logs gigabytes while starting costs no memory); a rotated log is read from its start."""
         pattern = re.compile(self.probe.pattern or "")
-        end = None  # what was there at the first look: a role writing faster than this reads cannot keep it here
+        # what was there at the first look: a role writing faster than this reads cannot keep it here
+        end = None
         while end is None or self._log_offset < end:
             chunk, size = read_chunk(self.log_path, self._log_offset)
             end = size if end is None else end

@@ -19,9 +19,14 @@ from muse_launch.run.logs import last_lines
 from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
 
 STATE_STYLES = {
-    RoleState.PENDING: "dim", RoleState.STARTING: "yellow", RoleState.READY: "green",
-    RoleState.UNHEALTHY: "bold yellow", RoleState.FAILED: "bold red", RoleState.RESTARTING: "magenta",
-    RoleState.STOPPING: "yellow", RoleState.STOPPED: "dim",
+    RoleState.PENDING: "dim",
+    RoleState.STARTING: "yellow",
+    RoleState.READY: "green",
+    RoleState.UNHEALTHY: "bold yellow",
+    RoleState.FAILED: "bold red",
+    RoleState.RESTARTING: "magenta",
+    RoleState.STOPPING: "yellow",
+    RoleState.STOPPED: "dim",
 }
 
 
@@ -68,14 +73,19 @@ class PlainProgress:
                 continue
             self.seen[role.name] = key
             if previous[0] is RoleState.READY is role.state and role.restarts < previous[1]:
-                self.out.write(f"{role.name:<{width}}  {role.state.value:<10}  restart count reset after "
-                               f"{role.reset_after:g}s ready\n")
+                self.out.write(
+                    f"{role.name:<{width}}  {role.state.value:<10}  restart count reset after "
+                    f"{role.reset_after:g}s ready\n"
+                )
                 continue
             detail = {
                 RoleState.STARTING: f"pid {role.process.pid}" if role.process else "",
-                RoleState.READY: f"after {elapsed(role)}" + (f"  {role.url}" if role.url else "")
+                RoleState.READY: f"after {elapsed(role)}"
+                + (f"  {role.url}" if role.url else "")
                 + (f"  lists {role.wiring_text}" if role.wiring else ""),
-                RoleState.RESTARTING: f"restart {role.restarts}: {role.reason}" if role.restarts else f"{role.reason}",
+                RoleState.RESTARTING: f"restart {role.restarts}: {role.reason}"
+                if role.restarts
+                else f"{role.reason}",
                 RoleState.FAILED: role.reason or "",
                 RoleState.UNHEALTHY: role.reason or "",
             }.get(role.state, "")
@@ -102,15 +112,27 @@ class LiveProgress:
         self.record = record
 
     def _table(self) -> Table:
-        table = Table(title=f"{self.record.name}: {self.record.state.value}", title_justify="left", expand=True)
-        for column, options in (("role", {}), ("state", {}), ("elapsed", {"justify": "right"}), ("pid", {}),
-                                ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"})):
+        table = Table(
+            title=f"{self.record.name}: {self.record.state.value}", title_justify="left", expand=True
+        )
+        for column, options in (
+            ("role", {}),
+            ("state", {}),
+            ("elapsed", {"justify": "right"}),
+            ("pid", {}),
+            ("last log line", {"ratio": 1, "no_wrap": True, "overflow": "ellipsis"}),
+        ):
             table.add_column(column, **options)
         for role in self.record.roles:
             last = self._last(role)
             last_text = Text.from_ansi(LOG_TIMESTAMP.sub("", last, count=1))  # not markup; keeps its colours
-            table.add_row(role.name, Text(role.state.value, style=STATE_STYLES[role.state]), elapsed(role),
-                          str(role.process.pid) if role.process else "-", last_text)
+            table.add_row(
+                role.name,
+                Text(role.state.value, style=STATE_STYLES[role.state]),
+                elapsed(role),
+                str(role.process.pid) if role.process else "-",
+                last_text,
+            )
         return table
 
     def _last(self, role: RoleRecord) -> str:

@@ -112,7 +112,9 @@ class LocalProcesses:
 
     def listener_owner(self, spec: LaunchSpec, process: RoleProcess) -> ListenerOwner:
         """On this host the supervisor sees the role's processes: its probe checks whose listener answers."""
-        return ListenerOwner(process.ref.pid, spec.name, self.marker.env(spec.name), getattr(process, "cgroup", None))
+        return ListenerOwner(
+            process.ref.pid, spec.name, self.marker.env(spec.name), getattr(process, "cgroup", None)
+        )
 
     def stop(self, targets: list[StopTarget], now: float) -> Stopping:
         return GroupStop(targets, self.marker, now, self.mask)

@@ -37,7 +37,8 @@ class StartPolicy:
 
 
 def engine_versions(plan: Plan) -> dict[str, str | None]:
-    """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed one."""
+    """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed
+    one."""
     versions = dict(installed_versions(plan))
     for spec in plan.specs:
         if simulated := simulated_version(spec.engine, spec.launcher):
@@ -47,29 +48,45 @@ def engine_versions(plan: Plan) -> dict[str, str | None]:
 
 def recorded_versions(plan: Plan, versions: dict[str, str | None]) -> dict[str, str | None]:
     """What state.json keeps for `status`: the versions, a rehearsal's marked as the simulated engine's."""
-    return {**versions, **{s.engine: f"{v} (simulated)" for s in plan.specs
-                           if (v := simulated_version(s.engine, s.launcher))}}
+    return {
+        **versions,
+        **{
+            s.engine: f"{v} (simulated)" for s in plan.specs if (v := simulated_version(s.engine, s.launcher))
+        },
+    }
 
 
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:
     """Whether `spec` starts sooner, all told, by not waiting for `peer` (given new enough versions)."""
     facts = worker_facts(spec.engine)
-    return bool(facts and facts.late_encoders_since and spec.ports.get("encoder_bootstrap")) \
-        and peer.kind == "encoder" and peer.engine == spec.engine
+    return (
+        bool(facts and facts.late_encoders_since and spec.ports.get("encoder_bootstrap"))
+        and peer.kind == "encoder"
+        and peer.engine == spec.engine
+    )
 
 
 def choose(plan: Plan, requested: str | None, versions: dict[str, str | None]) -> StartPolicy:
     specs = {s.name: s for s in plan.specs}
     everything = {s.name: s.depends_on for s in plan.specs}
-    relaxable = {(s.name, d) for s in plan.specs for d in s.depends_on if d in specs and _tolerates_late(s, specs[d])}
+    relaxable = {
+        (s.name, d) for s in plan.specs for d in s.depends_on if d in specs and _tolerates_late(s, specs[d])
+    }
     if requested == WAVES or not relaxable:
-        return StartPolicy(WAVES, everything, plan, "start: waves (as the file asks)" if requested == WAVES else None)
+        return StartPolicy(
+            WAVES, everything, plan, "start: waves (as the file asks)" if requested == WAVES else None
+        )
     engines = sorted({specs[a].engine for a, _ in relaxable})
-    why_not = [f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))]
+    why_not = [
+        f"{e} {versions.get(e) or 'version unknown'}" for e in engines if not _new_enough(e, versions.get(e))
+    ]
     if why_not and requested != OVERLAP:
-        return StartPolicy(WAVES, everything, plan,
-                           f"start: waves, since overlap needs {_minimum(engines)}; here: "
-                           f"{', '.join(why_not)}")
+        return StartPolicy(
+            WAVES,
+            everything,
+            plan,
+            f"start: waves, since overlap needs {_minimum(engines)}; here: {', '.join(why_not)}",
+        )
     older = [e for e in engines if versions.get(e) and not _new_enough(e, versions.get(e))]
     kept = {(a, d) for a, d in relaxable if specs[a].engine in older}
     relaxed = relaxable - kept

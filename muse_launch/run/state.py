@@ -37,11 +37,18 @@ def state_home() -> Path:
     `up`)."""
     given = os.environ.get("MUSE_LAUNCH_HOME")
     home = Path(given or Path.home() / ".local" / "state" / "muse-launch")
-    what = "a link to nothing" if home.is_symlink() and not home.exists() else \
-        "not a directory" if home.exists() and not home.is_dir() else None
+    what = (
+        "a link to nothing"
+        if home.is_symlink() and not home.exists()
+        else "not a directory"
+        if home.exists() and not home.is_dir()
+        else None
+    )
     if what:
-        raise UsageError(f"{'MUSE_LAUNCH_HOME=' if given else 'the state home '}{home} is {what}",
-                         fix="point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)")
+        raise UsageError(
+            f"{'MUSE_LAUNCH_HOME=' if given else 'the state home '}{home} is {what}",
+            fix="point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)",
+        )
     return home
 
 
@@ -120,7 +127,13 @@ class RoleRecord:
         if not self.restarts or self.reset_after is None:
             return str(self.restarts)
         minutes, seconds = divmod(round(self.reset_after), 60)
-        after = f"{minutes}m" if minutes and not seconds else f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+        after = (
+            f"{minutes}m"
+            if minutes and not seconds
+            else f"{minutes}m{seconds:02d}s"
+            if minutes
+            else f"{seconds}s"
+        )
         return f"{self.restarts} (reset after {after} ready)"
 
     @property
@@ -137,41 +150,79 @@ class RoleRecord:
         return self.state in LIVE_STATES
 
     def stop_target(self, grace: float | None = None) -> StopTarget:
-        return StopTarget(self.name, self.process, self.stop_signal, self.grace if grace is None else grace,
-                          self.cgroup)
+        return StopTarget(
+            self.name, self.process, self.stop_signal, self.grace if grace is None else grace, self.cgroup
+        )
 
     def status_dict(self) -> dict[str, Any]:
         """The role entry of `status --json` (docs/status-json.md)."""
         return {
-            "name": self.name, "kind": self.kind, "state": self.state.value,
+            "name": self.name,
+            "kind": self.kind,
+            "state": self.state.value,
             "pid": self.process.pid if self.process else None,
             "pgid": self.process.pid if self.process else None,  # started with its own session: pgid == pid
-            "gpus": list(self.gpus), "url": self.url, "ports": dict(self.ports),
-            "restarts": self.restarts, "restarts_reset_after": self.reset_after, "ready_at": self.ready_at,
+            "gpus": list(self.gpus),
+            "url": self.url,
+            "ports": dict(self.ports),
+            "restarts": self.restarts,
+            "restarts_reset_after": self.reset_after,
+            "ready_at": self.ready_at,
             "wiring": {kind: f"{have}/{want}" for kind, have, want in self.wiring},
         }
 
     def to_json(self) -> dict[str, Any]:
         out = self.status_dict()
         out.update(
-            **(self.process.to_json() if self.process else {"create_time": None}), cgroup=self.cgroup,
-            started_at=self.started_at, probe=self.probe.to_dict(), probe_host=self.probe_host,
-            stop={"signal": self.stop_signal, "grace": self.grace}, reason=self.reason, argv=list(self.argv), engine=self.engine,
-            wiring_counts=[list(w) for w in self.wiring], api_key=self.api_key,
+            **(self.process.to_json() if self.process else {"create_time": None}),
+            cgroup=self.cgroup,
+            started_at=self.started_at,
+            probe=self.probe.to_dict(),
+            probe_host=self.probe_host,
+            stop={"signal": self.stop_signal, "grace": self.grace},
+            reason=self.reason,
+            argv=list(self.argv),
+            engine=self.engine,
+            wiring_counts=[list(w) for w in self.wiring],
+            api_key=self.api_key,
         )
         return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> RoleRecord:
         p = d["probe"]
-        probe = Probe(ProbeKind(p["kind"]), tuple(p.get("paths", ())), p.get("status", 200), p.get("pattern"),
-                      p["timeout"], p["interval"])
+        probe = Probe(
+            ProbeKind(p["kind"]),
+            tuple(p.get("paths", ())),
+            p.get("status", 200),
+            p.get("pattern"),
+            p["timeout"],
+            p["interval"],
+        )
         process = ProcessRef.from_json(d.get("pid"), d)
-        return cls(d["name"], d["kind"], RoleState(d["state"]), tuple(d["gpus"]), d["url"], d["ports"], probe,
-                   d["probe_host"], d["stop"]["signal"], d["stop"]["grace"], process, d["restarts"],
-                   d["started_at"], d["ready_at"], d["reason"], tuple(d.get("argv", ())), d.get("engine", ""),
-                   tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())), d.get("cgroup"),
-                   d.get("restarts_reset_after"), d.get("api_key"))
+        return cls(
+            d["name"],
+            d["kind"],
+            RoleState(d["state"]),
+            tuple(d["gpus"]),
+            d["url"],
+            d["ports"],
+            probe,
+            d["probe_host"],
+            d["stop"]["signal"],
+            d["stop"]["grace"],
+            process,
+            d["restarts"],
+            d["started_at"],
+            d["ready_at"],
+            d["reason"],
+            tuple(d.get("argv", ())),
+            d.get("engine", ""),
+            tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())),
+            d.get("cgroup"),
+            d.get("restarts_reset_after"),
+            d.get("api_key"),
+        )
 
 
 @dataclass(frozen=True)
@@ -185,7 +236,9 @@ class DeploymentRecord:
     # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
     versions: Mapping[str, str | None] = field(default_factory=dict)
     masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
-    backend: str | None = LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
+    backend: str | None = (
+        LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
+    )
 
     @property
     def state(self) -> DeploymentState:
@@ -200,25 +253,43 @@ class DeploymentRecord:
     def status_dict(self) -> dict[str, Any]:
         """`status --json` (docs/status-json.md); supervisor_pid is null once no supervisor runs."""
         return {
-            "name": self.name, "supervisor_pid": self.supervisor.pid if self.supervisor else None,
-            "state": self.state.value, "roles": [r.status_dict() for r in self.roles],
+            "name": self.name,
+            "supervisor_pid": self.supervisor.pid if self.supervisor else None,
+            "state": self.state.value,
+            "roles": [r.status_dict() for r in self.roles],
         }
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "source": self.source, "state": self.state.value,
+            "name": self.name,
+            "source": self.source,
+            "state": self.state.value,
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
-            **(self.supervisor.to_json("supervisor_") if self.supervisor else {"supervisor_create_time": None}),
-            "stop_waves": [list(w) for w in self.stop_waves], "roles": [r.to_json() for r in self.roles],
-            "versions": dict(self.versions), "masks": self.masks.to_json(), "backend": self.backend,
+            **(
+                self.supervisor.to_json("supervisor_")
+                if self.supervisor
+                else {"supervisor_create_time": None}
+            ),
+            "stop_waves": [list(w) for w in self.stop_waves],
+            "roles": [r.to_json() for r in self.roles],
+            "versions": dict(self.versions),
+            "masks": self.masks.to_json(),
+            "backend": self.backend,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
         supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
-        return cls(d["name"], d["source"], tuple(tuple(w) for w in d["stop_waves"]),
-                   tuple(RoleRecord.from_json(r) for r in d["roles"]), supervisor, dict(d.get("versions") or {}),
-                   Masks.from_json(d.get("masks")), _backend_name(d.get("backend")))
+        return cls(
+            d["name"],
+            d["source"],
+            tuple(tuple(w) for w in d["stop_waves"]),
+            tuple(RoleRecord.from_json(r) for r in d["roles"]),
+            supervisor,
+            dict(d.get("versions") or {}),
+            Masks.from_json(d.get("masks")),
+            _backend_name(d.get("backend")),
+        )
 
     def entry_roles(self) -> tuple[RoleRecord, ...]:
         """Where clients send requests: the routers; without one, the last role in start order with a URL
@@ -233,9 +304,14 @@ def _backend_name(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
-                   versions: Mapping[str, str | None] | None = None,
-                   sources: Mapping[str, str] | None = None, backend: str = LOCAL) -> DeploymentRecord:
+def planned_record(
+    plan: Plan,
+    source: str,
+    redact: Callable[[str], str],
+    versions: Mapping[str, str | None] | None = None,
+    sources: Mapping[str, str] | None = None,
+    backend: str = LOCAL,
+) -> DeploymentRecord:
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
     so)."""
@@ -243,15 +319,35 @@ def planned_record(plan: Plan, source: str, redact: Callable[[str], str],
 
     wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
     roles = tuple(
-        RoleRecord(s.name, s.kind, RoleState.PENDING, s.gpus, redact(s.url) if s.url else None, dict(s.ports),
-                   s.probe, connect_host(s.bind), s.stop.signal, s.stop.grace,
-                   argv=tuple(redact(a) for a in s.argv), engine=s.engine, wiring=wiring.get(s.name, ()),
-                   reset_after=s.restart.reset_after, api_key=_api_key(s, redact, sources or {}))
+        RoleRecord(
+            s.name,
+            s.kind,
+            RoleState.PENDING,
+            s.gpus,
+            redact(s.url) if s.url else None,
+            dict(s.ports),
+            s.probe,
+            connect_host(s.bind),
+            s.stop.signal,
+            s.stop.grace,
+            argv=tuple(redact(a) for a in s.argv),
+            engine=s.engine,
+            wiring=wiring.get(s.name, ()),
+            reset_after=s.restart.reset_after,
+            api_key=_api_key(s, redact, sources or {}),
+        )
         for s in plan.specs
     )
     masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
-    return DeploymentRecord(plan.name, source, plan.stop_waves(), roles, versions=dict(versions or {}), masks=masks,
-                            backend=backend)
+    return DeploymentRecord(
+        plan.name,
+        source,
+        plan.stop_waves(),
+        roles,
+        versions=dict(versions or {}),
+        masks=masks,
+        backend=backend,
+    )
 
 
 def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:
@@ -283,7 +379,9 @@ class StateSaver:
     STATE_RETRY_SECONDS (`retry`), and `warn` is told once when writes start failing and once when one
     succeeds again, not at every write."""
 
-    def __init__(self, run_dir: RunDir, warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, run_dir: RunDir, warn: Callable[[str], None], clock: Callable[[], float] = time.monotonic
+    ):
         self.run_dir = run_dir
         self.warn = warn
         self.clock = clock
@@ -306,9 +404,11 @@ class StateSaver:
             self.next_try = self.clock() + STATE_RETRY_SECONDS
             if not self.failing:
                 self.failing = True
-                self.warn(f"warning: cannot write {self.run_dir.state_file} ({exc.strerror or exc}); supervising "
-                          f"on with the state in memory, trying again at each change and every "
-                          f"{STATE_RETRY_SECONDS:g}s (`status` shows the last state written meanwhile)")
+                self.warn(
+                    f"warning: cannot write {self.run_dir.state_file} ({exc.strerror or exc}); supervising "
+                    f"on with the state in memory, trying again at each change and every "
+                    f"{STATE_RETRY_SECONDS:g}s (`status` shows the last state written meanwhile)"
+                )
             return
         self.pending = None
         if self.failing:
@@ -321,8 +421,10 @@ class StateDamaged(RuntimeFailure):
 
     def __init__(self, run_dir: RunDir, problem: str):
         self.run_dir = run_dir
-        super().__init__(f"{run_dir.state_file} is damaged ({problem})",
-                         fix=f"`muse-launch down {run_dir.name}` stops what still carries the deployment's marker")
+        super().__init__(
+            f"{run_dir.state_file} is damaged ({problem})",
+            fix=f"`muse-launch down {run_dir.name}` stops what still carries the deployment's marker",
+        )
 
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
@@ -387,8 +489,11 @@ class DeploymentLock:
             try:
                 fd = open_nofollow(run_dir.lock_file, os.O_RDONLY, root=run_dir.home)
             except OSError as again:
-                return cls(run_dir, -1, f"cannot open {run_dir.lock_file} ({again.strerror or again}): "
-                                        "stopping without the lock")
+                return cls(
+                    run_dir,
+                    -1,
+                    f"cannot open {run_dir.lock_file} ({again.strerror or again}): stopping without the lock",
+                )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -425,7 +530,9 @@ def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRec
         try:
             record = read_state(RunDir(path))
             if record is not None and record.name != path.name:  # never a path to another directory
-                raise StateDamaged(RunDir(path), f"it names the deployment {record.name[:80]!r}, not {path.name!r}")
+                raise StateDamaged(
+                    RunDir(path), f"it names the deployment {record.name[:80]!r}, not {path.name!r}"
+                )
             records.append(record)
         except StateDamaged as exc:
             if damaged is not None:
@@ -434,8 +541,11 @@ def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRec
 
 
 def running_deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRecord]:
-    return [r for r in deployments(damaged)
-            if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))]
+    return [
+        r
+        for r in deployments(damaged)
+        if r.state is not DeploymentState.STOPPED or is_locked(RunDir.of(r.name))
+    ]
 
 
 def resolve_name(name: str | None) -> RunDir:
@@ -443,8 +553,10 @@ def resolve_name(name: str | None) -> RunDir:
     if name is None:
         running = running_deployments()
         if not running:
-            raise RuntimeFailure("no deployment is running", fix="`muse-launch up FILE -d` starts one; "
-                                 "`muse-launch ls` lists those running")
+            raise RuntimeFailure(
+                "no deployment is running",
+                fix="`muse-launch up FILE -d` starts one; `muse-launch ls` lists those running",
+            )
         if len(running) > 1:
             raise UsageError(f"give a deployment name ({', '.join(r.name for r in running)})")
         return RunDir.of(running[0].name)
@@ -455,22 +567,25 @@ def resolve_name(name: str | None) -> RunDir:
         try:
             data = yaml.safe_load(Path(name).read_text())
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise UsageError(f"{name}: not a topology file ({type(exc).__name__}); "
-                             "give the deployment's name") from None
+            raise UsageError(
+                f"{name}: not a topology file ({type(exc).__name__}); give the deployment's name"
+            ) from None
         if not isinstance(data, dict) or not isinstance(data.get("name"), str):
             raise UsageError(f"{name}: no `name:` in this topology file")
         name = data["name"]
     if not name or "/" in name or name in (".", ".."):
         raise UsageError(f"{name!r} is neither a deployment name nor a topology file")
     run_dir = RunDir.of(name)
-    if not run_dir.state_file.exists() and not run_dir.path.is_dir():  # a run dir that lost its state is still one
+    if (
+        not run_dir.state_file.exists() and not run_dir.path.is_dir()
+    ):  # a run dir that lost its state is still one
         known = ", ".join(r.name for r in deployments()) or "none"
         raise UsageError(f"no deployment named {name!r} (known: {known})")
     return run_dir
 
 
 def recorded_role(proc: psutil.Process) -> str | None:
-    """"ROLE of DEPLOYMENT" where PROC, or a process above it, is a role a running deployment recorded
+    """ "ROLE of DEPLOYMENT" where PROC, or a process above it, is a role a running deployment recorded
     (proc/ports.py's port_holder is given it)."""
     import psutil
 

@@ -200,5 +200,12 @@ def check_state(data: Any, name: str, run_dir: str) -> dict[str, Any]:
 
 def _own_cgroup(path: str, deployment_dir: str, role: str) -> bool:
     parts = path.split("/")
-    return (path.startswith("/") and ".." not in parts and len(parts) >= 4 and parts[-1] == role
-            and parts[-2] == deployment_dir and parts[-3] == LAYOUT_DIR and not _CONTROL.search(path))
+    return (
+        path.startswith("/")
+        and ".." not in parts
+        and len(parts) >= 4
+        and parts[-1] == role
+        and parts[-2] == deployment_dir
+        and parts[-3] == LAYOUT_DIR
+        and not _CONTROL.search(path)
+    )

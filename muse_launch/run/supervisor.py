@@ -97,11 +97,19 @@ class _RoleStop:
 
 class Supervisor:
     def __init__(
-        self, plan: Plan, record: DeploymentRecord, run_dir: RunDir, processes: Processes, client: httpx.Client,
-        clock: Clock = SYSTEM_CLOCK, on_change: Callable[[DeploymentRecord], None] = lambda record: None,
+        self,
+        plan: Plan,
+        record: DeploymentRecord,
+        run_dir: RunDir,
+        processes: Processes,
+        client: httpx.Client,
+        clock: Clock = SYSTEM_CLOCK,
+        on_change: Callable[[DeploymentRecord], None] = lambda record: None,
         ports_taken: Callable[[LaunchSpec, DeploymentRecord], list[str]] = lambda spec, record: [],
-        probes: Executor | None = None, start_after: dict[str, tuple[str, ...]] | None = None,
-        redact: Callable[[str], str] = lambda text: text, tend: Callable[[], None] = lambda: None,
+        probes: Executor | None = None,
+        start_after: dict[str, tuple[str, ...]] | None = None,
+        redact: Callable[[str], str] = lambda text: text,
+        tend: Callable[[], None] = lambda: None,
     ):
         """`start_after`: role -> the roles it waits for before it starts (default: its depends_on, wave by
         wave; `start: overlap` passes fewer). Stopping always goes by the plan's waves, reversed."""
@@ -117,10 +125,16 @@ class Supervisor:
         self.redact = redact
         self.tend = tend
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
-        self.start_after = {s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
-                            for s in plan.specs}
+        self.start_after = {
+            s.name: tuple(d for d in (start_after or {}).get(s.name, s.depends_on) if d in self.runs)
+            for s in plan.specs
+        }
         for name, check in wiring_checks(plan, {r.name: r.probe_host for r in record.roles}).items():
-            self.runs[name].wiring, self.runs[name].wired, self.runs[name].unlisted = check, False, check.wires
+            self.runs[name].wiring, self.runs[name].wired, self.runs[name].unlisted = (
+                check,
+                False,
+                check.wires,
+            )
         self.wakeup = Wakeup()  # cuts the loop's sleep short: a signal, a probe's answer
         self.stops = 0  # Ctrl-C / SIGTERM received: the first stops gracefully, a second kills
         self.released = False  # SIGUSR1 from `down`
@@ -169,7 +183,8 @@ class Supervisor:
         self.on_change(self.record)
 
     def start(self) -> Outcome:
-        """Start roles as those they wait for become ready; return once all are ready and wired, or one failed."""
+        """Start roles as those they wait for become ready; return once all are ready and wired, or one
+        failed."""
         while True:
             if interrupted := self._interruption():
                 return interrupted
@@ -178,11 +193,15 @@ class Supervisor:
                 if self.state_of(run.spec.name) is RoleState.PENDING and deps_ready:
                     if error := self._spawn(run, restart_note=None):
                         return self._fail(run, error)
-                if self.state_of(run.spec.name) is RoleState.STARTING and (reason := self._watch_starting(run)):
+                if self.state_of(run.spec.name) is RoleState.STARTING and (
+                    reason := self._watch_starting(run)
+                ):
                     return self._fail(run, reason)
                 if self.state_of(run.spec.name) is RoleState.READY:
                     if (code := run.process.poll()) is not None:
-                        return self._fail(run, f"{describe_exit(code)} after it was ready, while others were starting")
+                        return self._fail(
+                            run, f"{describe_exit(code)} after it was ready, while others were starting"
+                        )
                     if not run.wired and (reason := self._watch_wiring(run)):
                         return self._fail(run, reason)
             if all(self.state_of(n) is RoleState.READY and r.wired for n, r in self.runs.items()):
@@ -207,16 +226,25 @@ class Supervisor:
                 elif state in SERVING and run.process.suspended() != (state is RoleState.UNHEALTHY):
                     # SIGSTOP (or SIGCONT since): its probe would only time out; say why it serves nothing.
                     suspended = state is RoleState.READY
-                    self._update(name, state=RoleState.UNHEALTHY if suspended else RoleState.READY,
-                                 reason=SUSPENDED_REASON if suspended else None)
-                elif state is RoleState.READY and run.ready_since is not None and self.record.role(name).restarts \
-                        and self.clock.monotonic() - run.ready_since >= run.spec.restart.reset_after:
+                    self._update(
+                        name,
+                        state=RoleState.UNHEALTHY if suspended else RoleState.READY,
+                        reason=SUSPENDED_REASON if suspended else None,
+                    )
+                elif (
+                    state is RoleState.READY
+                    and run.ready_since is not None
+                    and self.record.role(name).restarts
+                    and self.clock.monotonic() - run.ready_since >= run.spec.restart.reset_after
+                ):
                     self._update(name, restarts=0)  # healthy long enough: a later crash is no crash loop
                 elif state is RoleState.RESTARTING and run.process is None:
                     if run.stopping is None and self.clock.monotonic() >= run.restart_at:
                         record = self.record.role(name)
                         self._update(name, restarts=record.restarts + 1)
-                        note = f"restart {record.restarts + 1} of {run.spec.restart.max} after: {record.reason}"
+                        note = (
+                            f"restart {record.restarts + 1} of {run.spec.restart.max} after: {record.reason}"
+                        )
                         if error := self._spawn(run, restart_note=note):
                             self._role_down(run, error, failed=True)
                 elif state is RoleState.RESTARTING and (reason := self._watch_starting(run)):
@@ -228,13 +256,19 @@ class Supervisor:
     def stop(self) -> StopReport:
         """Stop every started role, last wave first; roles of one wave stop together, each through
         STOPPING (its stop signal sent, SIGKILL at the end of its grace or on a second Ctrl-C)."""
+
         def begin(wave: tuple[str, ...]) -> list[_RoleStop]:
             for name in wave:
                 self._begin_stop(self.runs[name])
             return [_RoleStop(self.runs[n], self._stopped) for n in wave if self.runs[n].stopping]
 
-        report = stop_in_waves(self.plan.stop_waves(), begin, lambda: self.clock.wait(self.wakeup, STOPPING_TICK),
-                               self.clock.monotonic, lambda: self.kill_now)
+        report = stop_in_waves(
+            self.plan.stop_waves(),
+            begin,
+            lambda: self.clock.wait(self.wakeup, STOPPING_TICK),
+            self.clock.monotonic,
+            lambda: self.kill_now,
+        )
         return StopReport(self.leftovers.killed + report.killed, self.leftovers.survivors + report.survivors)
 
     def _begin_stop(self, run: RoleRun) -> None:
@@ -274,11 +308,22 @@ class Supervisor:
         run.probe = None
         run.ready_since = None
         owner = self.processes.listener_owner(spec, run.process)  # whose listener answers, where that is seen
-        run.check = ReadinessCheck(spec.probe, self.record.role(spec.name).probe_host, spec.ports.get("http"),
-                                   self.run_dir.log(spec.name), self.client, owner)
-        self._update(spec.name, state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
-                     process=run.process.ref, cgroup=run.process.cgroup, started_at=now_iso(self.clock.time()),
-                     ready_at=None)
+        run.check = ReadinessCheck(
+            spec.probe,
+            self.record.role(spec.name).probe_host,
+            spec.ports.get("http"),
+            self.run_dir.log(spec.name),
+            self.client,
+            owner,
+        )
+        self._update(
+            spec.name,
+            state=RoleState.RESTARTING if restart_note else RoleState.STARTING,
+            process=run.process.ref,
+            cgroup=run.process.cgroup,
+            started_at=now_iso(self.clock.time()),
+            ready_at=None,
+        )
         return None
 
     def _fail(self, run: RoleRun, reason: str) -> Outcome:
@@ -290,7 +335,9 @@ class Supervisor:
         """None while it may still become ready; else why it failed. Never waits for a probe."""
         if (code := run.process.poll()) is not None:
             # A port it needed taken meanwhile (by another role, say) is the likely reason: say who has it.
-            return "; ".join([f"{describe_exit(code)} before it was ready", *self.ports_taken(run.spec, self.record)])
+            return "; ".join(
+                [f"{describe_exit(code)} before it was ready", *self.ports_taken(run.spec, self.record)]
+            )
         now = self.clock.monotonic()
         if run.probe is None and now >= run.next_probe_at:
             run.next_probe_at = now + run.spec.probe.interval
@@ -301,7 +348,9 @@ class Supervisor:
             if self._answered(run, probe):
                 run.next_probe_at = now  # its wiring, if it has any to show, is looked at right away
                 run.ready_since = now
-                self._update(run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None)
+                self._update(
+                    run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None
+                )
                 return None
         if now - run.started_at > run.spec.probe.timeout:
             seen = run.check.last_seen  # what the last probe that came back saw, unless one is overdue
@@ -314,11 +363,16 @@ class Supervisor:
         """A ready role that must list its peers: look at its list every probe interval, in the pool, until
         it holds them all; None while it may still, else why not (at its probe's timeout)."""
         now = self.clock.monotonic()
-        # Only a look taken once every peer serves counts: a language worker lists its encoders from the start,
+        # Only a look taken once every peer serves counts: a language worker lists its encoders from the
+        # start,
         # and may evict a slow one for a while (it takes it back within one of its probe intervals).
-        peers_ready = all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
+        peers_ready = all(
+            self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs
+        )
         if not peers_ready:
-            run.next_probe_at = max(run.next_probe_at, now + run.spec.probe.interval)  # no need to wake before
+            run.next_probe_at = max(
+                run.next_probe_at, now + run.spec.probe.interval
+            )  # no need to wake before
             return None  # a peer that never gets ready fails on its own probe's timeout
         if run.probe is None and now >= run.next_probe_at:
             run.next_probe_at = now + run.spec.probe.interval
@@ -326,8 +380,11 @@ class Supervisor:
             run.probe.add_done_callback(lambda _: self.wakeup.set())
         if run.probe is not None and run.probe.done():
             probe, run.probe = run.probe, None
-            result = probe.result() if not probe.cancelled() and probe.exception() is None else \
-                WiringResult(run.wiring.wires, f"wiring check error: {probe.exception()!r}")
+            result = (
+                probe.result()
+                if not probe.cancelled() and probe.exception() is None
+                else WiringResult(run.wiring.wires, f"wiring check error: {probe.exception()!r}")
+            )
             run.check.last_seen = result.seen
             run.unlisted = result.missing
             counts = run.wiring.counts(result.missing)
@@ -355,15 +412,16 @@ class Supervisor:
         if record.process:
             # Children it left (an engine's scheduler) still hold its GPUs and ports: kill them now; the
             # restart waits until they are gone.
-            run.stopping = self.processes.stop([StopTarget(record.name, record.process, "SIGKILL", 0.0)],
-                                               self.clock.monotonic())
+            run.stopping = self.processes.stop(
+                [StopTarget(record.name, record.process, "SIGKILL", 0.0)], self.clock.monotonic()
+            )
         if run.process:
             run.process.poll()
         run.process = None
         run.probe = None
         policy = run.spec.restart
         if failed and policy.policy is RestartPolicyKind.ON_FAILURE and record.restarts < policy.max:
-            backoff = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2 ** record.restarts)
+            backoff = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2**record.restarts)
             run.restart_at = self.clock.monotonic() + backoff
             self._update(record.name, state=RoleState.RESTARTING, reason=reason, process=None, ready_at=None)
         else:
@@ -376,18 +434,29 @@ class Supervisor:
     def _clear_leftovers(self, run: RoleRun) -> None:
         if (report := run.stopping.poll(self.clock.monotonic(), True)) is not None:
             run.stopping = None
-            self.leftovers = StopReport(self.leftovers.killed + report.killed,
-                                        self.leftovers.survivors + report.survivors)
+            self.leftovers = StopReport(
+                self.leftovers.killed + report.killed, self.leftovers.survivors + report.survivors
+            )
 
     def _wait(self, tick: float) -> float:
         """Sleep until the next probe is due, but no longer than `tick`; a probe's answer wakes it sooner."""
         now = self.clock.monotonic()
-        due = [r.next_probe_at for r in self.runs.values()
-               if (self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING)
-                   or self.state_of(r.spec.name) is RoleState.READY and not r.wired) and r.process
-               and r.probe is None]
-        due += [r.restart_at for r in self.runs.values()
-                if self.state_of(r.spec.name) is RoleState.RESTARTING and r.process is None and r.restart_at]
+        due = [
+            r.next_probe_at
+            for r in self.runs.values()
+            if (
+                self.state_of(r.spec.name) in (RoleState.STARTING, RoleState.RESTARTING)
+                or self.state_of(r.spec.name) is RoleState.READY
+                and not r.wired
+            )
+            and r.process
+            and r.probe is None
+        ]
+        due += [
+            r.restart_at
+            for r in self.runs.values()
+            if self.state_of(r.spec.name) is RoleState.RESTARTING and r.process is None and r.restart_at
+        ]
         if any(r.stopping for r in self.runs.values()):
             due.append(now + STOPPING_TICK)
         return max(0.005, min([tick, *(d - now for d in due)]))

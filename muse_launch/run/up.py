@@ -91,8 +91,9 @@ def absent_dependencies(plan: Plan, role: str, client: httpx.Client) -> list[str
         dep = plan.spec(name)
         if dep.probe.kind.value not in ("http", "tcp"):
             continue
-        check = ReadinessCheck(dep.probe, connect_host(dep.bind), dep.ports.get("http"), Path(os.devnull),
-                               client)
+        check = ReadinessCheck(
+            dep.probe, connect_host(dep.bind), dep.ports.get("http"), Path(os.devnull), client
+        )
         if not check.check(alive_for=0.0):
             absent.append(f"{name} ({dep.url or 'no URL'}): {check.last_seen}")
     return absent
@@ -104,10 +105,11 @@ def refuse_absent_dependencies(plan: Plan, role: str, source: Path) -> None:
         absent = absent_dependencies(plan, role, client)
     if absent:
         first = ", ".join(f"`--only {line.split(' ')[0]}`" for line in absent)
-        raise RuntimeFailure(f"--only {role}: nothing was started; what it needs is not up:\n  "
-                             + "\n  ".join(absent),
-                             fix=f"start those first (the same `up` with {first}), or bring the whole "
-                                 f"deployment up: `muse-launch up {source}`")
+        raise RuntimeFailure(
+            f"--only {role}: nothing was started; what it needs is not up:\n  " + "\n  ".join(absent),
+            fix=f"start those first (the same `up` with {first}), or bring the whole "
+            f"deployment up: `muse-launch up {source}`",
+        )
 
 
 def refuse_multi_node(plan: Plan) -> None:
@@ -120,8 +122,9 @@ def refuse_multi_node(plan: Plan) -> None:
         where = "; ".join(f"{node}: {', '.join(names)}" for node, names in nodes.items())
         raise UsageError(
             f"{plan.name} spans {len(nodes)} nodes ({where}). `up` starts processes on this host only",
-            fix="run it across hosts with `up --on slurm`, export it with `export --to lws|rbg`, or rehearse it "
-                "here with --rehearse (each node on its own loopback address)")
+            fix="run it across hosts with `up --on slurm`, export it with `export --to lws|rbg`, "
+            "or rehearse it here with --rehearse (each node on its own loopback address)",
+        )
 
 
 def busy_fix(plan: Plan, busy) -> str:
@@ -132,8 +135,9 @@ def busy_fix(plan: Plan, busy) -> str:
     others = [name for name in holding_deployments(busy) if name != plan.name]
     if others:
         downs = " and ".join(f"`muse-launch down {name}`" for name in others)
-        return f"another deployment holds them: stop it first with {downs}, or move this one's roles with " \
-               f"--set"
+        return (
+            f"another deployment holds them: stop it first with {downs}, or move this one's roles with --set"
+        )
     first = busy[0]
     role = plan.spec(first.role).role  # a replica (decode-0) or node rank (server@node1) is its role's
     key = "port" if first.name == "http" else f"{first.name.rstrip('_0123456789')}_port"
@@ -148,10 +152,12 @@ def refuse_foreign_addresses(plan: Plan) -> None:
 
     if foreign := foreign_addresses(plan):
         where = "; ".join(f"{address} ({', '.join(names)})" for address, names in foreign.items())
-        raise RuntimeFailure(f"{plan.name}: nothing was started; not an address of this machine: {where}",
-                             fix="run `up` on the machine that has it, submit it to SLURM with "
-                                 "`up --on slurm`, bind all addresses here (`bind: 0.0.0.0`), or rehearse it "
-                                 "here with --rehearse")
+        raise RuntimeFailure(
+            f"{plan.name}: nothing was started; not an address of this machine: {where}",
+            fix="run `up` on the machine that has it, submit it to SLURM with "
+            "`up --on slurm`, bind all addresses here (`bind: 0.0.0.0`), or rehearse it "
+            "here with --rehearse",
+        )
 
 
 def missing_programs(plan: Plan) -> list[str]:
@@ -160,11 +166,17 @@ def missing_programs(plan: Plan) -> list[str]:
     for spec in plan.specs:
         env = {**os.environ, **spec.env}
         program = program_path(spec.argv[0], env)
-        found = shutil.which(program, path=env.get("PATH")) if os.sep not in program else (
-            program if os.access(program, os.X_OK) and not os.path.isdir(program) else None)
+        found = (
+            shutil.which(program, path=env.get("PATH"))
+            if os.sep not in program
+            else (program if os.access(program, os.X_OK) and not os.path.isdir(program) else None)
+        )
         if found is None:
-            missing.append(f"{spec.name}: cannot run {spec.argv[0]!r} (not on PATH, nor beside {sys.executable})"
-                           if os.sep not in spec.argv[0] else f"{spec.name}: {spec.argv[0]} is not an executable file")
+            missing.append(
+                f"{spec.name}: cannot run {spec.argv[0]!r} (not on PATH, nor beside {sys.executable})"
+                if os.sep not in spec.argv[0]
+                else f"{spec.name}: {spec.argv[0]} is not an executable file"
+            )
     return missing
 
 
@@ -172,13 +184,22 @@ def refuse_missing_programs(plan: Plan, redact: Callable[[str], str] = lambda te
     """Before anything starts: a router missing here would otherwise fail `up` after its workers' load.
     `redact` hides ${env:...} values (a launcher may be one)."""
     if missing := missing_programs(plan):
-        raise RuntimeFailure(redact(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing)),
-                             fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
-                                 "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`")
+        raise RuntimeFailure(
+            redact(f"{plan.name}: nothing was started; a program is missing:\n  " + "\n  ".join(missing)),
+            fix="install it where `up` runs (vllm-router, smg: pip install -e '.[routers]'), "
+            "set the role's `launcher:`, or rehearse the plan without engines: `up --rehearse`",
+        )
 
 
-def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: UpOptions, console: Console,
-             gpus: GpuPreflight | None = None, claim: Callable[[RunDir], None] = lambda run_dir: None) -> int:
+def bring_up(
+    plan: Plan,
+    source: Path,
+    redact: Callable[[str], str],
+    options: UpOptions,
+    console: Console,
+    gpus: GpuPreflight | None = None,
+    claim: Callable[[RunDir], None] = lambda run_dir: None,
+) -> int:
     """Returns the exit code: 0 all ready (detached) or stopped cleanly, 1 a role failed, 128+N on signal N.
     `claim` runs under the name's lock before anything starts: it refuses the name while another backend's
     deployment of it runs, else makes that backend forget it."""
@@ -198,7 +219,9 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         refuse_leftovers(run_dir)
         refuse_foreign_addresses(plan)
         if busy := busy_ports(plan, redact, recorded_role):
-            raise RuntimeFailure("ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy))
+            raise RuntimeFailure(
+                "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(plan, busy)
+            )
         refuse_missing_programs(plan, redact)
         if policy.note:  # how it will start, once nothing refuses it
             saying(console)(policy.note)
@@ -207,8 +230,9 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         for spec in plan.specs:  # no stale last line from an earlier run in the progress view; a planted link
             os.close(open_fresh(run_dir.log(spec.name), root=run_dir.home))  # there is replaced, not followed
             forget_rotated(run_dir.log(spec.name))
-        record = planned_record(plan, str(source), redact, recorded_versions(plan, versions),
-                                options.secret_sources)
+        record = planned_record(
+            plan, str(source), redact, recorded_versions(plan, versions), options.secret_sources
+        )
         write_state(run_dir, record)  # nobody reads the last run's state as this one's
         if options.detach:
             return _detach(plan, record, run_dir, options, console, lock, policy.start_after)
@@ -217,9 +241,16 @@ def bring_up(plan: Plan, source: Path, redact: Callable[[str], str], options: Up
         lock.release()
 
 
-def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: httpx.Client,
-                report: Callable[[DeploymentRecord], None], start_after: StartAfter, options: UpOptions,
-                say: Callable[[str], None]) -> tuple[Supervisor, StateSaver]:
+def _supervisor(
+    plan: Plan,
+    record: DeploymentRecord,
+    run_dir: RunDir,
+    client: httpx.Client,
+    report: Callable[[DeploymentRecord], None],
+    start_after: StartAfter,
+    options: UpOptions,
+    say: Callable[[str], None],
+) -> tuple[Supervisor, StateSaver]:
     """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
     `down` that reads its pid in state.json finds it ready for SIGUSR1."""
     me = ProcessRef.of(os.getpid())
@@ -229,10 +260,18 @@ def _supervisor(plan: Plan, record: DeploymentRecord, run_dir: RunDir, client: h
         saver.save(new)
         report(new)
 
-    sup = Supervisor(plan, replace(record, supervisor=me), run_dir,
-                     LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token),
-                     client, on_change=on_change, ports_taken=_ports_taken, start_after=start_after,
-                     redact=options.redact, tend=LogCaps.of(plan.specs, run_dir.log).tend)
+    sup = Supervisor(
+        plan,
+        replace(record, supervisor=me),
+        run_dir,
+        LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token),
+        client,
+        on_change=on_change,
+        ports_taken=_ports_taken,
+        start_after=start_after,
+        redact=options.redact,
+        tend=LogCaps.of(plan.specs, run_dir.log).tend,
+    )
     return sup, saver
 
 
@@ -257,17 +296,32 @@ def _handle_signals(sup: Supervisor) -> dict[str, int]:
     return received
 
 
-def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
-                start_after: StartAfter) -> int:
+def _foreground(
+    plan: Plan,
+    record: DeploymentRecord,
+    run_dir: RunDir,
+    options: UpOptions,
+    console: Console,
+    start_after: StartAfter,
+) -> int:
     # Everything this process prints goes through a thread of its own: a slow reader never stops supervision.
     out = BackgroundWriter(console.file)
-    quiet = Console(file=out, force_terminal=console.is_terminal, width=console.width,
-                    color_system=console.color_system)
+    quiet = Console(
+        file=out, force_terminal=console.is_terminal, width=console.width, color_system=console.color_system
+    )
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
     try:
         with httpx.Client(verify=False) as client:  # plain HTTP to the roles: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(plan, record, run_dir, client, lambda r: progress.update(r), start_after, options,
-                                     saying(quiet))
+            sup, saver = _supervisor(
+                plan,
+                record,
+                run_dir,
+                client,
+                lambda r: progress.update(r),
+                start_after,
+                options,
+                saying(quiet),
+            )
             try:
                 received = _handle_signals(sup)
                 sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
@@ -277,8 +331,12 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
                 if outcome is Outcome.READY:
                     _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
                     progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
-                    printer = RolePrinter(console.file, [s.name for s in plan.specs],
-                                          colour=console.is_terminal, mask=options.redact)
+                    printer = RolePrinter(
+                        console.file,
+                        [s.name for s in plan.specs],
+                        colour=console.is_terminal,
+                        mask=options.redact,
+                    )
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
                     outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
@@ -289,8 +347,14 @@ def _foreground(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: 
         out.close()
 
 
-def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dict[str, int], console: Console,
-            run_dir: RunDir) -> int:
+def _finish(
+    sup: Supervisor,
+    outcome: Outcome,
+    options: UpOptions,
+    received: dict[str, int],
+    console: Console,
+    run_dir: RunDir,
+) -> int:
     """Stop what must be stopped, and say why; returns the exit code."""
     say = _redacting(saying(console), options.redact)
     if outcome is Outcome.RELEASED:
@@ -300,7 +364,9 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
         _say_failure(say, sup.record, run_dir, sup.failed_role)
         if options.keep:
             sup.sign_off()
-            say(f"--keep: the roles started are left running; `muse-launch down {sup.record.name}` stops them")
+            say(
+                f"--keep: the roles started are left running; `muse-launch down {sup.record.name}` stops them"
+            )
             return 1
         say("stopping everything started")
     else:
@@ -308,7 +374,9 @@ def _finish(sup: Supervisor, outcome: Outcome, options: UpOptions, received: dic
     report = sup.stop()
     sup.sign_off()
     for role in sup.record.roles:
-        cgroups.remove(role.cgroup)  # emptied by the stop; the supervisor's loop only tried once, never waiting
+        cgroups.remove(
+            role.cgroup
+        )  # emptied by the stop; the supervisor's loop only tried once, never waiting
     for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
         say(line)
     say(f"{sup.record.name}: stopped")
@@ -321,8 +389,12 @@ def _redacting(say: Callable[[str], str], redact: Callable[[str], str]) -> Calla
     return lambda text: say(redact(text))
 
 
-def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: RunDir, role: str | None) -> None:
-    failed = next((r for r in record.roles if r.name == role or (role is None and r.state is RoleState.FAILED)), None)
+def _say_failure(
+    say: Callable[[str], None], record: DeploymentRecord, run_dir: RunDir, role: str | None
+) -> None:
+    failed = next(
+        (r for r in record.roles if r.name == role or (role is None and r.state is RoleState.FAILED)), None
+    )
     if failed is None:
         return
     say(f"error: role {failed.name} failed: {failed.reason}")
@@ -330,7 +402,11 @@ def _say_failure(say: Callable[[str], None], record: DeploymentRecord, run_dir: 
         lines = last_lines(run_dir.log(failed.name), FAILURE_LOG_LINES)
     except OSError as exc:  # files.PlantedLink: not read through
         lines = [str(exc)]
-    say(f"last {len(lines)} lines of {run_dir.log(failed.name)}:" if lines else f"{run_dir.log(failed.name)} is empty")
+    say(
+        f"last {len(lines)} lines of {run_dir.log(failed.name)}:"
+        if lines
+        else f"{run_dir.log(failed.name)} is empty"
+    )
     for line in lines:
         say(f"  {failed.name} | {escaped(line)}")
     for line in explain_addresses("\n".join([failed.reason or "", *lines]), record, unknown_only=True):
@@ -363,8 +439,15 @@ def invoked_as() -> str:
     return "muse-launch" if found and Path(found).resolve() == Path(program).resolve() else program
 
 
-def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, console: Console,
-            lock: DeploymentLock, start_after: StartAfter) -> int:
+def _detach(
+    plan: Plan,
+    record: DeploymentRecord,
+    run_dir: RunDir,
+    options: UpOptions,
+    console: Console,
+    lock: DeploymentLock,
+    start_after: StartAfter,
+) -> int:
     """Double fork: the supervisor leaves this session, so closing the terminal does not touch it.
 
     It reports through a pipe: its pid, then "ready" (or EOF, once it has cleaned up a failure).
@@ -391,8 +474,14 @@ def _detach(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOp
     return _await_detached(run_dir, read_end, console, record, options.redact)
 
 
-def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options: UpOptions, pipe: int,
-                  start_after: StartAfter) -> int:
+def _run_detached(
+    plan: Plan,
+    record: DeploymentRecord,
+    run_dir: RunDir,
+    options: UpOptions,
+    pipe: int,
+    start_after: StartAfter,
+) -> int:
     log = open_fresh(run_dir.supervisor_log, root=run_dir.home)  # a planted link is replaced, not followed
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -402,8 +491,16 @@ def _run_detached(plan: Plan, record: DeploymentRecord, run_dir: RunDir, options
     console = Console(file=out, force_terminal=False, width=200)
     try:
         with httpx.Client(verify=False) as client:  # before the first spawn: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(plan, record, run_dir, client, PlainProgress(out).update, start_after, options,
-                                     saying(console))
+            sup, saver = _supervisor(
+                plan,
+                record,
+                run_dir,
+                client,
+                PlainProgress(out).update,
+                start_after,
+                options,
+                saying(console),
+            )
             received = _handle_signals(sup)
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
             pipe = _tell(pipe, f"pid {os.getpid()}\n")
@@ -441,14 +538,17 @@ def _tell(pipe: int, message: str) -> int:
         return -1
 
 
-def _say_left_running(say: Callable[[str], None], record: DeploymentRecord, supervisor_pid: list[int],
-                      signum: int) -> None:
+def _say_left_running(
+    say: Callable[[str], None], record: DeploymentRecord, supervisor_pid: list[int], signum: int
+) -> None:
     """What an `up -d` interrupted while it waited leaves behind: the detached supervisor starts on."""
     pid = supervisor_pid[0] if supervisor_pid else record.supervisor.pid if record.supervisor else None
     starting = ", ".join(r.name for r in record.roles if r.state is not RoleState.READY) or "none"
     try:
-        say(f"{signal.Signals(signum).name}: stopped waiting; deployment {record.name} is left running: its "
-            f"supervisor{f' (pid {pid})' if pid else ''} goes on starting it (not ready yet: {starting})")
+        say(
+            f"{signal.Signals(signum).name}: stopped waiting; deployment {record.name} is left running: its "
+            f"supervisor{f' (pid {pid})' if pid else ''} goes on starting it (not ready yet: {starting})"
+        )
         say(f"`{invoked_as()} status {record.name}` shows it, `{invoked_as()} down {record.name}` stops it")
     except OSError:  # the terminal is gone (SIGHUP): nobody to tell
         _lose_terminal()
@@ -462,8 +562,9 @@ def _lose_terminal() -> None:
     os.close(devnull)
 
 
-def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord,
-                    redact: Callable[[str], str]) -> int:
+def _await_detached(
+    run_dir: RunDir, pipe: int, console: Console, record: DeploymentRecord, redact: Callable[[str], str]
+) -> int:
     """Show the detached supervisor's progress from state.json until it says ready or goes away."""
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(console.file)
     started = time.monotonic()
@@ -485,8 +586,9 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
                     continue
                 chunk = os.read(pipe, 4096)
                 messages += chunk
-                supervisor_pid[:] = [int(line.split()[1]) for line in messages.split(b"\n")
-                                     if line.startswith(b"pid ")]
+                supervisor_pid[:] = [
+                    int(line.split()[1]) for line in messages.split(b"\n") if line.startswith(b"pid ")
+                ]
                 if not chunk or b"ready\n" in messages or b"released\n" in messages:
                     break
     except OSError:  # the terminal went away (EIO) as its SIGHUP came: nobody to draw progress for
@@ -503,10 +605,15 @@ def _await_detached(run_dir: RunDir, pipe: int, console: Console, record: Deploy
         _say_left_running(say, final, supervisor_pid, interrupted[0])
         return 128 + interrupted[0]
     if b"released\n" in messages:
-        say(f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started")
+        say(
+            f"{final.name}: `muse-launch down` took it over while it was starting, and stops what was started"
+        )
         return 1
     if not any(r.state is RoleState.FAILED for r in final.roles):
-        say(f"{final.name}: the supervisor went away before all roles were ready; see {run_dir.supervisor_log}")
+        say(
+            f"{final.name}: the supervisor went away before all roles were ready; see "
+            f"{run_dir.supervisor_log}"
+        )
         return 1
     _say_failure(say, final, run_dir, None)
     if any(r.process for r in final.roles):

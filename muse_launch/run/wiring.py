@@ -38,7 +38,8 @@ class WiringResult:
 
 @dataclass(frozen=True)
 class WiringCheck:
-    """Where a role lists its peers (a router's workers, a language worker's encoders), and which it should."""
+    """Where a role lists its peers (a router's workers, a language worker's encoders), and which it
+    should."""
 
     role: str
     list_url: str
@@ -54,19 +55,31 @@ class WiringCheck:
         except (httpx.HTTPError, ValueError) as e:
             return WiringResult(self.wires, f"GET {self.list_url}: {type(e).__name__}")
         if listed is None:
-            refused = "" if answer.status_code != 401 else \
-                " (the router refuses the --api-key it was given)" if self.headers else \
-                " (it wants a key: give the router --api-key in its args)"
+            refused = (
+                ""
+                if answer.status_code != 401
+                else " (the router refuses the --api-key it was given)"
+                if self.headers
+                else " (it wants a key: give the router --api-key in its args)"
+            )
             return WiringResult(self.wires, f"GET {self.list_url} answered {answer.status_code}{refused}")
         missing = tuple(w for w in self.wires if not listed.get(w.url.rstrip("/"), False))
-        return WiringResult(missing, "wired" if not missing else "missing " + ", ".join(w.url for w in missing))
+        return WiringResult(
+            missing, "wired" if not missing else "missing " + ", ".join(w.url for w in missing)
+        )
 
     def counts(self, missing: tuple[Wire, ...]) -> tuple[tuple[str, int, int], ...]:
         """(kind, listed, expected) for each kind of peer, in the order the file gives them."""
         absent = set(missing)
         kinds = list(dict.fromkeys(w.kind for w in self.wires))
-        return tuple((k, sum(1 for w in self.wires if w.kind == k and w not in absent),
-                      sum(1 for w in self.wires if w.kind == k)) for k in kinds)
+        return tuple(
+            (
+                k,
+                sum(1 for w in self.wires if w.kind == k and w not in absent),
+                sum(1 for w in self.wires if w.kind == k),
+            )
+            for k in kinds
+        )
 
     def failure(self, missing: tuple[Wire, ...], timeout: float) -> str:
         what = "the router's worker list" if self.wires[0].kind in ROUTED_KINDS else "its encoder list"
@@ -94,7 +107,11 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
             path = ENGINES[spec.engine].FACTS.workers_path
             port = spec.ports["http"]
             headers = router.auth_headers(spec.argv)
-        elif (facts := worker_facts(spec.engine)) and facts.encoder_list_path and spec.ports.get("encoder_bootstrap"):
+        elif (
+            (facts := worker_facts(spec.engine))
+            and facts.encoder_list_path
+            and spec.ports.get("encoder_bootstrap")
+        ):
             wires = tuple(Wire(p.name, "encoder", p.url) for p in peers if p.kind == "encoder")
             path = facts.encoder_list_path
             port = spec.ports["encoder_bootstrap"]
@@ -104,4 +121,3 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
             host = (hosts or {}).get(spec.name) or connect_host(spec.bind)
             checks[spec.name] = WiringCheck(spec.name, base_url(host, port) + path, wires, headers)
     return checks
-

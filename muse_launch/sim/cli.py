@@ -9,37 +9,78 @@ import sys
 from collections.abc import Mapping
 
 from .config import ArgvError, parse_engine_args, startup_errors
-from .timing import (DEFAULT_ITL_PER_RUNNING_S, DEFAULT_ITL_S, DEFAULT_MAX_RUNNING, DEFAULT_PREFILL_TOKENS_PER_S,
-                     Rates)
+from .timing import (
+    DEFAULT_ITL_PER_RUNNING_S,
+    DEFAULT_ITL_S,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_PREFILL_TOKENS_PER_S,
+    Rates,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m muse_launch.sim",
         description="Rehearsal engine: speaks the SGLang / vLLM HTTP protocol and wires itself "
-                    "to its peers like the real engine, without a GPU.  Everything after '--' "
-                    "is the real engine's argv (after 'sglang serve' / 'vllm serve').")
+        "to its peers like the real engine, without a GPU.  Everything after '--' "
+        "is the real engine's argv (after 'sglang serve' / 'vllm serve').",
+    )
     p.add_argument("--engine", required=True, choices=("sglang", "vllm"))
-    p.add_argument("--ready-after", type=float, default=2.0, metavar="SECONDS",
-                   help="seconds before /health turns 200 (default 2.0)")
-    p.add_argument("--state-dir", default=None, metavar="DIR",
-                   help="where the tiny local model directory is created (default: "
-                        "$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE under muse-launch, else a "
-                        "temp dir removed at exit)")
-    p.add_argument("--kv-timeout", type=float, default=3.0, metavar="SECONDS",
-                   help="how long a KV hand-off waits for the other side (default 3.0)")
-    p.add_argument("--itl", type=_seconds, default=DEFAULT_ITL_S, metavar="SECONDS",
-                   help=f"decode time of one token with one request running (default {DEFAULT_ITL_S})")
-    p.add_argument("--itl-per-running", type=_seconds, default=DEFAULT_ITL_PER_RUNNING_S,
-                   metavar="SECONDS", help="added to each token's decode time per other running request "
-                                           f"(default {DEFAULT_ITL_PER_RUNNING_S})")
-    p.add_argument("--prefill-tokens-per-s", type=_rate, default=DEFAULT_PREFILL_TOKENS_PER_S,
-                   metavar="RATE", help="prompt tokens prefilled per second, one prompt at a time "
-                                        f"(default {DEFAULT_PREFILL_TOKENS_PER_S:g})")
-    p.add_argument("--max-running", type=_count, default=DEFAULT_MAX_RUNNING, metavar="N",
-                   help=f"requests decoded at once; the others queue (default {DEFAULT_MAX_RUNNING})")
-    p.add_argument("--loopback", action="store_true",
-                   help="bind every listener to 127.0.0.1 whatever --host says")
+    p.add_argument(
+        "--ready-after",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="seconds before /health turns 200 (default 2.0)",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="where the tiny local model directory is created (default: "
+        "$MUSE_LAUNCH_RUN_DIR/sim/$MUSE_LAUNCH_ROLE under muse-launch, else a "
+        "temp dir removed at exit)",
+    )
+    p.add_argument(
+        "--kv-timeout",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how long a KV hand-off waits for the other side (default 3.0)",
+    )
+    p.add_argument(
+        "--itl",
+        type=_seconds,
+        default=DEFAULT_ITL_S,
+        metavar="SECONDS",
+        help=f"decode time of one token with one request running (default {DEFAULT_ITL_S})",
+    )
+    p.add_argument(
+        "--itl-per-running",
+        type=_seconds,
+        default=DEFAULT_ITL_PER_RUNNING_S,
+        metavar="SECONDS",
+        help="added to each token's decode time per other running request "
+        f"(default {DEFAULT_ITL_PER_RUNNING_S})",
+    )
+    p.add_argument(
+        "--prefill-tokens-per-s",
+        type=_rate,
+        default=DEFAULT_PREFILL_TOKENS_PER_S,
+        metavar="RATE",
+        help="prompt tokens prefilled per second, one prompt at a time "
+        f"(default {DEFAULT_PREFILL_TOKENS_PER_S:g})",
+    )
+    p.add_argument(
+        "--max-running",
+        type=_count,
+        default=DEFAULT_MAX_RUNNING,
+        metavar="N",
+        help=f"requests decoded at once; the others queue (default {DEFAULT_MAX_RUNNING})",
+    )
+    p.add_argument(
+        "--loopback", action="store_true", help="bind every listener to 127.0.0.1 whatever --host says"
+    )
     return p
 
 
@@ -73,7 +114,7 @@ def _count(text: str) -> int:
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     return argv, []
 
 
@@ -106,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage error: {e}", file=sys.stderr, flush=True)
         return 2
     from .server import SimEngine, serve  # aiohttp import only when actually serving
-    engine = SimEngine(cfg, ready_after=ns.ready_after,
-                       state_dir=state_dir,
-                       kv_timeout=ns.kv_timeout, itl=ns.itl, loopback=ns.loopback,
-                       rates=Rates(ns.prefill_tokens_per_s, ns.itl, ns.itl_per_running, ns.max_running))
+
+    engine = SimEngine(
+        cfg,
+        ready_after=ns.ready_after,
+        state_dir=state_dir,
+        kv_timeout=ns.kv_timeout,
+        itl=ns.itl,
+        loopback=ns.loopback,
+        rates=Rates(ns.prefill_tokens_per_s, ns.itl, ns.itl_per_running, ns.max_running),
+    )
     errs = startup_errors(cfg)
     if errs:
         for e in errs:

@@ -47,9 +47,9 @@ def _bool_flag(p: argparse.ArgumentParser, *names: str, dest: str) -> None:
 
 @dataclass
 class SimConfig:
-    engine: str                          # "sglang" | "vllm"
+    engine: str  # "sglang" | "vllm"
     argv: list[str]
-    model: str                           # model path / HF id as given
+    model: str  # model path / HF id as given
     served_model_names: list[str]
     host: str
     port: int
@@ -116,8 +116,7 @@ class SimConfig:
                 return self.disaggregation_mode
             return "language" if self.language_only else "worker"
         role = self.kv_role
-        return {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "pd"}.get(
-            role or "", "worker")
+        return {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "pd"}.get(role or "", "worker")
 
     @property
     def advertised_host(self) -> str:
@@ -163,11 +162,11 @@ class SimConfig:
 
     @property
     def mooncake_bootstrap(self) -> tuple[str, int] | None:
-        if (self.engine != "vllm" or self.kv_connector != MOONCAKE
-                or not self.vllm_is_producer):
+        if self.engine != "vllm" or self.kv_connector != MOONCAKE or not self.vllm_is_producer:
             return None
-        return self.host or "0.0.0.0", int(os.environ.get(vllm.MOONCAKE_BOOTSTRAP_PORT_ENV,
-                                                          vllm.MOONCAKE_BOOTSTRAP_BASE))
+        return self.host or "0.0.0.0", int(
+            os.environ.get(vllm.MOONCAKE_BOOTSTRAP_PORT_ENV, vllm.MOONCAKE_BOOTSTRAP_BASE)
+        )
 
     @property
     def shared_storage_path(self) -> str | None:
@@ -219,46 +218,74 @@ def parse_sglang(argv: list[str]) -> SimConfig:
     p.add_argument(sgl.REASONING_PARSER, dest="reasoning_parser")
     p.add_argument(sgl.TOOL_CALL_PARSER, dest="tool_call_parser")
     _bool_flag(p, "--is-embedding", dest="is_embedding")
-    p.add_argument(sgl.DISAGGREGATION_MODE, dest="disaggregation_mode", default="null",
-                   choices=sgl.CHOICES[sgl.DISAGGREGATION_MODE])
+    p.add_argument(
+        sgl.DISAGGREGATION_MODE,
+        dest="disaggregation_mode",
+        default="null",
+        choices=sgl.CHOICES[sgl.DISAGGREGATION_MODE],
+    )
     (backend,) = SGLANG_FLAGS["transfer_backend"]
-    p.add_argument(backend, dest="transfer_backend", default=sgl.DEFAULT_TRANSFER_BACKEND,
-                   choices=sgl.CHOICES[backend])
-    p.add_argument(*SGLANG_FLAGS["bootstrap_port"], dest="bootstrap_port", type=int,
-                   default=sgl.DEFAULT_BOOTSTRAP_PORT)
+    p.add_argument(
+        backend, dest="transfer_backend", default=sgl.DEFAULT_TRANSFER_BACKEND, choices=sgl.CHOICES[backend]
+    )
+    p.add_argument(
+        *SGLANG_FLAGS["bootstrap_port"], dest="bootstrap_port", type=int, default=sgl.DEFAULT_BOOTSTRAP_PORT
+    )
     _bool_flag(p, sgl.PD_ROLE_SWITCH, dest="enable_pd_role_switch")
     _bool_flag(p, sgl.ENCODER_ONLY, dest="encoder_only")
     _bool_flag(p, sgl.LANGUAGE_ONLY, dest="language_only")
     p.add_argument(sgl.ENCODER_URLS, dest="encoder_urls", nargs="+", default=[])
     p.add_argument(sgl.ENCODER_REGISTER_URLS, dest="encoder_register_urls", nargs="+", default=[])
-    p.add_argument(*SGLANG_FLAGS["encoder_bootstrap_port"], dest="encoder_bootstrap_port",
-                   type=int, default=sgl.DEFAULT_ENCODER_BOOTSTRAP_PORT)
+    p.add_argument(
+        *SGLANG_FLAGS["encoder_bootstrap_port"],
+        dest="encoder_bootstrap_port",
+        type=int,
+        default=sgl.DEFAULT_ENCODER_BOOTSTRAP_PORT,
+    )
     (backend,) = SGLANG_FLAGS["encoder_transfer_backend"]
-    p.add_argument(backend, dest="encoder_transfer_backend", default="auto",
-                   choices=sgl.CHOICES[backend])
+    p.add_argument(backend, dest="encoder_transfer_backend", default="auto", choices=sgl.CHOICES[backend])
     p.add_argument(sgl.NNODES, dest="nnodes", type=int, default=1)
     p.add_argument(sgl.NODE_RANK, dest="node_rank", type=int, default=0)
     p.add_argument(sgl.DIST_INIT_ADDR, "--nccl-init-addr", dest="dist_init_addr")
     ns, rest = p.parse_known_args(argv)
     if not ns.model_path:
-        raise ArgvError("sglang serve: error: the following arguments are required: "
-                        f"{SGLANG_FLAGS['model'][0]}")
+        raise ArgvError(
+            f"sglang serve: error: the following arguments are required: {SGLANG_FLAGS['model'][0]}"
+        )
     served = ns.served_model_name or ns.model_path
     return SimConfig(
-        engine="sglang", argv=list(argv), model=ns.model_path, served_model_names=[served],
-        host=ns.host, port=ns.port, tokenizer=ns.tokenizer_path, tp_size=ns.tp_size,
-        ep_size=ns.ep_size, dp_size=ns.dp_size, pp_size=ns.pp_size, page_size=ns.page_size,
+        engine="sglang",
+        argv=list(argv),
+        model=ns.model_path,
+        served_model_names=[served],
+        host=ns.host,
+        port=ns.port,
+        tokenizer=ns.tokenizer_path,
+        tp_size=ns.tp_size,
+        ep_size=ns.ep_size,
+        dp_size=ns.dp_size,
+        pp_size=ns.pp_size,
+        page_size=ns.page_size,
         kv_cache_dtype=ns.kv_cache_dtype,
         context_length=ns.context_length or DEFAULT_CONTEXT_LENGTH,
-        reasoning_parser=ns.reasoning_parser, tool_call_parser=ns.tool_call_parser,
-        is_embedding=ns.is_embedding, disaggregation_mode=ns.disaggregation_mode,
-        transfer_backend=ns.transfer_backend, bootstrap_port=ns.bootstrap_port,
-        enable_pd_role_switch=ns.enable_pd_role_switch, encoder_only=ns.encoder_only,
-        language_only=ns.language_only, encoder_urls=_split_urls(ns.encoder_urls),
+        reasoning_parser=ns.reasoning_parser,
+        tool_call_parser=ns.tool_call_parser,
+        is_embedding=ns.is_embedding,
+        disaggregation_mode=ns.disaggregation_mode,
+        transfer_backend=ns.transfer_backend,
+        bootstrap_port=ns.bootstrap_port,
+        enable_pd_role_switch=ns.enable_pd_role_switch,
+        encoder_only=ns.encoder_only,
+        language_only=ns.language_only,
+        encoder_urls=_split_urls(ns.encoder_urls),
         encoder_register_urls=_split_urls(ns.encoder_register_urls),
         encoder_bootstrap_port=ns.encoder_bootstrap_port,
-        encoder_transfer_backend=ns.encoder_transfer_backend, nnodes=ns.nnodes,
-        node_rank=ns.node_rank, dist_init_addr=ns.dist_init_addr, ignored=rest)
+        encoder_transfer_backend=ns.encoder_transfer_backend,
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
+        ignored=rest,
+    )
 
 
 def _vllm_parser() -> _Parser:
@@ -274,8 +301,7 @@ def _vllm_parser() -> _Parser:
     p.add_argument(vllm.DP_SIZE_LOCAL, "-dpl", dest="dp_size_local", type=int, default=None)
     p.add_argument(vllm.DP_START_RANK, "-dpr", dest="dp_start_rank", type=int, default=0)
     p.add_argument(vllm.DP_ADDRESS, "-dpa", dest="dp_address", default=None)
-    p.add_argument(vllm.DP_RPC_PORT, "-dpp", dest="dp_rpc_port", type=int,
-                   default=VLLM_DP_RPC_PORT)
+    p.add_argument(vllm.DP_RPC_PORT, "-dpp", dest="dp_rpc_port", type=int, default=VLLM_DP_RPC_PORT)
     hybrid_lb, external_lb = vllm.DP_PER_NODE_API
     _bool_flag(p, hybrid_lb, "-dph", dest="dp_hybrid_lb")
     _bool_flag(p, external_lb, "-dpe", dest="dp_external_lb")
@@ -290,8 +316,7 @@ def _vllm_parser() -> _Parser:
     p.add_argument(vllm.NNODES, dest="nnodes", type=int, default=1)
     p.add_argument(vllm.NODE_RANK, dest="node_rank", type=int, default=0)
     p.add_argument(vllm.MASTER_ADDR, dest="master_addr", default="127.0.0.1")
-    p.add_argument(vllm.MASTER_PORT, dest="master_port", type=int,
-                   default=vllm.DEFAULT_MASTER_PORT)
+    p.add_argument(vllm.MASTER_PORT, dest="master_port", type=int, default=vllm.DEFAULT_MASTER_PORT)
     _bool_flag(p, vllm.HEADLESS, dest="headless")
     return p
 
@@ -306,8 +331,7 @@ def parse_vllm(argv: list[str]) -> SimConfig:
     ns, rest = _vllm_parser().parse_known_args(args)
     model = ns.model or positional_model
     if ns.model and positional_model and ns.model != positional_model:
-        raise ArgvError(f"vllm serve: error: model given both positionally and with "
-                        f"{VLLM_FLAGS['model'][0]}")
+        raise ArgvError(f"vllm serve: error: model given both positionally and with {VLLM_FLAGS['model'][0]}")
     if not model:
         model = "Qwen/Qwen3-0.6B"  # vLLM's own default model
     kvc = _kv_transfer_config(ns.kv_transfer_config)
@@ -321,22 +345,40 @@ def parse_vllm(argv: list[str]) -> SimConfig:
         # DP ranks over several nodes (or API servers): they rendezvous with the head (start
         # rank 0) at --data-parallel-address:--data-parallel-rpc-port, as vLLM's DP coordinator.
         if ns.dp_size % local:
-            raise ArgvError(f"vllm serve: error: {VLLM_FLAGS['dp'][0]} {ns.dp_size} is not a "
-                            f"multiple of {vllm.DP_SIZE_LOCAL} {local}")
+            raise ArgvError(
+                f"vllm serve: error: {VLLM_FLAGS['dp'][0]} {ns.dp_size} is not a "
+                f"multiple of {vllm.DP_SIZE_LOCAL} {local}"
+            )
         nnodes, node_rank = ns.dp_size // local, ns.dp_start_rank // local
         dist = f"{ns.dp_address or '127.0.0.1'}:{ns.dp_rpc_port}"
     return SimConfig(
-        engine="vllm", argv=list(argv), model=model, served_model_names=list(served),
-        host=ns.host if ns.host is not None else "0.0.0.0", port=ns.port,
-        tokenizer=ns.tokenizer, tp_size=ns.tp_size, ep_size=ep, dp_size=ns.dp_size,
-        pp_size=ns.pp_size, page_size=ns.block_size, kv_cache_dtype=ns.kv_cache_dtype,
-        context_length=max_len, reasoning_parser=ns.reasoning_parser,
+        engine="vllm",
+        argv=list(argv),
+        model=model,
+        served_model_names=list(served),
+        host=ns.host if ns.host is not None else "0.0.0.0",
+        port=ns.port,
+        tokenizer=ns.tokenizer,
+        tp_size=ns.tp_size,
+        ep_size=ep,
+        dp_size=ns.dp_size,
+        pp_size=ns.pp_size,
+        page_size=ns.block_size,
+        kv_cache_dtype=ns.kv_cache_dtype,
+        context_length=max_len,
+        reasoning_parser=ns.reasoning_parser,
         tool_call_parser=ns.tool_call_parser,
-        enable_auto_tool_choice=ns.enable_auto_tool_choice, nnodes=nnodes,
-        node_rank=node_rank, dist_init_addr=dist, headless=ns.headless,
-        dp_start_rank=ns.dp_start_rank, dp_size_local=local,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist_init_addr=dist,
+        headless=ns.headless,
+        dp_start_rank=ns.dp_start_rank,
+        dp_size_local=local,
         dp_api_per_node=ns.dp_hybrid_lb or ns.dp_external_lb,
-        kv_transfer_config=kvc, ignored=rest)
+        kv_transfer_config=kvc,
+        ignored=rest,
+    )
 
 
 def _kv_transfer_config(text: str | None) -> dict | None:
@@ -345,11 +387,11 @@ def _kv_transfer_config(text: str | None) -> dict | None:
     try:
         kvc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: invalid "
-                        f"JSON ({e})") from None
+        raise ArgvError(
+            f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: invalid JSON ({e})"
+        ) from None
     if not isinstance(kvc, dict):
-        raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: expected a "
-                        "JSON object")
+        raise ArgvError(f"vllm serve: error: argument {vllm.KV_TRANSFER_CONFIG}: expected a JSON object")
     return kvc
 
 
@@ -362,8 +404,7 @@ def _max_model_len(text: str | None) -> int:
     try:
         return int(float(s[:-1] if mult > 1 else s) * mult)
     except ValueError:
-        raise ArgvError(f"vllm serve: error: argument --max-model-len: invalid value "
-                        f"{text!r}") from None
+        raise ArgvError(f"vllm serve: error: argument --max-model-len: invalid value {text!r}") from None
 
 
 def parse_engine_args(engine: str, argv: list[str]) -> SimConfig:
@@ -381,8 +422,10 @@ def startup_errors(cfg: SimConfig) -> list[str]:
         if cfg.encoder_only and cfg.language_only:
             errs.append(f"{sgl.ENCODER_ONLY} and {sgl.LANGUAGE_ONLY} cannot be used together")
         if cfg.encoder_only and cfg.disaggregation_mode in ("prefill", "decode"):
-            errs.append(f"{sgl.ENCODER_ONLY} cannot be combined with {sgl.DISAGGREGATION_MODE} "
-                        f"{cfg.disaggregation_mode}")
+            errs.append(
+                f"{sgl.ENCODER_ONLY} cannot be combined with {sgl.DISAGGREGATION_MODE} "
+                f"{cfg.disaggregation_mode}"
+            )
         if cfg.encoder_urls and not cfg.language_only:
             errs.append(f"{sgl.ENCODER_URLS} requires {sgl.LANGUAGE_ONLY}")
         if cfg.encoder_register_urls and not cfg.encoder_only:
@@ -396,17 +439,21 @@ def startup_errors(cfg: SimConfig) -> list[str]:
         if kvc is not None:
             conn = kvc.get("kv_connector")
             if conn and not kvc.get("kv_role"):
-                errs.append("Please specify kv_role when kv_connector is set, supported "
-                            "roles are ['kv_producer', 'kv_consumer', 'kv_both']")
-            if kvc.get("kv_role") and kvc["kv_role"] not in ("kv_producer", "kv_consumer",
-                                                             "kv_both"):
-                errs.append(f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
-                            "['kv_producer', 'kv_consumer', 'kv_both']")
+                errs.append(
+                    "Please specify kv_role when kv_connector is set, supported "
+                    "roles are ['kv_producer', 'kv_consumer', 'kv_both']"
+                )
+            if kvc.get("kv_role") and kvc["kv_role"] not in ("kv_producer", "kv_consumer", "kv_both"):
+                errs.append(
+                    f"Unsupported kv_role: {kvc['kv_role']}. Supported roles are "
+                    "['kv_producer', 'kv_consumer', 'kv_both']"
+                )
             if conn and conn not in vllm.KNOWN_CONNECTORS and not kvc.get(vllm.CONNECTOR_MODULE_PATH):
                 errs.append(f"Unsupported connector type: {conn}")
         if cfg.enable_auto_tool_choice and not cfg.tool_call_parser:
-            errs.append(f"When `--enable-auto-tool-choice` is set, `{vllm.TOOL_CALL_PARSER}` "
-                        "must be set as well")
+            errs.append(
+                f"When `--enable-auto-tool-choice` is set, `{vllm.TOOL_CALL_PARSER}` must be set as well"
+            )
         if not 0 <= cfg.node_rank < max(cfg.nnodes, 1):
             errs.append(f"{vllm.NODE_RANK} {cfg.node_rank} out of range for {vllm.NNODES} {cfg.nnodes}")
     return errs

@@ -47,9 +47,11 @@ if TYPE_CHECKING:
 FAIL_THRESHOLD = sgl.ENCODER_FAIL_THRESHOLD
 REGISTER_TRIES = 30  # an encoder's tries to register with each --encoder-register-urls entry
 SIM_PROBE_INTERVAL_ENV = "MUSE_SIM_ENCODER_PROBE_INTERVAL"
-PROBE_ENV = {"interval": sgl.ENCODER_HEALTH_CHECK_INTERVAL_ENV,
-             "timeout": sgl.ENCODER_HEALTH_CHECK_TIMEOUT_ENV,
-             "evicted_ttl": sgl.ENCODER_EVICTED_TTL_ENV}
+PROBE_ENV = {
+    "interval": sgl.ENCODER_HEALTH_CHECK_INTERVAL_ENV,
+    "timeout": sgl.ENCODER_HEALTH_CHECK_TIMEOUT_ENV,
+    "evicted_ttl": sgl.ENCODER_EVICTED_TTL_ENV,
+}
 
 
 def probe_settings(environ: Mapping[str, str] = os.environ) -> dict[str, float]:
@@ -78,12 +80,16 @@ class EncoderWiring:
         if c.binds_encoder_bootstrap:
             e, p = self.engine, self.probe
             if not c.encoder_urls:
-                e.log("--language-only is set without --encoder-urls. Encoders are expected "
-                      "to register dynamically via the EncoderBootstrapServer.")
-            e.log(f"EncoderBootstrapServer on port {c.encoder_bootstrap_port}: health_check "
-                  f"every {p['interval']:g}s, timeout {p['timeout']:g}s, evict after "
-                  f"{FAIL_THRESHOLD} failures, drop after {p['evicted_ttl']:g}s; encoders: "
-                  + (", ".join(self.urls) or "none yet"))
+                e.log(
+                    "--language-only is set without --encoder-urls. Encoders are expected "
+                    "to register dynamically via the EncoderBootstrapServer."
+                )
+            e.log(
+                f"EncoderBootstrapServer on port {c.encoder_bootstrap_port}: health_check "
+                f"every {p['interval']:g}s, timeout {p['timeout']:g}s, evict after "
+                f"{FAIL_THRESHOLD} failures, drop after {p['evicted_ttl']:g}s; encoders: "
+                + (", ".join(self.urls) or "none yet")
+            )
             if p["interval"] > 0:
                 jobs.append(self._health_check_loop())
         if c.encoder_register_urls:
@@ -143,8 +149,8 @@ class EncoderWiring:
         """None when the encoder's /health is 200, else what went wrong."""
         try:
             async with self.engine.session.get(
-                    f"{url.rstrip('/')}/health",
-                    timeout=aiohttp.ClientTimeout(total=self.probe["timeout"])) as r:
+                f"{url.rstrip('/')}/health", timeout=aiohttp.ClientTimeout(total=self.probe["timeout"])
+            ) as r:
                 return None if r.status == 200 else f"/health answered {r.status}"
         except PEER_ERRORS as exc:
             return f"unreachable ({type(exc).__name__}: {exc})"
@@ -168,8 +174,10 @@ class EncoderWiring:
             self.evicted.pop(url, None)
             self.fail_counts.pop(url, None)
         if expired:
-            e.log(f"Health check permanently dropped {len(expired)} encoder(s) after "
-                  f"{ttl:g}s unhealthy: {expired}")
+            e.log(
+                f"Health check permanently dropped {len(expired)} encoder(s) after "
+                f"{ttl:g}s unhealthy: {expired}"
+            )
         candidates = list(dict.fromkeys(self.urls + list(self.evicted)))
         if not candidates:
             return
@@ -197,8 +205,10 @@ class EncoderWiring:
         if revived:
             e.log(f"Health check revived {len(revived)} encoder(s): {revived}")
         if evicted:
-            e.log(f"Health check evicted {len(evicted)} encoder(s) after {FAIL_THRESHOLD} "
-                  f"consecutive failures (will re-add when healthy): {evicted}")
+            e.log(
+                f"Health check evicted {len(evicted)} encoder(s) after {FAIL_THRESHOLD} "
+                f"consecutive failures (will re-add when healthy): {evicted}"
+            )
 
     # ------------------------------------------------------------ per request
     async def encode_media(self, n_items: int, rid: str) -> int:
@@ -206,40 +216,57 @@ class EncoderWiring:
         e, c = self.engine, self.cfg
         urls = list(self.urls)
         if not urls:
-            e.log(f"WARNING: No encoder URLs available for request {rid}; processing without "
-                  f"encoder disaggregation.")
+            e.log(
+                f"WARNING: No encoder URLs available for request {rid}; processing without "
+                f"encoder disaggregation."
+            )
             return n_items * tg.TOKENS_PER_MEDIA_ITEM
         shares = [len(range(i, n_items, len(urls))) for i in range(len(urls))]
         parts = [(url, n) for url, n in zip(urls, shares, strict=True) if n]
-        results = await asyncio.gather(*(self._encode_on(url, n, rid, i, len(parts))
-                                         for i, (url, n) in enumerate(parts)))
-        e.log(f"encoders {', '.join(u for u, _ in parts)} embedded {n_items} media item(s) "
-              f"for {rid} (delivered to encoder bootstrap port {c.encoder_bootstrap_port})")
+        results = await asyncio.gather(
+            *(self._encode_on(url, n, rid, i, len(parts)) for i, (url, n) in enumerate(parts))
+        )
+        e.log(
+            f"encoders {', '.join(u for u, _ in parts)} embedded {n_items} media item(s) "
+            f"for {rid} (delivered to encoder bootstrap port {c.encoder_bootstrap_port})"
+        )
         return sum(results)
 
     async def _encode_on(self, url: str, n_items: int, rid: str, part: int, parts: int) -> int:
         c, e = self.cfg, self.engine
         token = uuid.uuid4().hex
-        body = {"num_items": n_items, "req_id": rid, "part_idx": part, "num_parts": parts,
-                "prefill_host": c.advertised_host, "embedding_port": c.encoder_bootstrap_port,
-                "token": token, "model": c.model,
-                "encoder_transfer_backend": c.resolved_encoder_transfer_backend}
+        body = {
+            "num_items": n_items,
+            "req_id": rid,
+            "part_idx": part,
+            "num_parts": parts,
+            "prefill_host": c.advertised_host,
+            "embedding_port": c.encoder_bootstrap_port,
+            "token": token,
+            "model": c.model,
+            "encoder_transfer_backend": c.resolved_encoder_transfer_backend,
+        }
         try:
-            async with e.session.post(f"{url.rstrip('/')}/encode", json=body,
-                                      timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with e.session.post(
+                f"{url.rstrip('/')}/encode", json=body, timeout=aiohttp.ClientTimeout(total=10)
+            ) as r:
                 text = await r.text()
                 status = r.status
         except PEER_ERRORS as exc:
             e.log(f"ERROR: Encoder {url} failed for request {rid}: {exc}")
-            raise GenError(502, f"Encoder {url} failed for request {rid}: {exc}",
-                           err_type="BadGateway") from None
+            raise GenError(
+                502, f"Encoder {url} failed for request {rid}: {exc}", err_type="BadGateway"
+            ) from None
         if status != 200:
             e.log(f"ERROR: Encoder {url} returned error {status}: {err_text(text)}")
             raise GenError(status, f"Encoder {url} returned error {status}: {err_text(text)}")
         delivered = self.deliveries.pop(token, None)
         if delivered is None:
-            raise GenError(502, f"Encoder {url} answered but delivered no embeddings to this "
-                           f"worker's encoder bootstrap port {c.encoder_bootstrap_port}")
+            raise GenError(
+                502,
+                f"Encoder {url} answered but delivered no embeddings to this "
+                f"worker's encoder bootstrap port {c.encoder_bootstrap_port}",
+            )
         return int(delivered.get("embedding_tokens", 0))
 
     # ------------------------------------------------------------ encoder side
@@ -254,31 +281,58 @@ class EncoderWiring:
         host, port = body.get("prefill_host"), body.get("embedding_port")
         if body.get("model") != c.model:
             e.log(f"refused {host}:{port}: it serves {body.get('model')!r}, this encoder {c.model!r}")
-            return web.json_response({"message": f"model mismatch: encoder serves {c.model!r}, "
-                                      f"language worker {body.get('model')!r}"}, status=500)
+            return web.json_response(
+                {
+                    "message": f"model mismatch: encoder serves {c.model!r}, "
+                    f"language worker {body.get('model')!r}"
+                },
+                status=500,
+            )
         mine = c.resolved_encoder_transfer_backend
         if body.get("encoder_transfer_backend") not in (None, mine):
-            return web.json_response({"message": f"encoder transfer backend mismatch: encoder "
-                                      f"uses {mine}, language worker "
-                                      f"{body.get('encoder_transfer_backend')}"}, status=500)
+            return web.json_response(
+                {
+                    "message": f"encoder transfer backend mismatch: encoder "
+                    f"uses {mine}, language worker "
+                    f"{body.get('encoder_transfer_backend')}"
+                },
+                status=500,
+            )
         n = int(body.get("num_items", 1))
-        delivery = {"token": body.get("token"), "req_id": body.get("req_id"), "num_items": n,
-                    "embedding_tokens": n * tg.TOKENS_PER_MEDIA_ITEM,
-                    "encoder": f"http://{hostport(c.advertised_host, c.port)}"}
+        delivery = {
+            "token": body.get("token"),
+            "req_id": body.get("req_id"),
+            "num_items": n,
+            "embedding_tokens": n * tg.TOKENS_PER_MEDIA_ITEM,
+            "encoder": f"http://{hostport(c.advertised_host, c.port)}",
+        }
         try:
-            async with e.session.post(f"http://{hostport(host, port)}/sim/embeddings",
-                                      json=delivery, timeout=aiohttp.ClientTimeout(total=3)) as r:
+            async with e.session.post(
+                f"http://{hostport(host, port)}/sim/embeddings",
+                json=delivery,
+                timeout=aiohttp.ClientTimeout(total=3),
+            ) as r:
                 if r.status != 200:
                     raise aiohttp.ClientError(f"status {r.status}")
         except PEER_ERRORS as exc:
             e.log(f"cannot deliver embeddings to {host}:{port}: {exc}")
-            return web.json_response({"message": f"encoder cannot reach the language worker's "
-                                      f"encoder bootstrap server at {host}:{port}: {exc}"},
-                                     status=502)
+            return web.json_response(
+                {
+                    "message": f"encoder cannot reach the language worker's "
+                    f"encoder bootstrap server at {host}:{port}: {exc}"
+                },
+                status=502,
+            )
         e.requests_served += 1
         e.log(f"embedded {n} media item(s) for {body.get('req_id')}, delivered to {host}:{port}")
-        return web.json_response({"req_id": body.get("req_id"), "part_idx": body.get("part_idx"),
-                                  "num_items": n, "embedding_size": delivery["embedding_tokens"]})
+        return web.json_response(
+            {
+                "req_id": body.get("req_id"),
+                "part_idx": body.get("part_idx"),
+                "num_items": n,
+                "embedding_size": delivery["embedding_tokens"],
+            }
+        )
 
     async def _register_encoder_urls(self) -> None:
         """--encoder-register-urls: once loaded, register with each language worker."""
@@ -292,8 +346,11 @@ class EncoderWiring:
                 pending[url] += 1
                 n = pending[url]
                 try:
-                    async with e.session.post(f"{url}/register_encoder_url", json={"url": me},
-                                              timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    async with e.session.post(
+                        f"{url}/register_encoder_url",
+                        json={"url": me},
+                        timeout=aiohttp.ClientTimeout(total=5),
+                    ) as r:
                         text = await r.text()
                         if r.status == 200:
                             del pending[url]
@@ -305,8 +362,10 @@ class EncoderWiring:
                     problem = f"unreachable ({type(exc).__name__}: {exc})"
                 if n >= REGISTER_TRIES:
                     del pending[url]
-                    e.log(f"Giving up on bootstrap {url} after {n} attempts ({problem}). Encoder "
-                          f"discovery via this bootstrap will be incomplete.")
+                    e.log(
+                        f"Giving up on bootstrap {url} after {n} attempts ({problem}). Encoder "
+                        f"discovery via this bootstrap will be incomplete."
+                    )
                 elif e.retries.should_log(("lang", url), problem, n):
                     e.log(f"bootstrap {url} {problem}; retrying (attempt {n})")
             if pending:  # quick at first, then SGLang's 5 s
@@ -321,8 +380,11 @@ class EncoderWiring:
 
         async def one(url: str) -> None:
             try:
-                async with e.session.delete(f"{url}/unregister_encoder_url", json={"url": me},
-                                            timeout=aiohttp.ClientTimeout(total=0.5)) as r:
+                async with e.session.delete(
+                    f"{url}/unregister_encoder_url",
+                    json={"url": me},
+                    timeout=aiohttp.ClientTimeout(total=0.5),
+                ) as r:
                     await r.read()
             except PEER_ERRORS:
                 pass

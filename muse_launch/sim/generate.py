@@ -39,10 +39,14 @@ class Generation:
         rid = uuid.uuid4().hex
         try:
             self.api.check_vllm_model(body)
-            plan = tg.plan_chat(body, engine=c.engine, served_name=c.served_model_name,
-                                reasoning_parser=c.reasoning_parser,
-                                tool_call_parser=c.tool_call_parser,
-                                enable_auto_tool_choice=c.enable_auto_tool_choice)
+            plan = tg.plan_chat(
+                body,
+                engine=c.engine,
+                served_name=c.served_model_name,
+                reasoning_parser=c.reasoning_parser,
+                tool_call_parser=c.tool_call_parser,
+                enable_auto_tool_choice=c.enable_auto_tool_choice,
+            )
             ptoks = tg.chat_prompt_tokens(body["messages"], body.get("tools"))
             prompt_tokens = len(ptoks)
             media = tg.media_items(body["messages"])
@@ -54,21 +58,27 @@ class Generation:
             self.api.check_length(prompt_tokens, max_tokens)
             target = tg.length_target(max_tokens, body.get("min_tokens"), body.get("ignore_eos"))
             self.engine.batch.count_prompt(prompt_tokens)
-            extra = await self.engine.kv.stage(body, prompt_tokens, rid,
-                                               [tg.token_id(t) for t in ptoks])
+            extra = await self.engine.kv.stage(body, prompt_tokens, rid, [tg.token_id(t) for t in ptoks])
             if "_max_tokens" in extra:
                 max_tokens = extra.pop("_max_tokens")
                 target = min(target, int(max_tokens))
-            out = tg.lengthen(tg.realize(plan, max_tokens), target, max_tokens,
-                              tg.content_text(body["messages"][-1].get("content")))
+            out = tg.lengthen(
+                tg.realize(plan, max_tokens),
+                target,
+                max_tokens,
+                tg.content_text(body["messages"][-1].get("content")),
+            )
         except tg.RequestError as e:
             return self.api.error_of(e)
         self.engine.metrics.count(prompt_tokens, out.completion_tokens)  # resident in the KV cache
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self.api.sse(request, rs.chat_chunks(c.engine, model, out, prompt_tokens,
-                                                              include_usage), out.completion_tokens)
+            return await self.api.sse(
+                request,
+                rs.chat_chunks(c.engine, model, out, prompt_tokens, include_usage),
+                out.completion_tokens,
+            )
         await self.api.decode(out.completion_tokens)
         return web.json_response(rs.chat_response(c.engine, model, out, prompt_tokens, extra))
 
@@ -104,18 +114,21 @@ class Generation:
                 target = min(target, int(max_tokens))
         except tg.RequestError as e:
             return self.api.error_of(e)
-        ps, finish, n = tg.realize_text(tg.completion_text(prompt_tokens, c.served_model_name,
-                                                           c.engine), max_tokens)
+        ps, finish, n = tg.realize_text(
+            tg.completion_text(prompt_tokens, c.served_model_name, c.engine), max_tokens
+        )
         ps, finish, n = tg.lengthen_text(ps, finish, target, max_tokens, str(prompt))
         self.engine.metrics.count(prompt_tokens, n)
         model = self.api.response_model(body)
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return await self.api.sse(request, rs.completion_chunks(c.engine, model, ps, finish,
-                                                                    prompt_tokens, include_usage), n)
+            return await self.api.sse(
+                request, rs.completion_chunks(c.engine, model, ps, finish, prompt_tokens, include_usage), n
+            )
         await self.api.decode(n)
-        return web.json_response(rs.completion_response(c.engine, model, "".join(ps), finish,
-                                                        prompt_tokens, n, extra))
+        return web.json_response(
+            rs.completion_response(c.engine, model, "".join(ps), finish, prompt_tokens, n, extra)
+        )
 
     async def h_generate(self, request: web.Request) -> web.StreamResponse:
         body, pre = await self.api.admit(request, native=True)
@@ -129,19 +142,23 @@ class Generation:
         started = time.time()
         text, input_ids = body.get("text"), body.get("input_ids")
         if text is None and input_ids is None:
-            return self.api.error(400, "Either text or input_ids should be provided.",
-                               native=True)
-        batch = isinstance(text, list) or (isinstance(input_ids, list) and input_ids
-                                            and isinstance(input_ids[0], list))
-        prompts = (text if isinstance(text, list) else [text]) if text is not None else (
-            input_ids if batch else [input_ids])
+            return self.api.error(400, "Either text or input_ids should be provided.", native=True)
+        batch = isinstance(text, list) or (
+            isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list)
+        )
+        prompts = (
+            (text if isinstance(text, list) else [text])
+            if text is not None
+            else (input_ids if batch else [input_ids])
+        )
         sp = body.get("sampling_params") or {}
         if isinstance(sp, list):
             sp = sp[0] if sp else {}
         max_new = sp.get("max_new_tokens", 128)
         if batch and body.get("stream"):
-            return self.api.error(400, "streaming is not supported for batch requests in the "
-                               "simulator", native=True)
+            return self.api.error(
+                400, "streaming is not supported for batch requests in the simulator", native=True
+            )
         results = []
         for i, p in enumerate(prompts):
             ids = [int(x) for x in p] if isinstance(p, list) else tg.token_ids(str(p))
@@ -156,10 +173,10 @@ class Generation:
             except tg.RequestError as e:
                 return self.api.error_of(e, native=True)
             mt = extra.get("_max_tokens", max_new)
-            ps, finish, n = tg.realize_text(tg.completion_text(len(ids), c.served_model_name,
-                                                               c.engine), mt)
-            ps, finish, n = tg.lengthen_text(ps, finish, min(target, int(mt)) if mt is not None
-                                             else target, mt, str(p))
+            ps, finish, n = tg.realize_text(tg.completion_text(len(ids), c.served_model_name, c.engine), mt)
+            ps, finish, n = tg.lengthen_text(
+                ps, finish, min(target, int(mt)) if mt is not None else target, mt, str(p)
+            )
             results.append((rid, ids, ps, finish, n))
             self.engine.metrics.count(len(ids), n)
         if body.get("stream"):
@@ -173,15 +190,28 @@ class Generation:
                     meta = rs.generate_meta(rid, finish, len(ids), j + 1, started, max_new)
                     if not last:
                         meta["finish_reason"] = None
-                    yield {"text": "".join(acc), "output_ids": [tg.token_id(x) for x in acc],
-                           "meta_info": meta, "index": 0}
+                    yield {
+                        "text": "".join(acc),
+                        "output_ids": [tg.token_id(x) for x in acc],
+                        "meta_info": meta,
+                        "index": 0,
+                    }
                 if not ps:
-                    yield {"text": "", "output_ids": [], "index": 0,
-                           "meta_info": rs.generate_meta(rid, finish, len(ids), 0, started,
-                                                         max_new)}
+                    yield {
+                        "text": "",
+                        "output_ids": [],
+                        "index": 0,
+                        "meta_info": rs.generate_meta(rid, finish, len(ids), 0, started, max_new),
+                    }
+
             return await self.api.sse(request, events(), n)
         await self.api.decode(max(r[4] for r in results))
-        out = [{"text": "".join(ps), "output_ids": [tg.token_id(x) for x in ps],
-                "meta_info": rs.generate_meta(rid, finish, len(ids), n, started, max_new)}
-               for rid, ids, ps, finish, n in results]
+        out = [
+            {
+                "text": "".join(ps),
+                "output_ids": [tg.token_id(x) for x in ps],
+                "meta_info": rs.generate_meta(rid, finish, len(ids), n, started, max_new),
+            }
+            for rid, ids, ps, finish, n in results
+        ]
         return web.json_response(out if batch else out[0])

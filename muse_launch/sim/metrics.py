@@ -175,7 +175,7 @@ def exposition(engine: SimEngine) -> str:
         metric(name, "counter", doc, value)
     ttft = names.ttft
     out.extend((f"# HELP {ttft} Histogram of time to first token in seconds.", f"# TYPE {ttft} histogram"))
-    for bound, count in zip((*m.ttft.buckets, math.inf), (*m.ttft.counts, m.ttft.count)):
+    for bound, count in zip((*m.ttft.buckets, math.inf), (*m.ttft.counts, m.ttft.count), strict=True):
         out.append(f'{ttft}_bucket{{{labels},le="{_number(bound)}"}} {_number(count)}')
     out.append(f"{ttft}_sum{{{labels}}} {_number(m.ttft.total)}")
     out.append(f"{ttft}_count{{{labels}}} {_number(m.ttft.count)}")

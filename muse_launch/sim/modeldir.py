@@ -16,15 +16,34 @@ def tokenizer_json() -> dict:
     words, and each punctuation mark on its own (`<unk>` and the special tokens whole)."""
     table = vocab.token_table()
     return {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": table[t], "content": t, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": t != "<unk>"}
-                         for t in vocab.SPECIAL],
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": table[t],
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": t != "<unk>",
+            }
+            for t in vocab.SPECIAL
+        ],
         "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "WhitespaceSplit"},
-            {"type": "Split", "pattern": {"Regex": r"\w+|[^\w\s]"}, "behavior": "Isolated",
-             "invert": False}]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "WhitespaceSplit"},
+                {
+                    "type": "Split",
+                    "pattern": {"Regex": r"\w+|[^\w\s]"},
+                    "behavior": "Isolated",
+                    "invert": False,
+                },
+            ],
+        },
         "post_processor": None,
         "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},  # tokens joined by spaces
         "model": {"type": "WordLevel", "unk_token": "<unk>", "vocab": table},
@@ -45,15 +64,22 @@ def make_model_dir(root: str, cfg: SimConfig) -> str:
     d = os.path.join(root, "sim-models", slug)
     os.makedirs(d, exist_ok=True)
     files = {
-        "config.json": {"architectures": ["MuseSparkForConditionalGeneration"],
-                        "model_type": "muse_spark", "max_position_embeddings":
-                            cfg.context_length, "vocab_size": len(vocab.token_table()),
-                        "_name_or_path": cfg.model, "muse_launch_sim": True},
+        "config.json": {
+            "architectures": ["MuseSparkForConditionalGeneration"],
+            "model_type": "muse_spark",
+            "max_position_embeddings": cfg.context_length,
+            "vocab_size": len(vocab.token_table()),
+            "_name_or_path": cfg.model,
+            "muse_launch_sim": True,
+        },
         "tokenizer.json": tokenizer_json(),
-        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast",
-                                  "model_max_length": cfg.context_length,
-                                  "unk_token": "<unk>", "bos_token": "<|begin_of_text|>",
-                                  "eos_token": "<|end|>"},
+        "tokenizer_config.json": {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": cfg.context_length,
+            "unk_token": "<unk>",
+            "bos_token": "<|begin_of_text|>",
+            "eos_token": "<|end|>",
+        },
         "generation_config.json": {"max_new_tokens": 128},
     }
     for name, obj in files.items():

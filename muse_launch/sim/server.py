@@ -40,8 +40,7 @@ class BindError(Exception):
 
 def bind_socket(host: str, port: int) -> socket.socket:
     host = host or "0.0.0.0"
-    infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM,
-                               flags=socket.AI_PASSIVE)
+    infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, stype, proto, _, addr = infos[0]
     s = socket.socket(family, stype, proto)
     try:
@@ -58,9 +57,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 class SimEngine:
-    def __init__(self, cfg: SimConfig, *, ready_after: float = 2.0,
-                 state_dir: str | None = None, kv_timeout: float = 3.0, itl: float = 0.002,
-                 loopback: bool = False, out=None, rates: Rates | None = None):
+    def __init__(
+        self,
+        cfg: SimConfig,
+        *,
+        ready_after: float = 2.0,
+        state_dir: str | None = None,
+        kv_timeout: float = 3.0,
+        itl: float = 0.002,
+        loopback: bool = False,
+        out=None,
+        rates: Rates | None = None,
+    ):
         self.cfg = cfg
         self.ready_after = ready_after
         self.kv_timeout = kv_timeout
@@ -115,15 +123,23 @@ class SimEngine:
         return self.dist.blockers()  # a language worker is ready without its encoders (SGLang 0.5.23)
 
     def is_ready(self) -> bool:
-        return (not self.stopping and time.monotonic() - self.t0 >= self.ready_after
-                and not self.wiring_blockers())
+        return (
+            not self.stopping
+            and time.monotonic() - self.t0 >= self.ready_after
+            and not self.wiring_blockers()
+        )
 
     def kv_identity(self) -> dict[str, Any]:
         c = self.cfg
-        ident = {"model": c.model, "kv_cache_dtype": c.kv_cache_dtype,
-                 "page_size": c.page_size, "engine_id": self.engine_id, "tp_size": c.tp_size,
-                 "engine": c.engine,
-                 "url": f"http://{hostport(c.advertised_host, c.port)}"}
+        ident = {
+            "model": c.model,
+            "kv_cache_dtype": c.kv_cache_dtype,
+            "page_size": c.page_size,
+            "engine_id": self.engine_id,
+            "tp_size": c.tp_size,
+            "engine": c.engine,
+            "url": f"http://{hostport(c.advertised_host, c.port)}",
+        }
         if c.engine == "sglang":
             ident["transfer_backend"] = c.transfer_backend
         else:
@@ -140,11 +156,11 @@ class SimEngine:
         if c.serves_http:
             binds.append(("HTTP", c.host, c.port, self.http_app))
         if c.binds_kv_bootstrap:
-            binds.append(("disaggregation bootstrap", c.host, c.bootstrap_port,
-                          lambda: tr.sglang_bootstrap_app(self)))
+            binds.append(
+                ("disaggregation bootstrap", c.host, c.bootstrap_port, lambda: tr.sglang_bootstrap_app(self))
+            )
         if c.binds_encoder_bootstrap:
-            binds.append(("encoder bootstrap", c.host, c.encoder_bootstrap_port,
-                          self.encoders.bootstrap_app))
+            binds.append(("encoder bootstrap", c.host, c.encoder_bootstrap_port, self.encoders.bootstrap_app))
         if c.nixl_side_channel and (c.node_rank == 0 or c.dp_size_local):
             h, p = c.nixl_side_channel  # one listener per local DP rank: base + the DP rank
             for k, rank in enumerate(c.local_dp_ranks):
@@ -168,18 +184,22 @@ class SimEngine:
             except OSError as e:
                 for b in bound:
                     b[3].close()
-                raise BindError(f"[Errno {e.errno}] error while attempting to bind on address "
-                                f"({host!r}, {port}): {e.strerror.lower() if e.strerror else e}"
-                                f" ({purpose} port {port})") from None
+                raise BindError(
+                    f"[Errno {e.errno}] error while attempting to bind on address "
+                    f"({host!r}, {port}): {e.strerror.lower() if e.strerror else e}"
+                    f" ({purpose} port {port})"
+                ) from None
             bound.append((purpose, host, port, s, factory))
         return bound
 
     # ----------------------------------------------------------- lifecycle
     async def start(self) -> None:
         c = self.cfg
-        self.log(f"start: engine={c.engine} role={c.role} model={c.model} "
-                 f"served_model_name={c.served_model_name} tp={c.tp_size} ep={c.ep_size} "
-                 f"ready_after={self.ready_after}s pid={os.getpid()}")
+        self.log(
+            f"start: engine={c.engine} role={c.role} model={c.model} "
+            f"served_model_name={c.served_model_name} tp={c.tp_size} ep={c.ep_size} "
+            f"ready_after={self.ready_after}s pid={os.getpid()}"
+        )
         if c.ignored:
             self.log(f"ignoring {len(c.ignored)} engine argument(s) the simulator does not model")
         if self.state_dir is None:
@@ -188,8 +208,7 @@ class SimEngine:
         self._route_aiohttp_logs()
         bound = self.bind_all()
         for purpose, host, port, sock, factory in bound:
-            runner = web.AppRunner(factory(), handle_signals=False, access_log=None,
-                                   shutdown_timeout=0.2)
+            runner = web.AppRunner(factory(), handle_signals=False, access_log=None, shutdown_timeout=0.2)
             await runner.setup()
             site = web.SockSite(runner, sock, shutdown_timeout=0.2)
             await site.start()
@@ -213,11 +232,12 @@ class SimEngine:
                 exc = record.exc_info[1] if record.exc_info else None
                 text = str(exc or "")
                 if any(m in text for m in ("PRI/Upgrade", "b'PRI'", "HTTP/2")):  # C / pure parser
-                    engine.log("refused an HTTP/2 (gRPC) connection attempt; this server "
-                               "speaks HTTP/1.1 (routers probe for gRPC first)")
+                    engine.log(
+                        "refused an HTTP/2 (gRPC) connection attempt; this server "
+                        "speaks HTTP/1.1 (routers probe for gRPC first)"
+                    )
                     return
-                detail = f": {type(exc).__name__}: {text.splitlines()[0] if text else ''}" \
-                    if exc else ""
+                detail = f": {type(exc).__name__}: {text.splitlines()[0] if text else ''}" if exc else ""
                 engine.log(f"aiohttp {record.levelname.lower()}: {record.getMessage()}{detail}")
 
         for name in ("aiohttp.server", "aiohttp.web", "aiohttp.access"):
@@ -244,8 +264,10 @@ class SimEngine:
             if self.is_ready():
                 if not self.ready_logged:
                     self.ready_logged = True
-                    self.log(f"ready: GET /health now returns 200 (start-to-ready "
-                             f"{time.monotonic() - self.t0:.2f}s)")
+                    self.log(
+                        f"ready: GET /health now returns 200 (start-to-ready "
+                        f"{time.monotonic() - self.t0:.2f}s)"
+                    )
                 return
             b = self.wiring_blockers()
             if b and b != last_blockers and time.monotonic() - self.t0 >= self.ready_after:

@@ -25,17 +25,20 @@ _PIECE = re.compile(r"\s*\S+\s*")
 class RequestError(Exception):
     """A client error the real server reports with 4xx."""
 
-    def __init__(self, message: str, status: int = 400, param: str | None = None,
-                 err_type: str | None = None):
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, err_type: str | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.err_type = err_type or {400: "BadRequestError", 404: "NotFoundError"}.get(
-            status, "BadRequestError")
+            status, "BadRequestError"
+        )
 
 
 # --------------------------------------------------------------------------- tokens
+
 
 def tokenize(text: str) -> list[str]:
     return _WORD.findall(text or "")
@@ -71,8 +74,16 @@ def content_text(content: Any) -> str:
     return str(content)
 
 
-MEDIA_PART_TYPES = ("image_url", "image", "input_image", "video_url", "video", "audio_url",
-                    "input_audio", "audio")
+MEDIA_PART_TYPES = (
+    "image_url",
+    "image",
+    "input_image",
+    "video_url",
+    "video",
+    "audio_url",
+    "input_audio",
+    "audio",
+)
 TOKENS_PER_MEDIA_ITEM = 256
 
 
@@ -105,6 +116,7 @@ def chat_prompt_tokens(messages: list[dict], tools: list[dict] | None) -> list[s
 
 
 # --------------------------------------------------------------------------- the answer
+
 
 def _last_user_text(messages: list[dict]) -> str:
     for m in reversed(messages or []):
@@ -159,17 +171,19 @@ def tool_arguments(tool: dict, user_text: str) -> dict[str, Any]:
 @dataclass
 class Plan:
     """What the simulated model 'generates' for a request, before max_tokens truncation."""
+
     reasoning: str = ""
     content: str = ""
     tool_name: str | None = None
-    tool_args: str | None = None        # JSON text
-    raw_tool_text: bool = False          # no tool-call parser: the call stays in content
-    inline_reasoning: bool = False       # no reasoning parser: reasoning stays in content
+    tool_args: str | None = None  # JSON text
+    raw_tool_text: bool = False  # no tool-call parser: the call stays in content
+    inline_reasoning: bool = False  # no reasoning parser: reasoning stays in content
 
 
 @dataclass
 class Output:
     """The generated output after applying the token budget."""
+
     reasoning: str
     content: str
     tool_call: dict | None
@@ -188,18 +202,22 @@ def pick_tool(tools: list[dict], tool_choice: Any) -> dict | None:
         for t in tools:
             if (t.get("function") or t).get("name") == name:
                 return t
-        raise RequestError(f"Tool '{name}' named in tool_choice is not in tools",
-                           param="tool_choice")
+        raise RequestError(f"Tool '{name}' named in tool_choice is not in tools", param="tool_choice")
     return tools[0]
 
 
-def plan_chat(body: dict, *, engine: str, served_name: str, reasoning_parser: str | None,
-              tool_call_parser: str | None, enable_auto_tool_choice: bool) -> Plan:
+def plan_chat(
+    body: dict,
+    *,
+    engine: str,
+    served_name: str,
+    reasoning_parser: str | None,
+    tool_call_parser: str | None,
+    enable_auto_tool_choice: bool,
+) -> Plan:
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-            isinstance(m, dict) for m in messages):
-        raise RequestError("messages must be a non-empty list of message objects",
-                           param="messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise RequestError("messages must be a non-empty list of message objects", param="messages")
     effort = body.get("reasoning_effort")
     if effort is None:
         effort = (body.get("chat_template_kwargs") or {}).get("reasoning_effort")
@@ -208,17 +226,24 @@ def plan_chat(body: dict, *, engine: str, served_name: str, reasoning_parser: st
     if effort not in REASONING_EFFORTS:
         raise RequestError(
             f"Unsupported reasoning_effort {effort!r}: Muse Spark Open supports "
-            f"{', '.join(REASONING_EFFORTS)} (see the model card)", param="reasoning_effort")
+            f"{', '.join(REASONING_EFFORTS)} (see the model card)",
+            param="reasoning_effort",
+        )
 
     tools = body.get("tools") or []
     tool_choice = body.get("tool_choice", "auto" if tools else "none")
-    if tools and engine == "vllm" and tool_choice == "auto" and not (
-            enable_auto_tool_choice and tool_call_parser):
-        raise RequestError('"auto" tool choice requires --enable-auto-tool-choice and '
-                           '--tool-call-parser to be set', param="tool_choice")
+    if (
+        tools
+        and engine == "vllm"
+        and tool_choice == "auto"
+        and not (enable_auto_tool_choice and tool_call_parser)
+    ):
+        raise RequestError(
+            '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+            param="tool_choice",
+        )
     if tool_choice == "required" and not tools:
-        raise RequestError("tool_choice 'required' needs at least one tool",
-                           param="tool_choice")
+        raise RequestError("tool_choice 'required' needs at least one tool", param="tool_choice")
 
     user_text = _last_user_text(messages)
     last = messages[-1] if isinstance(messages[-1], dict) else {}
@@ -229,10 +254,12 @@ def plan_chat(body: dict, *, engine: str, served_name: str, reasoning_parser: st
         fn = tool.get("function", tool)
         args = tool_arguments(tool, user_text)
         args_text = json.dumps(args, ensure_ascii=False)
-        sentences = [f"The user wants {fn.get('name')} called.",
-                     f"Arguments from the request: {args_text}.",
-                     f"Reasoning effort is {effort}.",
-                     "I will emit the tool call now."]
+        sentences = [
+            f"The user wants {fn.get('name')} called.",
+            f"Arguments from the request: {args_text}.",
+            f"Reasoning effort is {effort}.",
+            "I will emit the tool call now.",
+        ]
         plan.reasoning = " ".join(sentences[:n_sent])
         plan.tool_name = fn.get("name")
         plan.tool_args = args_text
@@ -241,16 +268,22 @@ def plan_chat(body: dict, *, engine: str, served_name: str, reasoning_parser: st
         plan.raw_tool_text = not (tool_call_parser or forced)
     else:
         if last.get("role") == "tool":
-            answer = (f"The tool returned: {_short(content_text(last.get('content')), 120)}. "
-                      f"That completes the request (rehearsal answer from {served_name}).")
+            answer = (
+                f"The tool returned: {_short(content_text(last.get('content')), 120)}. "
+                f"That completes the request (rehearsal answer from {served_name})."
+            )
         else:
-            answer = (f"Rehearsal answer from {served_name}: you asked \"{_short(user_text)}\". "
-                      f"This reply comes from the muse-launch simulated {engine} engine; "
-                      f"no GPU was used.")
-        sentences = [f"The user asks: \"{_short(user_text, 60)}\".",
-                     "This is a rehearsal, so no weights are loaded.",
-                     f"Reasoning effort is {effort}.",
-                     "I will answer briefly and deterministically."]
+            answer = (
+                f'Rehearsal answer from {served_name}: you asked "{_short(user_text)}". '
+                f"This reply comes from the muse-launch simulated {engine} engine; "
+                f"no GPU was used."
+            )
+        sentences = [
+            f'The user asks: "{_short(user_text, 60)}".',
+            "This is a rehearsal, so no weights are loaded.",
+            f"Reasoning effort is {effort}.",
+            "I will answer briefly and deterministically.",
+        ]
         plan.reasoning = " ".join(sentences[:n_sent])
         plan.content = answer
     sep = body.get("separate_reasoning", True)
@@ -267,9 +300,9 @@ def realize(plan: Plan, max_tokens: int | None) -> Output:
     c_text = plan.content
     tool_text = None
     if plan.tool_name is not None:
-        tool_text = json.dumps({"name": plan.tool_name,
-                                "arguments": json.loads(plan.tool_args or "{}")},
-                               ensure_ascii=False)
+        tool_text = json.dumps(
+            {"name": plan.tool_name, "arguments": json.loads(plan.tool_args or "{}")}, ensure_ascii=False
+        )
         if plan.raw_tool_text:
             c_text = (c_text + " " if c_text else "") + f"<tool_call>{tool_text}</tool_call>"
     c_pieces = pieces(c_text)
@@ -304,15 +337,24 @@ def realize(plan: Plan, max_tokens: int | None) -> Output:
         out_c = out_r + out_c
         out_r = []
     finish = "length" if truncated else ("tool_calls" if tool_call else "stop")
-    return Output(reasoning="".join(out_r).strip(), content="".join(out_c).strip(),
-                  tool_call=tool_call, finish_reason=finish, completion_tokens=int(used),
-                  reasoning_tokens=len(out_r), content_pieces=out_c, reasoning_pieces=out_r)
+    return Output(
+        reasoning="".join(out_r).strip(),
+        content="".join(out_c).strip(),
+        tool_call=tool_call,
+        finish_reason=finish,
+        completion_tokens=int(used),
+        reasoning_tokens=len(out_r),
+        content_pieces=out_c,
+        reasoning_pieces=out_r,
+    )
 
 
 def completion_text(prompt_tokens: int, served_name: str, engine: str) -> str:
-    return (f" and so the rehearsal continues: {prompt_tokens} prompt tokens were read by "
-            f"the simulated {engine} engine serving {served_name}, which writes this fixed "
-            f"continuation instead of running a model.")
+    return (
+        f" and so the rehearsal continues: {prompt_tokens} prompt tokens were read by "
+        f"the simulated {engine} engine serving {served_name}, which writes this fixed "
+        f"continuation instead of running a model."
+    )
 
 
 def realize_text(text: str, max_tokens: int | None) -> tuple[list[str], str, int]:
@@ -325,9 +367,11 @@ def realize_text(text: str, max_tokens: int | None) -> tuple[list[str], str, int
 
 # --------------------------------------------------------------------------- answer length
 
+
 def length_target(max_tokens: Any, min_tokens: Any, ignore_eos: Any) -> int:
     """How many tokens the answer must have at least: `max_tokens` with ignore_eos, else min_tokens
     (at most max_tokens); 0 when neither is asked for. The answer ends at its own end past that."""
+
     def count(value: Any, name: str) -> int | None:
         if value is None:
             return None
@@ -339,8 +383,9 @@ def length_target(max_tokens: Any, min_tokens: Any, ignore_eos: Any) -> int:
     if not isinstance(ignore_eos, (bool, type(None))):
         raise RequestError(f"ignore_eos must be a boolean, got {ignore_eos!r}", param="ignore_eos")
     if least is not None and most is not None and least > most:
-        raise RequestError(f"min_tokens ({least}) must be less than or equal to max_tokens ({most})",
-                           param="min_tokens")
+        raise RequestError(
+            f"min_tokens ({least}) must be less than or equal to max_tokens ({most})", param="min_tokens"
+        )
     if ignore_eos and most is not None:
         return most
     return least or 0
@@ -361,14 +406,21 @@ def lengthen(out: Output, target: int, max_tokens: Any, seed_text: str) -> Outpu
     pieces_ = [*out.content_pieces[:-1], out.content_pieces[-1].rstrip()] if out.content_pieces else []
     pieces_ += more
     finish = "length" if max_tokens is not None and target >= int(max_tokens) else "stop"
-    return Output(reasoning=out.reasoning, content="".join(pieces_).strip(), tool_call=None,
-                  finish_reason=finish, completion_tokens=out.completion_tokens + len(more),
-                  reasoning_tokens=out.reasoning_tokens, content_pieces=pieces_,
-                  reasoning_pieces=out.reasoning_pieces)
+    return Output(
+        reasoning=out.reasoning,
+        content="".join(pieces_).strip(),
+        tool_call=None,
+        finish_reason=finish,
+        completion_tokens=out.completion_tokens + len(more),
+        reasoning_tokens=out.reasoning_tokens,
+        content_pieces=pieces_,
+        reasoning_pieces=out.reasoning_pieces,
+    )
 
 
-def lengthen_text(ps: list[str], finish: str, target: int, max_tokens: Any,
-                  seed_text: str) -> tuple[list[str], str, int]:
+def lengthen_text(
+    ps: list[str], finish: str, target: int, max_tokens: Any, seed_text: str
+) -> tuple[list[str], str, int]:
     """realize_text's pieces continued up to `target` tokens."""
     from .vocab import filler
 

@@ -17,9 +17,9 @@ object the engine's metrics read (``running``, ``queued``, token totals).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 DEFAULT_PREFILL_TOKENS_PER_S = 50000.0
 DEFAULT_ITL_S = 0.002

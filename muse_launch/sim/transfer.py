@@ -99,8 +99,7 @@ def compat_problems(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
     probs = []
     if mine.get("model") and theirs.get("model") and mine["model"] != theirs["model"]:
         probs.append(f"model differs (prefill {theirs['model']!r}, decode {mine['model']!r})")
-    for key, label in (("transfer_backend", "transfer backend"),
-                       ("kv_connector", "KV connector")):
+    for key, label in (("transfer_backend", "transfer backend"), ("kv_connector", "KV connector")):
         if mine.get(key) and theirs.get(key) and mine[key] != theirs[key]:
             probs.append(f"{label} differs (prefill {theirs[key]}, decode {mine[key]})")
     a, b = mine.get("kv_cache_dtype"), theirs.get("kv_cache_dtype")
@@ -114,15 +113,21 @@ def compat_problems(mine: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------- bootstrap-side apps
 
+
 def sglang_bootstrap_app(engine) -> web.Application:
     """The prefill's KV bootstrap server (SGLang's is an HTTP server too)."""
     app = web.Application()
 
     async def route(request: web.Request) -> web.Response:
-        return web.json_response(engine.kv_identity() | {
-            "prefill_attn_tp_size": engine.cfg.tp_size, "prefill_dp_size": engine.cfg.dp_size,
-            "prefill_pp_size": engine.cfg.pp_size,
-            "prefill_page_size": engine.cfg.page_size or 1})
+        return web.json_response(
+            engine.kv_identity()
+            | {
+                "prefill_attn_tp_size": engine.cfg.tp_size,
+                "prefill_dp_size": engine.cfg.dp_size,
+                "prefill_pp_size": engine.cfg.pp_size,
+                "prefill_page_size": engine.cfg.page_size or 1,
+            }
+        )
 
     async def kv(request: web.Request) -> web.Response:
         room = request.match_info["room"]
@@ -130,16 +135,23 @@ def sglang_bootstrap_app(engine) -> web.Application:
         peer = request.remote or "?"
         slot = await engine.slots.wait_fetch(room, timeout, peer)
         if slot is None:
-            engine.log(f"bootstrap: decode {peer} asked for bootstrap_room {room}, never "
-                       f"registered within {timeout:.1f}s")
-            return web.json_response({"error": f"bootstrap_room {room} is not registered on "
-                                      f"this prefill (waited {timeout:.1f}s)"}, status=404)
-        engine.log(f"bootstrap: bootstrap_room {room} fetched by decode {peer} "
-                   f"({slot.info.get('prompt_tokens')} prompt tokens)")
+            engine.log(
+                f"bootstrap: decode {peer} asked for bootstrap_room {room}, never "
+                f"registered within {timeout:.1f}s"
+            )
+            return web.json_response(
+                {"error": f"bootstrap_room {room} is not registered on this prefill (waited {timeout:.1f}s)"},
+                status=404,
+            )
+        engine.log(
+            f"bootstrap: bootstrap_room {room} fetched by decode {peer} "
+            f"({slot.info.get('prompt_tokens')} prompt tokens)"
+        )
         return web.json_response(slot.info)
 
     app.router.add_get("/route", route)
     app.router.add_get("/kv/{room}", kv)
+
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="OK")
 
@@ -159,11 +171,12 @@ def nixl_side_channel_app(engine) -> web.Application:
         timeout = min(float(request.query.get("timeout", engine.kv_timeout)), 60.0)
         slot = await engine.slots.wait_fetch(rid, timeout, request.remote or "?")
         if slot is None:
-            return web.json_response({"error": f"no KV blocks held for request {rid}"},
-                                     status=404)
+            return web.json_response({"error": f"no KV blocks held for request {rid}"}, status=404)
         engine.slots.drop(rid)  # blocks are freed once read
-        engine.log(f"nixl: KV blocks of request {rid} read by {request.remote} "
-                   f"({slot.info.get('prompt_tokens')} prompt tokens)")
+        engine.log(
+            f"nixl: KV blocks of request {rid} read by {request.remote} "
+            f"({slot.info.get('prompt_tokens')} prompt tokens)"
+        )
         return web.json_response(slot.info)
 
     app.router.add_get("/nixl/handshake", handshake)
@@ -176,20 +189,27 @@ def mooncake_bootstrap_app(engine) -> web.Application:
 
     async def query(request: web.Request) -> web.Response:
         engine.log(f"mooncake: bootstrap /query from {request.remote}")
-        return web.json_response({str(r): {"engine_id": engine.engine_id, "dp_rank": r,
-                                           "tp_size": engine.cfg.tp_size}
-                                  for r in range(max(engine.cfg.dp_size, 1))})
+        return web.json_response(
+            {
+                str(r): {"engine_id": engine.engine_id, "dp_rank": r, "tp_size": engine.cfg.tp_size}
+                for r in range(max(engine.cfg.dp_size, 1))
+            }
+        )
 
     async def kv(request: web.Request) -> web.Response:
         tid = request.match_info["tid"]
         timeout = min(float(request.query.get("timeout", engine.kv_timeout)), 60.0)
         slot = await engine.slots.wait_fetch(tid, timeout, request.remote or "?")
         if slot is None:
-            return web.json_response({"error": f"transfer {tid} is not registered on this "
-                                      f"prefill (waited {timeout:.1f}s)"}, status=404)
+            return web.json_response(
+                {"error": f"transfer {tid} is not registered on this prefill (waited {timeout:.1f}s)"},
+                status=404,
+            )
         engine.slots.drop(tid)
-        engine.log(f"mooncake: transfer {tid} fetched by {request.remote} "
-                   f"({slot.info.get('prompt_tokens')} prompt tokens)")
+        engine.log(
+            f"mooncake: transfer {tid} fetched by {request.remote} "
+            f"({slot.info.get('prompt_tokens')} prompt tokens)"
+        )
         return web.json_response(slot.info)
 
     app.router.add_get("/query", query)
@@ -199,8 +219,10 @@ def mooncake_bootstrap_app(engine) -> web.Application:
 
 # ----------------------------------------------------------------- decode-side fetches
 
+
 async def _get_json(session, url: str, timeout: float, what: str) -> dict:
     import aiohttp
+
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             try:
@@ -208,8 +230,7 @@ async def _get_json(session, url: str, timeout: float, what: str) -> dict:
             except (ValueError, aiohttp.ContentTypeError):
                 body = {"error": (await r.text())[:200]}
             if r.status != 200:
-                raise KVTransferError(f"{what} answered {r.status}: "
-                                      f"{(body or {}).get('error', body)}")
+                raise KVTransferError(f"{what} answered {r.status}: {(body or {}).get('error', body)}")
             return body
     except KVTransferError:
         raise
@@ -226,22 +247,30 @@ async def sglang_fetch(engine, host: str, port: int, room: Any, prompt_tokens: i
     addr = f"{host}:{port}"
     what = f"the prefill's KV bootstrap server at {addr}"
     try:
-        info = await _get_json(engine.session,
-                               f"http://{hostport(host, port)}/kv/{room}?timeout="
-                               f"{engine.kv_timeout}", engine.kv_timeout + 2.0, what)
+        info = await _get_json(
+            engine.session,
+            f"http://{hostport(host, port)}/kv/{room}?timeout={engine.kv_timeout}",
+            engine.kv_timeout + 2.0,
+            what,
+        )
     except KVTransferError as e:
         me = hostport(engine.cfg.advertised_host, engine.cfg.port)
-        raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
-                              f"{addr}): decode {me} could not fetch the room: {e}") from None
+        raise KVTransferError(
+            f"KV transfer failed for bootstrap_room {room} (bootstrap "
+            f"{addr}): decode {me} could not fetch the room: {e}"
+        ) from None
     probs = compat_problems(engine.kv_identity(), info)
     if probs:
-        raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
-                              f"{addr}): prefill and decode are incompatible: "
-                              + "; ".join(probs))
+        raise KVTransferError(
+            f"KV transfer failed for bootstrap_room {room} (bootstrap "
+            f"{addr}): prefill and decode are incompatible: " + "; ".join(probs)
+        )
     if info.get("prompt_tokens") not in (None, prompt_tokens):
-        raise KVTransferError(f"KV transfer failed for bootstrap_room {room} (bootstrap "
-                              f"{addr}): the prefill computed {info.get('prompt_tokens')} "
-                              f"prompt tokens, this request has {prompt_tokens}")
+        raise KVTransferError(
+            f"KV transfer failed for bootstrap_room {room} (bootstrap "
+            f"{addr}): the prefill computed {info.get('prompt_tokens')} "
+            f"prompt tokens, this request has {prompt_tokens}"
+        )
     return info
 
 
@@ -255,18 +284,24 @@ async def nixl_fetch(engine, params: dict) -> dict:
     what = f"the prefill's NIXL side channel at {addr}"
     try:
         meta = await _get_json(engine.session, f"{base}/nixl/handshake", 3.0, what)
-        if params.get("remote_engine_id") and meta.get("engine_id") != params[
-                "remote_engine_id"]:
-            raise KVTransferError(f"remote NIXL agent engine ID mismatch: expected "
-                                  f"{params['remote_engine_id']}, got {meta.get('engine_id')}")
+        if params.get("remote_engine_id") and meta.get("engine_id") != params["remote_engine_id"]:
+            raise KVTransferError(
+                f"remote NIXL agent engine ID mismatch: expected "
+                f"{params['remote_engine_id']}, got {meta.get('engine_id')}"
+            )
         probs = compat_problems(engine.kv_identity(), meta)
         if probs:
             raise KVTransferError("prefill and decode are incompatible: " + "; ".join(probs))
-        return await _get_json(engine.session, f"{base}/nixl/read/{rid}?timeout="
-                               f"{engine.kv_timeout}", engine.kv_timeout + 2.0, what)
+        return await _get_json(
+            engine.session,
+            f"{base}/nixl/read/{rid}?timeout={engine.kv_timeout}",
+            engine.kv_timeout + 2.0,
+            what,
+        )
     except KVTransferError as e:
-        raise KVTransferError(f"KV transfer failed for request {rid} (NIXL side channel "
-                              f"{addr}): {e}") from None
+        raise KVTransferError(
+            f"KV transfer failed for request {rid} (NIXL side channel {addr}): {e}"
+        ) from None
 
 
 async def mooncake_fetch(engine, params: dict) -> dict:
@@ -282,21 +317,26 @@ async def mooncake_fetch(engine, params: dict) -> dict:
         ranks = await _get_json(engine.session, f"{addr}/query", 3.0, what)
         ids = {v.get("engine_id") for v in ranks.values() if isinstance(v, dict)}
         if params.get("remote_engine_id") and params["remote_engine_id"] not in ids:
-            raise KVTransferError(f"remote engine id {params['remote_engine_id']} is not "
-                                  f"served there (it has {sorted(ids)})")
-        info = await _get_json(engine.session, f"{addr}/kv/{tid}?timeout={engine.kv_timeout}",
-                               engine.kv_timeout + 2.0, what)
+            raise KVTransferError(
+                f"remote engine id {params['remote_engine_id']} is not served there (it has {sorted(ids)})"
+            )
+        info = await _get_json(
+            engine.session, f"{addr}/kv/{tid}?timeout={engine.kv_timeout}", engine.kv_timeout + 2.0, what
+        )
     except KVTransferError as e:
-        raise KVTransferError(f"KV transfer failed for transfer {tid} (Mooncake bootstrap "
-                              f"{addr}): {e}") from None
+        raise KVTransferError(
+            f"KV transfer failed for transfer {tid} (Mooncake bootstrap {addr}): {e}"
+        ) from None
     probs = compat_problems(engine.kv_identity(), info)
     if probs:
-        raise KVTransferError(f"KV transfer failed for transfer {tid}: prefill and decode are "
-                              "incompatible: " + "; ".join(probs))
+        raise KVTransferError(
+            f"KV transfer failed for transfer {tid}: prefill and decode are incompatible: " + "; ".join(probs)
+        )
     return info
 
 
 # ----------------------------------------------------------------- ExampleConnector
+
 
 def prompt_key(token_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()[:32]

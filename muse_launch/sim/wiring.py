@@ -75,8 +75,9 @@ class DistInit:
         if not self.pending:
             return []
         if c.node_rank == 0:
-            return [f"waiting for {c.nnodes - 1 - len(self.joined)} node(s) "
-                    f"to join dist-init {c.dist_init_addr}"]
+            return [
+                f"waiting for {c.nnodes - 1 - len(self.joined)} node(s) to join dist-init {c.dist_init_addr}"
+            ]
         return [f"not yet joined dist-init {c.dist_init_addr}"]
 
     async def join(self) -> None:
@@ -88,9 +89,11 @@ class DistInit:
         while self.pending:
             n += 1
             try:
-                async with e.session.post(url, json={"node_rank": c.node_rank,
-                                                     "nnodes": c.nnodes, "model": c.model},
-                                          timeout=aiohttp.ClientTimeout(total=3)) as r:
+                async with e.session.post(
+                    url,
+                    json={"node_rank": c.node_rank, "nnodes": c.nnodes, "model": c.model},
+                    timeout=aiohttp.ClientTimeout(total=3),
+                ) as r:
                     text = await r.text()
                     if r.status == 200:
                         self.pending = False
@@ -113,9 +116,14 @@ class DistInit:
         body = await read_json(request)
         rank, nnodes = body.get("node_rank"), body.get("nnodes")
         if nnodes != c.nnodes or body.get("model") != c.model:
-            return web.json_response({"error": f"node {rank} disagrees: nnodes={nnodes} "
-                                      f"model={body.get('model')} (node 0 has nnodes="
-                                      f"{c.nnodes} model={c.model})"}, status=409)
+            return web.json_response(
+                {
+                    "error": f"node {rank} disagrees: nnodes={nnodes} "
+                    f"model={body.get('model')} (node 0 has nnodes="
+                    f"{c.nnodes} model={c.model})"
+                },
+                status=409,
+            )
         if not isinstance(rank, int) or not 0 < rank < c.nnodes:
             return web.json_response({"error": f"bad node_rank {rank}"}, status=409)
         self.joined.add(rank)

@@ -29,17 +29,27 @@ class SlurmBackend:
     def owns(self, run_dir: RunDir) -> bool:
         return SlurmFiles(run_dir).exists()
 
-    def bring_up(self, loaded: LoadedPlan, request: UpRequest, console: Console,
-                 claim: Callable[[RunDir], None]) -> int:
+    def bring_up(
+        self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
+    ) -> int:
         from muse_launch.slurm.up import SlurmOptions, up_on_slurm
 
         one_host_only = {"--only": request.only, "--keep": request.keep}
         if given := [flag for flag, value in one_host_only.items() if value]:
             raise UsageError(f"{', '.join(given)}: not with --on {self.name} (one job runs every role)")
-        options = SlurmOptions(partition=request.partition, account=request.account, time=request.time,
-                               sbatch=request.sbatch, detach=request.detach, fail_fast=request.fail_fast,
-                               rehearse=request.rehearse, sets=request.sets)
-        return up_on_slurm(loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, options, console)
+        options = SlurmOptions(
+            partition=request.partition,
+            account=request.account,
+            time=request.time,
+            sbatch=request.sbatch,
+            detach=request.detach,
+            fail_fast=request.fail_fast,
+            rehearse=request.rehearse,
+            sets=request.sets,
+        )
+        return up_on_slurm(
+            loaded.plan, loaded.loaded.topology, loaded.source, loaded.redact, options, console
+        )
 
     def release(self, run_dir: RunDir) -> None:
         """Before another backend takes the name: its SLURM job must be over, and is then forgotten (so that
@@ -51,8 +61,10 @@ class SlurmBackend:
 
         job_id = files.job_id()
         if job_id and cluster.job(job_id).active:
-            raise RuntimeFailure(f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
-                                 f"`muse-launch down {run_dir.name}` first")
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} runs as SLURM job {job_id}; "
+                f"`muse-launch down {run_dir.name}` first"
+            )
         shutil.rmtree(files.dir, ignore_errors=True)
 
     def stop(self, run_dir: RunDir, grace: float | None) -> DownReport:
@@ -77,17 +89,25 @@ class SlurmBackend:
         return slurm_table(view, health)
 
     def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]:
-        return {role: run_dir.log(role) for role in roles}  # each step writes its log to the shared run directory
+        return {
+            role: run_dir.log(role) for role in roles
+        }  # each step writes its log to the shared run directory
 
     def add_instance(self, run_dir: RunDir, role: str) -> None:
-        raise NotSupported(f"adding an instance of {role} to a running SLURM job is not supported yet",
-                           fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-                               "and `up --on slurm` it again")
+        raise NotSupported(
+            f"adding an instance of {role} to a running SLURM job is not supported yet",
+            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
+            "and `up --on slurm` it again",
+        )
 
     def remove_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(f"removing {instance} from a running SLURM job is not supported yet",
-                           fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again")
+        raise NotSupported(
+            f"removing {instance} from a running SLURM job is not supported yet",
+            fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again",
+        )
 
     def restart_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(f"restarting {instance} alone is not supported on SLURM yet",
-                           fix="the batch host restarts a step that dies by its role's restart policy")
+        raise NotSupported(
+            f"restarting {instance} alone is not supported on SLURM yet",
+            fix="the batch host restarts a step that dies by its role's restart policy",
+        )

@@ -43,15 +43,21 @@ REQUEST_POLL = 0.2
 
 
 def allocation_nodes() -> list[AllocatedNode]:
-    return [AllocatedNode(n, cluster.node_address(n)) for n in cluster.hostnames(os.environ["SLURM_JOB_NODELIST"])]
+    return [
+        AllocatedNode(n, cluster.node_address(n)) for n in cluster.hostnames(os.environ["SLURM_JOB_NODELIST"])
+    ]
 
 
 def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
     """A role listening on every interface is probed at its node's address, not at loopback."""
     hosts = {s.name: s.host for s in plan.specs}
-    return replace(record, roles=tuple(
-        replace(r, probe_host=hosts[r.name] if is_wildcard(plan.spec(r.name).bind) else r.probe_host)
-        for r in record.roles))
+    return replace(
+        record,
+        roles=tuple(
+            replace(r, probe_host=hosts[r.name] if is_wildcard(plan.spec(r.name).bind) else r.probe_host)
+            for r in record.roles
+        ),
+    )
 
 
 def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict) -> None:
@@ -66,8 +72,10 @@ def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked:
         if request is not None and not sup.stop_requested:
             grace = request.get("grace")
             asked["grace"] = grace
-            print(f"muse-launch: `down` asked to stop (grace {grace if grace is not None else 'per role'})",
-                  flush=True)
+            print(
+                f"muse-launch: `down` asked to stop (grace {grace if grace is not None else 'per role'})",
+                flush=True,
+            )
             sup.request_stop()
         time.sleep(REQUEST_POLL)
 
@@ -83,17 +91,33 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     plan, loaded, where = placed
     me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
-    record = replace(reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan), supervisor=me)
+    record = replace(
+        reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan), supervisor=me
+    )
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
-    processes = SlurmProcesses(job_id, run_dir, Marker(plan.name, str(run_dir.path)), where,
-                               cpu_shares(where, list(plan.specs), cpus), shared_gpus(where, list(plan.specs)))
+    processes = SlurmProcesses(
+        job_id,
+        run_dir,
+        Marker(plan.name, str(run_dir.path)),
+        where,
+        cpu_shares(where, list(plan.specs), cpus),
+        shared_gpus(where, list(plan.specs)),
+    )
     stopping = threading.Event()
     with httpx.Client() as client:
         # As on one host: a full or read-only disk does not end supervision (one warning, writes retried),
         # and each role's log (written by its srun client on this host) is capped.
         saver = StateSaver(run_dir, lambda line: print(f"muse-launch: {line}", flush=True))
-        sup = Supervisor(plan, record, run_dir, processes, client, on_change=saver.save, redact=loaded.redact,
-                         tend=LogCaps.of(plan.specs, run_dir.log).tend)
+        sup = Supervisor(
+            plan,
+            record,
+            run_dir,
+            processes,
+            client,
+            on_change=saver.save,
+            redact=loaded.redact,
+            tend=LogCaps.of(plan.specs, run_dir.log).tend,
+        )
         saver.save(record)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())
@@ -121,15 +145,22 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
     for f in findings:
         print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)
     if any(f.severity is Severity.ERROR for f in findings):
-        print("muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
-              flush=True)
+        print(
+            "muse-launch: the plan moved onto the allocated nodes does not pass its checks; nothing started",
+            flush=True,
+        )
         return None
     where = placement(checked.plan, topology, allocation)
-    files.write_json(files.placement, {
-        "job_id": job_id, "batch_host": allocation[0].name, "started_at": time.time(),
-        "nodes": [{"name": n.name, "address": n.address} for n in allocation],
-        "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
-    })
+    files.write_json(
+        files.placement,
+        {
+            "job_id": job_id,
+            "batch_host": allocation[0].name,
+            "started_at": time.time(),
+            "nodes": [{"name": n.name, "address": n.address} for n in allocation],
+            "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
+        },
+    )
     return plan, checked.loaded, where
 
 
@@ -137,13 +168,19 @@ def _supervise(sup: Supervisor, saver: StateSaver, fail_fast: bool, asked: dict,
     """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
     outcome = sup.start()
     if outcome is Outcome.READY:
-        print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: "
-              f"{', '.join(r.url for r in sup.record.entry_roles() if r.url)}", flush=True)
+        print(
+            f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: "
+            f"{', '.join(r.url for r in sup.record.entry_roles() if r.url)}",
+            flush=True,
+        )
         outcome = sup.supervise(fail_fast, on_tick=saver.retry)
     if outcome is Outcome.FAILED:
         failed = sup.record.role(sup.failed_role) if sup.failed_role else None
-        print(f"muse-launch: role {failed.name if failed else '?'} failed: "
-              f"{failed.reason if failed else ''}; stopping everything", flush=True)
+        print(
+            f"muse-launch: role {failed.name if failed else '?'} failed: "
+            f"{failed.reason if failed else ''}; stopping everything",
+            flush=True,
+        )
     if asked.get("grace") is not None:  # `down --grace S`
         grace = float(asked["grace"])
         sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))

@@ -14,16 +14,27 @@ from dataclasses import dataclass
 from muse_launch.errors import RuntimeFailure
 
 COMMAND_TIMEOUT = 30.0
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUED", "STAGE_OUT",
-          "SIGNALING")
+ACTIVE = (
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "RESIZING",
+    "REQUEUED",
+    "STAGE_OUT",
+    "SIGNALING",
+)
 
 
 def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
     except FileNotFoundError:
-        raise RuntimeFailure(f"{argv[0]} not found: --on slurm needs SLURM's client commands on PATH "
-                             f"(on this machine: `bash scripts/slurm_local.sh start`)") from None
+        raise RuntimeFailure(
+            f"{argv[0]} not found: --on slurm needs SLURM's client commands on PATH "
+            f"(on this machine: `bash scripts/slurm_local.sh start`)"
+        ) from None
     except subprocess.TimeoutExpired:
         raise RuntimeFailure(f"`{' '.join(argv)}` did not answer within {COMMAND_TIMEOUT:g}s") from None
     if check and done.returncode != 0:
@@ -34,18 +45,27 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess[str
 def submit(script: str, options: list[str]) -> str:
     """sbatch reads the script from stdin (it is also kept in the run directory); returns the job id."""
     try:
-        done = subprocess.run(["sbatch", "--parsable", *options], input=script, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT)
+        done = subprocess.run(
+            ["sbatch", "--parsable", *options],
+            input=script,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+        )
     except FileNotFoundError:
-        raise RuntimeFailure("sbatch not found: --on slurm needs SLURM's client commands on PATH "
-                             "(on this machine: `bash scripts/slurm_local.sh start`)") from None
+        raise RuntimeFailure(
+            "sbatch not found: --on slurm needs SLURM's client commands on PATH "
+            "(on this machine: `bash scripts/slurm_local.sh start`)"
+        ) from None
     if done.returncode != 0:
         unset = "" if os.environ.get("SLURM_CONF") else "; SLURM_CONF is not set here"
-        raise RuntimeFailure(f"sbatch refused the job: {(done.stderr or done.stdout).strip()}{unset}",
-                             fix="check that this host can submit (`sinfo` lists the partitions); for the "
-                                 "local cluster: `bash scripts/slurm_local.sh install`, then in its "
-                                 "namespace "
-                                 "`eval \"$(bash scripts/slurm_local.sh start)\"` (docs/slurm.md)")
+        raise RuntimeFailure(
+            f"sbatch refused the job: {(done.stderr or done.stdout).strip()}{unset}",
+            fix="check that this host can submit (`sinfo` lists the partitions); for the "
+            "local cluster: `bash scripts/slurm_local.sh install`, then in its "
+            "namespace "
+            '`eval "$(bash scripts/slurm_local.sh start)"` (docs/slurm.md)',
+        )
     return done.stdout.strip().split(";")[0]
 
 

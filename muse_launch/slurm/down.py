@@ -63,23 +63,44 @@ def down_on_slurm(run_dir: RunDir, grace: float | None = None) -> DownReport:
     gone = cluster.wait_gone(job_id, JOB_GONE_SECONDS)
     survivors = [*by_supervisor.survivors, *by_us.survivors]
     if gone.active or cluster.steps(job_id):
-        survivors.append(f"SLURM still lists job {job_id} ({gone.state}) or its steps: "
-                         f"{', '.join(cluster.steps(job_id)) or 'none'}")
+        survivors.append(
+            f"SLURM still lists job {job_id} ({gone.state}) or its steps: "
+            f"{', '.join(cluster.steps(job_id)) or 'none'}"
+        )
     leftovers = _stop_leftovers(run_dir, record)
-    open_ports = [f"{r.name} {kind} port {r.probe_host}:{port}" for r in record.roles
-                  for kind, port in r.ports.items() if _listening(r.probe_host, port)]
-    write_state(run_dir, replace(record, supervisor=None, roles=tuple(
-        replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles)))
+    open_ports = [
+        f"{r.name} {kind} port {r.probe_host}:{port}"
+        for r in record.roles
+        for kind, port in r.ports.items()
+        if _listening(r.probe_host, port)
+    ]
+    write_state(
+        run_dir,
+        replace(
+            record,
+            supervisor=None,
+            roles=tuple(
+                replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles
+            ),
+        ),
+    )
     files.down_request.unlink(missing_ok=True)
     stopped = tuple(r.name for r in initial.roles if r.process or r.name in had_steps)
     killed = (*by_supervisor.killed, *by_us.killed, *leftovers.killed)
-    return DownReport(record.name, time.monotonic() - started, stopped, killed,
-                      (*survivors, *leftovers.survivors), tuple(open_ports),
-                      tuple(notes or [f"SLURM job {job_id}: {gone.state.lower()}"]))
+    return DownReport(
+        record.name,
+        time.monotonic() - started,
+        stopped,
+        killed,
+        (*survivors, *leftovers.survivors),
+        tuple(open_ports),
+        tuple(notes or [f"SLURM job {job_id}: {gone.state.lower()}"]),
+    )
 
 
-def _ask_the_supervisor(files: SlurmFiles, job_id: str, record: DeploymentRecord,
-                        grace: float | None) -> tuple[StopReport, list[str]]:
+def _ask_the_supervisor(
+    files: SlurmFiles, job_id: str, record: DeploymentRecord, grace: float | None
+) -> tuple[StopReport, list[str]]:
     """The batch supervisor stops the steps as on Ctrl-C, if it runs; what it reported, and notes."""
     job = cluster.job(job_id)
     if not (job.active and files.supervisor_alive() and not files.done.exists()):
@@ -91,8 +112,10 @@ def _ask_the_supervisor(files: SlurmFiles, job_id: str, record: DeploymentRecord
             return StopReport(), [f"SLURM job {job_id} had already ended ({job.state.lower()})"]
         return StopReport(), []
     files.write_json(files.down_request, {"grace": grace, "at": time.time()})
-    waves_grace = sum(max((grace if grace is not None else r.grace) for r in record.roles
-                          if r.name in wave) + 20.0 for wave in record.stop_waves)
+    waves_grace = sum(
+        max((grace if grace is not None else r.grace) for r in record.roles if r.name in wave) + 20.0
+        for wave in record.stop_waves
+    )
     deadline = time.monotonic() + waves_grace
     while not files.done.exists() and files.supervisor_alive() and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -101,13 +124,18 @@ def _ask_the_supervisor(files: SlurmFiles, job_id: str, record: DeploymentRecord
     while not files.done.exists() and not files.supervisor_alive() and time.monotonic() < settle:
         time.sleep(0.1)
     if not files.done.exists():
-        why = (f"did not finish stopping within {waves_grace:g}s" if files.supervisor_alive()
-               else "stopped beating before it finished stopping")
+        why = (
+            f"did not finish stopping within {waves_grace:g}s"
+            if files.supervisor_alive()
+            else "stopped beating before it finished stopping"
+        )
         return StopReport(), [f"the batch supervisor {why}; stopping the steps from here"]
     done = files.read_json(files.done) or {}
     cluster.wait_gone(job_id, BATCH_EXIT_SECONDS)  # the batch script ends the job itself
-    return StopReport(tuple(f"{k} (by the batch supervisor)" for k in done.get("killed", [])),
-                      tuple(done.get("survivors", []))), []
+    return StopReport(
+        tuple(f"{k} (by the batch supervisor)" for k in done.get("killed", [])),
+        tuple(done.get("survivors", [])),
+    ), []
 
 
 def _stop_the_steps(job_id: str, record: DeploymentRecord, grace: float | None) -> StopReport:
@@ -116,9 +144,21 @@ def _stop_the_steps(job_id: str, record: DeploymentRecord, grace: float | None) 
         return StopReport()
 
     def begin(wave: tuple[str, ...]) -> list[StepStop]:
-        return [StepStop(job_id, [StopTarget(name, None, record.role(name).stop_signal,
-                                             record.role(name).grace if grace is None else grace)
-                                  for name in wave], time.monotonic())]
+        return [
+            StepStop(
+                job_id,
+                [
+                    StopTarget(
+                        name,
+                        None,
+                        record.role(name).stop_signal,
+                        record.role(name).grace if grace is None else grace,
+                    )
+                    for name in wave
+                ],
+                time.monotonic(),
+            )
+        ]
 
     report = stop_in_waves(record.stop_waves, begin, lambda: time.sleep(STEP_POLL_SECONDS))
     cluster.cancel(job_id)

@@ -77,12 +77,17 @@ def shape(plan: Plan, topology: Topology) -> Shape:
         on[machine(spec.host)].append(spec)
     need = {k: node_gpus(specs) for k, specs in on.items()}
     labels = {k: machine_label(topology, k) for k in keys}
-    return Shape(tuple(labels[k] for k in keys), max((n for n, _ in need.values()), default=0),
-                 {labels[k]: tuple(s.name for s in on[k]) for k in keys},
-                 tuple(labels[k] for k, (_, shared) in need.items() if shared))
+    return Shape(
+        tuple(labels[k] for k in keys),
+        max((n for n, _ in need.values()), default=0),
+        {labels[k]: tuple(s.name for s in on[k]) for k in keys},
+        tuple(labels[k] for k, (_, shared) in need.items() if shared),
+    )
 
 
-def placement(plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode]) -> dict[str, AllocatedNode]:
+def placement(
+    plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode]
+) -> dict[str, AllocatedNode]:
     """Each instance of the checked plan -> the allocated node it runs on."""
     keys = machines(plan, topology)
     if len(allocation) < len(keys):
@@ -93,12 +98,18 @@ def placement(plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode
 def _moved(spec: LaunchSpec, moves: Mapping[str, str], here: str, keep_wildcard: bool) -> LaunchSpec:
     bind = spec.bind if keep_wildcard and is_wildcard(spec.bind) else here
     own = dict(moves) if keep_wildcard else {**moves, spec.bind: here}
-    return replace(spec, host=here, bind=bind, args=tuple(relocate(a, own) for a in spec.args),
-                   env={k: relocate(v, own) for k, v in spec.env.items()})
+    return replace(
+        spec,
+        host=here,
+        bind=bind,
+        args=tuple(relocate(a, own) for a in spec.args),
+        env={k: relocate(v, own) for k, v in spec.env.items()},
+    )
 
 
-def allocated_plan(plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode], rehearse: bool,
-                   python: str) -> Plan:
+def allocated_plan(
+    plan: Plan, topology: Topology, allocation: Sequence[AllocatedNode], rehearse: bool, python: str
+) -> Plan:
     """The checked plan moved onto the allocation; in a rehearsal, the rehearsal plan (simulated
     engines, each server bound to its machine's address) moved the same way."""
     where = placement(plan, topology, allocation)
@@ -110,7 +121,9 @@ def allocated_plan(plan: Plan, topology: Topology, allocation: Sequence[Allocate
         rehearsed = rehearsal_plan(plan, topology, python)
         specs = [_moved(s, moves, where[s.name].address, keep_wildcard=False) for s in rehearsed.specs]
     else:
-        addresses = [n.address for n in topology.nodes.values()] + [a for s in plan.specs for a in (s.host, s.bind)]
+        addresses = [n.address for n in topology.nodes.values()] + [
+            a for s in plan.specs for a in (s.host, s.bind)
+        ]
         moves = {a: address_of[machine(a)] for a in addresses if not is_wildcard(a)}
         specs = [_moved(s, moves, where[s.name].address, keep_wildcard=True) for s in plan.specs]
     return replace(plan, specs=tuple(specs))

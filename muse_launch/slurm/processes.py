@@ -33,7 +33,12 @@ from muse_launch.run.state import RunDir
 from . import cluster
 from .placement import AllocatedNode, node_gpus
 
-VISIBLE_DEVICES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
+VISIBLE_DEVICES = (
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+)
 POLL_SECONDS = 0.1
 AFTER_KILL_SECONDS = 15.0  # SLURM's KillWait and a node's slurmstepd between them
 
@@ -43,8 +48,16 @@ def srun_argv(spec: LaunchSpec, node: AllocatedNode, cpus: int, shared_gpus: int
 
     Where the node's roles share GPUs (`shared_gpus`: the node's count), the step gets them all
     and muse_launch.slurm.step keeps the plan's."""
-    argv = ["srun", f"--job-name={spec.name}", "--nodes=1", "--ntasks=1", f"--nodelist={node.name}",
-            "--kill-on-bad-exit=1", "--unbuffered", "--mem=0"]  # --mem=0: the node's memory, shared by its steps
+    argv = [
+        "srun",
+        f"--job-name={spec.name}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={node.name}",
+        "--kill-on-bad-exit=1",
+        "--unbuffered",
+        "--mem=0",
+    ]  # --mem=0: the node's memory, shared by its steps
     if spec.gpus and shared_gpus:
         argv += ["--overlap", f"--gres=gpu:{shared_gpus}"]
     elif spec.gpus:
@@ -65,7 +78,9 @@ def shared_gpus(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec])
     return out
 
 
-def cpu_shares(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec], cpus_per_node: int) -> dict[str, int]:
+def cpu_shares(
+    placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec], cpus_per_node: int
+) -> dict[str, int]:
     """The node's CPUs split evenly among the GPU roles on it (the others overlap them)."""
     on_node: dict[str, int] = {}
     for spec in specs:
@@ -91,16 +106,33 @@ class SlurmProcesses:
         for var in VISIBLE_DEVICES:  # SLURM sets them for the step's GPUs; the batch step's must not leak
             env.pop(var, None)
         shared = self.shared.get(spec.name) if spec.gpus else None
-        narrow = [sys.executable, "-m", "muse_launch.slurm.step", "--gpus", ",".join(map(str, spec.gpus)), "--"]
-        argv = [*srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0), shared),
-                *(narrow if shared else []), program_path(spec.argv[0], env), *spec.argv[1:]]
+        narrow = [
+            sys.executable,
+            "-m",
+            "muse_launch.slurm.step",
+            "--gpus",
+            ",".join(map(str, spec.gpus)),
+            "--",
+        ]
+        argv = [
+            *srun_argv(spec, self.placement[spec.name], self.cpus.get(spec.name, 0), shared),
+            *(narrow if shared else []),
+            program_path(spec.argv[0], env),
+            *spec.argv[1:],
+        ]
         try:
             with os.fdopen(open_role_log(log_path, self.marker, append=bool(restart_note)), "wb") as log:
                 if restart_note:
                     log.write(f"--- muse-launch: {restart_note} ---\n".encode())
                     log.flush()
-                popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                popen = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         except OSError as e:
             raise SpawnError(f"cannot run srun: {e.strerror}") from e
         self.step_ids.pop(spec.name, None)
@@ -129,8 +161,14 @@ class StepStop:
     their signal now, SIGKILL at the end of each one's grace or on `kill_now`; done once SLURM lists none
     of them and their srun clients (when this process started them) have exited."""
 
-    def __init__(self, job_id: str, targets: list[StopTarget], now: float,
-                 clients: Mapping[str, SpawnedProcess] | None = None, known: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        job_id: str,
+        targets: list[StopTarget],
+        now: float,
+        clients: Mapping[str, SpawnedProcess] | None = None,
+        known: Mapping[str, str] | None = None,
+    ):
         self.job_id = job_id
         self.clients = clients or {}
         self.targets = list(targets)

@@ -30,9 +30,15 @@ class SlurmView:
     def to_json(self, health: dict[str, str | None]) -> dict[str, Any]:
         out = self.record.status_dict()
         out["state"] = self.state
-        out["supervisor_pid"] = self.record.supervisor.pid if self.supervisor and self.record.supervisor else None
-        out["slurm"] = {"job_id": self.job.id, "state": self.job.state, "nodes": list(self.job.nodes),
-                        "reason": self.job.reason or None}
+        out["supervisor_pid"] = (
+            self.record.supervisor.pid if self.supervisor and self.record.supervisor else None
+        )
+        out["slurm"] = {
+            "job_id": self.job.id,
+            "state": self.job.state,
+            "nodes": list(self.job.nodes),
+            "reason": self.job.reason or None,
+        }
         for role in out["roles"]:
             role["node"] = self.nodes.get(role["name"])
             seen = health.get(role["name"])
@@ -49,8 +55,12 @@ def slurm_view(run_dir: RunDir, record: DeploymentRecord) -> SlurmView:
     state = record.state.value
     if not job.active:
         ended = job.state.lower() if job.state != "GONE" else "gone"
-        roles = tuple(replace(r, state=RoleState.FAILED, process=None, reason=f"SLURM job {job.id} {ended}")
-                      if r.live else r for r in record.roles)
+        roles = tuple(
+            replace(r, state=RoleState.FAILED, process=None, reason=f"SLURM job {job.id} {ended}")
+            if r.live
+            else r
+            for r in record.roles
+        )
         if not (files.read_json(files.job) or {}).get("down_at"):  # it ended without `down`
             state = "cancelled" if job.state == "CANCELLED" else "failed"
         record = replace(record, roles=roles, supervisor=None)
@@ -66,16 +76,24 @@ def slurm_table(view: SlurmView, health: dict[str, str | None]) -> Table:
     supervisor = "supervisor on the batch host" if view.supervisor else "no supervisor running"
     nodes = ",".join(view.job.nodes) or "-"
     reason = f", {view.job.reason}" if view.job.reason and view.job.reason != "None" else ""
-    table = Table(title=f"{record.name}: {view.state} (SLURM job {view.job.id} {view.job.state}{reason} on {nodes}; "
-                        f"{supervisor}; {record.source})", title_justify="left")
+    table = Table(
+        title=f"{record.name}: {view.state} (SLURM job {view.job.id} {view.job.state}{reason} on {nodes}; "
+        f"{supervisor}; {record.source})",
+        title_justify="left",
+    )
     for column in ("role", "kind", "state", "node", "gpus", "url", "ready since", "restarts", "health now"):
         table.add_column(column)
     for role in record.roles:
         seen = health.get(role.name) or (role.reason if role.state is RoleState.FAILED else None)
         table.add_row(
-            role.name, role.kind, Text(role.state.value, style=STATE_STYLES[role.state]),
-            view.nodes.get(role.name, "-"), ",".join(map(str, role.gpus)) or "-", role.url or "-",
-            since(role.ready_at), str(role.restarts),
+            role.name,
+            role.kind,
+            Text(role.state.value, style=STATE_STYLES[role.state]),
+            view.nodes.get(role.name, "-"),
+            ",".join(map(str, role.gpus)) or "-",
+            role.url or "-",
+            since(role.ready_at),
+            str(role.restarts),
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )
     return table

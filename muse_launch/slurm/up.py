@@ -51,9 +51,13 @@ class SlurmOptions:
         return [*out, *self.sbatch]
 
 
-def sbatch_script(plan: Plan, topology: Topology, rehearse: bool, sets: list[str], fail_fast: bool = False) -> str:
+def sbatch_script(
+    plan: Plan, topology: Topology, rehearse: bool, sets: list[str], fail_fast: bool = False
+) -> str:
     """`plan --format sbatch`: the script `up --on slurm` submits for the same file and options."""
-    return render_script(topology, SlurmFiles(RunDir.of(plan.name)), default_python(), rehearse, sets, fail_fast)
+    return render_script(
+        topology, SlurmFiles(RunDir.of(plan.name)), default_python(), rehearse, sets, fail_fast
+    )
 
 
 def _say(console: Console) -> Callable[[str], None]:
@@ -62,23 +66,34 @@ def _say(console: Console) -> Callable[[str], None]:
 
 def _refuse_if_running(files: SlurmFiles) -> None:
     if is_locked(files.run_dir):
-        raise RuntimeFailure(f"deployment {files.run_dir.name!r} is running on this host; "
-                             f"`muse-launch down {files.run_dir.name}` first")
+        raise RuntimeFailure(
+            f"deployment {files.run_dir.name!r} is running on this host; "
+            f"`muse-launch down {files.run_dir.name}` first"
+        )
     job_id = files.job_id()
     if job_id and cluster.job(job_id).active:
-        raise RuntimeFailure(f"deployment {files.run_dir.name!r} still has SLURM job {job_id}; "
-                             f"`muse-launch down {files.run_dir.name}` first")
+        raise RuntimeFailure(
+            f"deployment {files.run_dir.name!r} still has SLURM job {job_id}; "
+            f"`muse-launch down {files.run_dir.name}` first"
+        )
 
 
-def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[str], str],
-                options: SlurmOptions, console: Console) -> int:
+def up_on_slurm(
+    plan: Plan,
+    topology: Topology,
+    source: Path,
+    redact: Callable[[str], str],
+    options: SlurmOptions,
+    console: Console,
+) -> int:
     say = _say(console)
     run_dir = RunDir.of(plan.name)
     files = SlurmFiles(run_dir)
     _refuse_if_running(files)
     fresh = not run_dir.path.exists()
-    script = render_script(topology, files, default_python(), options.rehearse, list(options.sets),
-                           options.fail_fast)
+    script = render_script(
+        topology, files, default_python(), options.rehearse, list(options.sets), options.fail_fast
+    )
     files.clear_run()
     # What was checked is what the batch host plans.
     replace_file(files.topology, Path(source).read_bytes(), root=run_dir.home)
@@ -95,8 +110,16 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     except BaseException:
         _forget(run_dir, record, fresh)  # no job: no deployment for `status`, `ls` or "known:" to show
         raise
-    files.write_json(files.job, {"job_id": job_id, "submitted_at": submitted_at, "rehearse": options.rehearse,
-                                 "sbatch": options.sbatch_options(), "script": str(files.script)})
+    files.write_json(
+        files.job,
+        {
+            "job_id": job_id,
+            "submitted_at": submitted_at,
+            "rehearse": options.rehearse,
+            "sbatch": options.sbatch_options(),
+            "script": str(files.script),
+        },
+    )
     say(f"{plan.name}: submitted SLURM job {job_id} ({files.script})")
     interrupted: list[int] = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
@@ -108,8 +131,10 @@ def up_on_slurm(plan: Plan, topology: Topology, source: Path, redact: Callable[[
     if outcome == "ready":
         urls = ", ".join(r.url for r in final.entry_roles() if r.url)
         job = cluster.job(job_id)
-        say(f"{plan.name}: ready in {time.monotonic() - started:.2f}s{': ' + urls if urls else ''}; "
-            f"SLURM job {job_id} on {','.join(job.nodes)}")
+        say(
+            f"{plan.name}: ready in {time.monotonic() - started:.2f}s{': ' + urls if urls else ''}; "
+            f"SLURM job {job_id} on {','.join(job.nodes)}"
+        )
         if options.detach:
             from muse_launch.run.up import ready_hint
 
@@ -139,13 +164,21 @@ def _forget(run_dir: RunDir, record, fresh: bool) -> None:
     if fresh:
         shutil.rmtree(run_dir.path, ignore_errors=True)
         return
-    write_state(run_dir, replace(record, state=DeploymentState.STOPPED,
-                                 roles=tuple(replace(r, state=RoleState.STOPPED) for r in record.roles)))
+    write_state(
+        run_dir,
+        replace(
+            record,
+            state=DeploymentState.STOPPED,
+            roles=tuple(replace(r, state=RoleState.STOPPED) for r in record.roles),
+        ),
+    )
 
 
 def _await(files: SlurmFiles, job_id: str, record, console: Console, interrupted: list[int]) -> str:
-    """"ready", "failed" (a role failed, or the job ended first) or "interrupted"."""
-    progress = LiveProgress(console, files.run_dir, record) if console.is_terminal else PlainProgress(console.file)
+    """ "ready", "failed" (a role failed, or the job ended first) or "interrupted"."""
+    progress = (
+        LiveProgress(console, files.run_dir, record) if console.is_terminal else PlainProgress(console.file)
+    )
     say = _say(console)
     shown_state = None
     next_job_poll = 0.0

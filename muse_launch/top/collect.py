@@ -8,9 +8,10 @@ rate before the second read or across a counter that went back (a restart).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 
@@ -22,8 +23,20 @@ from .prom import FetchError, Parsed, fetch, parse
 
 # The sample names read of each engine and router: the rest of an answer is skipped unparsed.
 WANTED = {
-    **{e: frozenset((m.running, m.queued, m.kv_usage, m.prompt_tokens, m.generation_tokens, f"{m.ttft}_sum",
-                     f"{m.ttft}_count")) for e, m in ENGINE_METRICS.items()},
+    **{
+        e: frozenset(
+            (
+                m.running,
+                m.queued,
+                m.kv_usage,
+                m.prompt_tokens,
+                m.generation_tokens,
+                f"{m.ttft}_sum",
+                f"{m.ttft}_count",
+            )
+        )
+        for e, m in ENGINE_METRICS.items()
+    },
     **{r: frozenset(n for n in (*m.load, m.health, m.requests) if n) for r, m in ROUTER_METRICS.items()},
 }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import typer
 
@@ -11,7 +11,7 @@ MIN_INTERVAL = 0.2
 
 
 def top(
-    name: Optional[str] = typer.Argument(
+    name: str | None = typer.Argument(
         None, help="deployment name or topology file (default: the one running)"
     ),
     once: bool = typer.Option(
@@ -34,12 +34,12 @@ def top(
         if once:
             _print(next(frames), as_json)
         elif as_json or not sys.stdout.isatty():
-            for snap in itertools.chain([snap], frames):
-                _print(snap, as_json)
+            for frame in itertools.chain([snap], frames):
+                _print(frame, as_json)
         else:
             _live(snap, frames)
     except KeyboardInterrupt:
-        raise typer.Exit(0)
+        raise typer.Exit(0) from None
     finally:
         frames.close()
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Collection, Iterable, Mapping
 
 import httpx
 

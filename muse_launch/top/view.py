@@ -3,7 +3,8 @@ that number (the reason is in the last column); "-": nothing to show this interv
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Group
 from rich.table import Table

@@ -1,9 +1,12 @@
-"""Defaults and limits of the topology's runtime keys, in a module without pydantic: the schema (model.py), the
+"""Defaults and limits of the topology's runtime keys, in a module without pydantic: the schema (model.py),
+the
 plan's value objects (plan/spec.py) and the runtime read them from here."""
 
 RESET_AFTER = 300.0  # seconds of health after which a role's restart count starts again from 0
-LOG_MAX_SIZE_DEFAULT = 100 * 1024 ** 2  # a role's log is rotated past this many bytes...
+LOG_MAX_SIZE_DEFAULT = 100 * 1024**2  # a role's log is rotated past this many bytes...
 LOG_KEEP_DEFAULT = 2  # ...keeping this many rotated files: at most 300 MiB per role
 LOG_MAX_KEEP = 100  # rotated files a role may keep: ROLE.log.1 .. ROLE.log.100
 
-METRICS_PORT_OFFSET = 21000  # router on 8000 -> Prometheus on 29000, the routers' own default (engines/router.py)
+METRICS_PORT_OFFSET = (
+    21000  # router on 8000 -> Prometheus on 29000, the routers' own default (engines/router.py)
+)

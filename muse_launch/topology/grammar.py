@@ -30,50 +30,66 @@ _HOST_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?")
 
 def role_name(name: str) -> str:
     if not ROLE_NAME.fullmatch(name):
-        raise Refused(f"role name {name!r}: a role is named with lowercase letters, digits and '-', starting "
-                      f"with a letter and not ending with '-' (it names files, and DNS names in export)",
-                      f"rename the role, e.g. {suggest(name, 'role')!r}")
+        raise Refused(
+            f"role name {name!r}: a role is named with lowercase letters, digits and '-', starting "
+            f"with a letter and not ending with '-' (it names files, and DNS names in export)",
+            f"rename the role, e.g. {suggest(name, 'role')!r}",
+        )
     if len(name) > MAX_NAME:
-        raise Refused(f"role name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
-                      "use a shorter name (it names log files and DNS names in export)")
+        raise Refused(
+            f"role name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
+            "use a shorter name (it names log files and DNS names in export)",
+        )
     return name
 
 
 def node_name(name: str) -> str:
     if not NODE_NAME.fullmatch(name):
-        raise Refused(f"node name {name!r}: a node is named with lowercase letters, digits and '-', not "
-                      f"starting or ending with '-' (part of each instance's name, log file and cgroup)",
-                      f"rename the node, e.g. {suggest(name, 'node')!r}; its address goes in nodes: "
-                      f"{{NAME: {{address: ...}}}}")
+        raise Refused(
+            f"node name {name!r}: a node is named with lowercase letters, digits and '-', not "
+            f"starting or ending with '-' (part of each instance's name, log file and cgroup)",
+            f"rename the node, e.g. {suggest(name, 'node')!r}; its address goes in nodes: "
+            f"{{NAME: {{address: ...}}}}",
+        )
     if len(name) > MAX_NAME:
-        raise Refused(f"node name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
-                      "use a shorter node name")
+        raise Refused(
+            f"node name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
+            "use a shorter node name",
+        )
     return name
 
 
 def deployment_name(name: str) -> str:
     if not DEPLOYMENT_NAME.fullmatch(name):
-        raise Refused(f"deployment name {name!r}: use lowercase letters, digits, '-', '_' and '.', starting "
-                      f"with a letter or digit (it names the run directory)",
-                      f"rename it, e.g. name: {suggest(name, 'deployment')}")
+        raise Refused(
+            f"deployment name {name!r}: use lowercase letters, digits, '-', '_' and '.', starting "
+            f"with a letter or digit (it names the run directory)",
+            f"rename it, e.g. name: {suggest(name, 'deployment')}",
+        )
     if len(name) > MAX_NAME:
-        raise Refused(f"deployment name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
-                      "use a shorter name")
+        raise Refused(
+            f"deployment name {name[:20]}... is {len(name)} characters; at most {MAX_NAME}",
+            "use a shorter name",
+        )
     return name
 
 
 def env_name(name: str) -> str:
     if not ENV_NAME.fullmatch(name):
-        raise Refused(f"environment name {name!r}: a variable is named with letters, digits and '_', not "
-                      f"starting with a digit (what a shell takes in NAME=value)",
-                      f"rename it, e.g. {suggest(name, 'VAR', upper=True)!r}")
+        raise Refused(
+            f"environment name {name!r}: a variable is named with letters, digits and '_', not "
+            f"starting with a digit (what a shell takes in NAME=value)",
+            f"rename it, e.g. {suggest(name, 'VAR', upper=True)!r}",
+        )
     return name
 
 
 def host(text: str) -> str:
     if not is_host(text):
-        raise Refused(f"{text!r} is not an IP address or a host name",
-                      "write an address such as 10.0.0.1, ::1 or gpu-01.cluster.local")
+        raise Refused(
+            f"{text!r} is not an IP address or a host name",
+            "write an address such as 10.0.0.1, ::1 or gpu-01.cluster.local",
+        )
     return text
 
 
@@ -163,10 +179,18 @@ class UnsafeName(UsageError):
 def path_part(name: str, what: str = "name") -> str:
     """`name`, if it is one directory entry that stays where it is put: the second line of defence
     behind the grammar, at each place a name becomes a path (run directory, logs, cgroups)."""
-    if (not name or name in (".", "..") or "/" in name or "\\" in name or one_line_problem(name)
-            or len(name.encode(errors="surrogateescape")) > 255):
-        raise UnsafeName(f"{what} {name[:80]!r} cannot be a file name: it would leave its directory or is "
-                         f"not one entry", fix="use a name of letters, digits and '-' (docs/security.md)")
+    if (
+        not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or one_line_problem(name)
+        or len(name.encode(errors="surrogateescape")) > 255
+    ):
+        raise UnsafeName(
+            f"{what} {name[:80]!r} cannot be a file name: it would leave its directory or is not one entry",
+            fix="use a name of letters, digits and '-' (docs/security.md)",
+        )
     return name
 
 

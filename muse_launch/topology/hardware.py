@@ -39,12 +39,17 @@ class HardwareProfile:
 
     @property
     def device_order_env(self) -> dict[str, str]:
-        """So that GPU N is the same GPU to the engine, nvidia-smi and NVML (CUDA's default is fastest first)."""
+        """So that GPU N is the same GPU to the engine, nvidia-smi and NVML (CUDA's default is fastest
+        first)."""
         return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if self.vendor is Vendor.NVIDIA else {}
 
     def matches_gpu(self, device_name: str) -> bool:
-        """Is a GPU the driver names so ("NVIDIA H200", "AMD Instinct MI355X") this profile's? B300 is not GB300."""
-        return self.has_gpus and re.search(rf"(?<![A-Z0-9]){self.name.upper()}(?![0-9])", device_name.upper()) is not None
+        """Is a GPU the driver names so ("NVIDIA H200", "AMD Instinct MI355X") this profile's? B300 is not
+        GB300."""
+        return (
+            self.has_gpus
+            and re.search(rf"(?<![A-Z0-9]){self.name.upper()}(?![0-9])", device_name.upper()) is not None
+        )
 
     @property
     def docker_gpu_args(self) -> tuple[str, ...]:
@@ -63,13 +68,33 @@ _VLLM_ROCM = "vllm/vllm-openai-rocm:muse-spark-open"
 
 
 def _blackwell(name: str, display: str, gpus: int, mem: int) -> HardwareProfile:
-    return HardwareProfile(name, display, Vendor.NVIDIA, "blackwell", gpus, mem, fp4_trtllm_moe=True,
-                           prefill_sp=True, draft_attention="fa4", sglang_image=_SGL_CUDA, vllm_image=_VLLM_CUDA)
+    return HardwareProfile(
+        name,
+        display,
+        Vendor.NVIDIA,
+        "blackwell",
+        gpus,
+        mem,
+        fp4_trtllm_moe=True,
+        prefill_sp=True,
+        draft_attention="fa4",
+        sglang_image=_SGL_CUDA,
+        vllm_image=_VLLM_CUDA,
+    )
 
 
 def _cdna4(name: str, display: str) -> HardwareProfile:
-    return HardwareProfile(name, display, Vendor.AMD, "cdna4", 8, 288, draft_attention="triton",
-                           sglang_image=_SGL_ROCM, vllm_image=_VLLM_ROCM)
+    return HardwareProfile(
+        name,
+        display,
+        Vendor.AMD,
+        "cdna4",
+        8,
+        288,
+        draft_attention="triton",
+        sglang_image=_SGL_ROCM,
+        vllm_image=_VLLM_ROCM,
+    )
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -80,11 +105,22 @@ PROFILES: dict[str, HardwareProfile] = {
         # Grace-Blackwell trays carry 4 GPUs per host.
         _blackwell("gb300", "NVIDIA GB300 (4 x 288 GB per tray)", 4, 288),
         _blackwell("gb200", "NVIDIA GB200 (4 x 186 GB per tray)", 4, 186),
-        HardwareProfile("h200", "NVIDIA H200 (8 x 141 GB)", Vendor.NVIDIA, "hopper", 8, 141,
-                        draft_attention="fa4", sglang_image=_SGL_CUDA, vllm_image=_VLLM_CUDA),
+        HardwareProfile(
+            "h200",
+            "NVIDIA H200 (8 x 141 GB)",
+            Vendor.NVIDIA,
+            "hopper",
+            8,
+            141,
+            draft_attention="fa4",
+            sglang_image=_SGL_CUDA,
+            vllm_image=_VLLM_CUDA,
+        ),
         _cdna4("mi355x", "AMD Instinct MI355X (8 x 288 GB)"),
         _cdna4("mi350x", "AMD Instinct MI350X (8 x 288 GB)"),
-        HardwareProfile("xeon", "Intel Xeon 6 (CPU serving)", Vendor.INTEL, "xeon", 0, 0, sglang_image=_SGL_XEON),
+        HardwareProfile(
+            "xeon", "Intel Xeon 6 (CPU serving)", Vendor.INTEL, "xeon", 0, 0, sglang_image=_SGL_XEON
+        ),
         HardwareProfile("cpu", "Any CPU (rehearsal, tests, vLLM on CPU)", Vendor.NONE, "cpu", 0, 0),
     )
 }

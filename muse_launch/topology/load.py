@@ -26,7 +26,9 @@ Path_ = tuple[str | int, ...]
 ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
 REDACTED = "***"
 STR_TAG = "tag:yaml.org,2002:str"
-MAX_FILE_BYTES = 1 << 20  # a topology is a few KiB; checked before reading, so /dev/zero or 50 MB cost nothing
+MAX_FILE_BYTES = (
+    1 << 20
+)  # a topology is a few KiB; checked before reading, so /dev/zero or 50 MB cost nothing
 MAX_NODES = 100_000  # values after aliases are expanded: a billion-laughs file stops here, not in MemoryError
 
 
@@ -96,8 +98,9 @@ def dotted(path: Iterable[str | int]) -> str:
     return out
 
 
-def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
-                  environ: Mapping[str, str] | None = None) -> LoadedTopology:
+def load_topology(
+    source: str | os.PathLike[str], sets: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> LoadedTopology:
     path = Path(source)
     raw = read_regular_file(path)
     try:
@@ -105,8 +108,13 @@ def load_topology(source: str | os.PathLike[str], sets: Iterable[str] = (),
     except UnicodeDecodeError as exc:
         utf16 = raw[:2] in (b"\xff\xfe", b"\xfe\xff")
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise TopologyError([f"{path}:{line}: not UTF-8 text" + (" (it is UTF-16)" if utf16 else
-                             f" (byte {raw[exc.start]:#04x})")], fix="save the file as UTF-8") from None
+        raise TopologyError(
+            [
+                f"{path}:{line}: not UTF-8 text"
+                + (" (it is UTF-16)" if utf16 else f" (byte {raw[exc.start]:#04x})")
+            ],
+            fix="save the file as UTF-8",
+        ) from None
     return parse_topology(text, path, sets, os.environ if environ is None else environ)
 
 
@@ -124,12 +132,23 @@ def read_regular_file(path: Path) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             if stat.S_ISDIR(info.st_mode):
                 raise TopologyError([f"{path}: cannot read the topology file: {os.strerror(errno.EISDIR)}"])
-            kind = ("a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode)
-                    else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode) else "special")
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(info.st_mode)
+                else "a socket"
+                if stat.S_ISSOCK(info.st_mode)
+                else "a device"
+                if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "special"
+            )
             raise TopologyError([f"{path}: cannot read the topology file: it is {kind}, not a regular file"])
         if info.st_size > MAX_FILE_BYTES:
-            raise TopologyError([f"{path}: not a topology file: {info.st_size} bytes, more than the "
-                                 f"{MAX_FILE_BYTES} a topology file may hold"])
+            raise TopologyError(
+                [
+                    f"{path}: not a topology file: {info.st_size} bytes, more than the "
+                    f"{MAX_FILE_BYTES} a topology file may hold"
+                ]
+            )
         chunks, size = [], 0
         while size <= MAX_FILE_BYTES:  # the file may grow after fstat: never read past the limit
             chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
@@ -138,8 +157,12 @@ def read_regular_file(path: Path) -> bytes:
             chunks.append(chunk)
             size += len(chunk)
         if size > MAX_FILE_BYTES:
-            raise TopologyError([f"{path}: not a topology file: more than the {MAX_FILE_BYTES} bytes a "
-                                 f"topology file may hold"])
+            raise TopologyError(
+                [
+                    f"{path}: not a topology file: more than the {MAX_FILE_BYTES} bytes a "
+                    f"topology file may hold"
+                ]
+            )
         return b"".join(chunks)
     except OSError as exc:
         raise TopologyError([f"{path}: cannot read the topology file: {exc.strerror or exc}"]) from None
@@ -152,8 +175,11 @@ class MissingFile(TopologyError):
 
     def __init__(self, path: Path):
         near = nearest_files(path)
-        fix = (f"did you mean {' or '.join(near)}?" if near
-               else "give the path of a topology file (the repository's are in topologies/ and examples/)")
+        fix = (
+            f"did you mean {' or '.join(near)}?"
+            if near
+            else "give the path of a topology file (the repository's are in topologies/ and examples/)"
+        )
         super().__init__([f"{path}: no such file"], fix=fix)
 
     def lines(self) -> list[str]:
@@ -180,8 +206,9 @@ def nearest_files(path: Path, limit: int = 1) -> list[str]:
     return [shown for name in names for shown in by_name[name]][:limit]
 
 
-def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
-                   environ: Mapping[str, str] = {}) -> LoadedTopology:
+def parse_topology(
+    text: str, path: Path, sets: Iterable[str] = (), environ: Mapping[str, str] = {}
+) -> LoadedTopology:
     texts: dict[Path_, str] = {}  # each plain scalar YAML did not read as a string, as written
     data, lines = _read_yaml(text, path, texts)
     problems: list[str] = []
@@ -193,8 +220,13 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
         else:
             overrides[tuple(assignment.partition("=")[0].split("."))] = assignment
     given = [tuple(a.partition("=")[0].split(".")) for a in sets]
-    problems += keep_text(data, texts, lambda at: f"--set {dotted(at)}" if any(at[:len(g)] == g for g in given)
-                          else _where(path, lines, at))
+    problems += keep_text(
+        data,
+        texts,
+        lambda at: (
+            f"--set {dotted(at)}" if any(at[: len(g)] == g for g in given) else _where(path, lines, at)
+        ),
+    )
     secrets: set[str] = set()
     values: dict[str, str] = {}
     sources: dict[str, str] = {}
@@ -211,7 +243,9 @@ def parse_topology(text: str, path: Path, sets: Iterable[str] = (),
     clashes = _name_clashes(topology, path, lines)
     if clashes:
         raise TopologyError(clashes)
-    return LoadedTopology(topology, path, lines, loaded_secrets, values, secret_sources=sources, overrides=overrides)
+    return LoadedTopology(
+        topology, path, lines, loaded_secrets, values, secret_sources=sources, overrides=overrides
+    )
 
 
 def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) -> list[str]:
@@ -221,10 +255,15 @@ def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) ->
     out = []
     for role, other, name in grammar.name_clashes(roles):
         makes = grammar.instance_names(other, *roles[other])
-        how = "" if name in makes + grammar.instance_names(role, *roles[role]) else \
-            "; a container or exported name writes '@' as '-'"
-        out.append(f"{_where(path, lines, ('roles', role))}: the name {name!r} is also one of roles.{other}'s "
-                   f"(roles.{other} makes {', '.join(makes)}{how})\n  fix: rename roles.{role} or roles.{other}")
+        how = (
+            ""
+            if name in makes + grammar.instance_names(role, *roles[role])
+            else "; a container or exported name writes '@' as '-'"
+        )
+        out.append(
+            f"{_where(path, lines, ('roles', role))}: the name {name!r} is also one of roles.{other}'s "
+            f"(roles.{other} makes {', '.join(makes)}{how})\n  fix: rename roles.{role} or roles.{other}"
+        )
     return out
 
 
@@ -241,10 +280,18 @@ class _Loader(yaml.SafeLoader):
         self.flatten_mapping(node)
         mapping: dict[Any, Any] = {}
         for key_node, value_node in node.value:
-            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else self.construct_object(key_node, deep)
+            key = (
+                key_node.value
+                if isinstance(key_node, yaml.ScalarNode)
+                else self.construct_object(key_node, deep)
+            )
             if not isinstance(key, typing.Hashable):
-                raise yaml.constructor.ConstructorError("while constructing a mapping", node.start_mark,
-                                                        "found unhashable key", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping",
+                    node.start_mark,
+                    "found unhashable key",
+                    key_node.start_mark,
+                )
             mapping[key] = self.construct_object(value_node, deep=deep)
         return mapping
 
@@ -262,8 +309,12 @@ def _read_yaml(text: str, path: Path, texts: dict[Path_, str] | None = None) -> 
         data = loader.construct_document(node) if node is not None else None
     except yaml.reader.ReaderError as exc:  # a control character (NUL...): the reader knows only its offset
         code = exc.character if isinstance(exc.character, int) else ord(exc.character)
-        raise TopologyError([f"{path}:{text.count(chr(10), 0, exc.position) + 1}: not valid YAML: control "
-                             f"character U+{code:04X} is not allowed"]) from None
+        raise TopologyError(
+            [
+                f"{path}:{text.count(chr(10), 0, exc.position) + 1}: not valid YAML: control "
+                f"character U+{code:04X} is not allowed"
+            ]
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -275,15 +326,19 @@ def _read_yaml(text: str, path: Path, texts: dict[Path_, str] | None = None) -> 
     except RecursionError:
         raise TopologyError([f"{path}: nested too deeply to be a topology file"]) from None
     except _TooManyValues as exc:
-        raise TopologyError([f"{path}:{exc.line}: {dotted(exc.at) or 'top level'}: {exc}"],
-                            fix="write the values out instead of nesting aliases") from None
+        raise TopologyError(
+            [f"{path}:{exc.line}: {dotted(exc.at) or 'top level'}: {exc}"],
+            fix="write the values out instead of nesting aliases",
+        ) from None
     except ValueError as exc:  # an integer of more digits than Python converts
         raise TopologyError([f"{path}: not a topology file: {exc}"]) from None
     finally:
         if loader is not None:
             loader.dispose()
     if not isinstance(data, dict):
-        raise TopologyError([f"{path}:1: a topology file is a mapping with version, name, hardware and roles"])
+        raise TopologyError(
+            [f"{path}:1: a topology file is a mapping with version, name, hardware and roles"]
+        )
     if duplicates:
         raise TopologyError(duplicates)
     return data, lines
@@ -295,9 +350,16 @@ class _TooManyValues(ValueError):
         self.line, self.at = node.start_mark.line + 1, at
 
 
-def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicates: list[str], path: Path,
-                  inside: frozenset[int] = frozenset(), budget: list[int] | None = None,
-                  texts: dict[Path_, str] | None = None) -> None:
+def _record_lines(
+    node: yaml.Node,
+    at: Path_,
+    lines: dict[Path_, int],
+    duplicates: list[str],
+    path: Path,
+    inside: frozenset[int] = frozenset(),
+    budget: list[int] | None = None,
+    texts: dict[Path_, str] | None = None,
+) -> None:
     """Walk the document as the constructed data will be, aliases expanded: record each key's line (and in
     `texts` each scalar YAML does not read as a string, as written), collect duplicate keys and
     self-containing aliases, and stop past `budget` values (billion laughs)."""
@@ -306,8 +368,10 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
         if budget[0] < 0:
             raise _TooManyValues(node, at)
     if id(node) in inside:
-        duplicates.append(f"{path}:{node.start_mark.line + 1}: {dotted(at)}: an alias inside its own anchor "
-                          f"repeats forever; copy the values instead")
+        duplicates.append(
+            f"{path}:{node.start_mark.line + 1}: {dotted(at)}: an alias inside its own anchor "
+            f"repeats forever; copy the values instead"
+        )
         return
     inside = inside | {id(node)}
     if isinstance(node, yaml.ScalarNode) and texts is not None and node.tag != STR_TAG:
@@ -317,8 +381,10 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
         merged: list[yaml.Node] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                duplicates.append(f"{path}:{key_node.start_mark.line + 1}: {dotted(at) or 'top level'}: a key "
-                                  f"must be a plain name, not a list or a mapping")
+                duplicates.append(
+                    f"{path}:{key_node.start_mark.line + 1}: {dotted(at) or 'top level'}: a key "
+                    f"must be a plain name, not a list or a mapping"
+                )
                 continue
             key = key_node.value
             if key == "<<":
@@ -326,8 +392,10 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
                 continue
             line = key_node.start_mark.line + 1
             if key in seen:
-                duplicates.append(f"{path}:{line}: {dotted(at + (key,))}: key given twice (first on line "
-                                  f"{seen[key]}); keep one")
+                duplicates.append(
+                    f"{path}:{line}: {dotted(at + (key,))}: key given twice (first on line "
+                    f"{seen[key]}); keep one"
+                )
             seen.setdefault(key, line)
             lines[at + (key,)] = line
             _record_lines(value_node, at + (key,), lines, duplicates, path, inside, budget, texts)
@@ -337,7 +405,9 @@ def _record_lines(node: yaml.Node, at: Path_, lines: dict[Path_, int], duplicate
                 for key_node, value_node in source.value:
                     if key_node.value != "<<" and at + (key_node.value,) not in lines:
                         lines[at + (key_node.value,)] = key_node.start_mark.line + 1
-                        _record_lines(value_node, at + (key_node.value,), lines, [], path, inside, budget, texts)
+                        _record_lines(
+                            value_node, at + (key_node.value,), lines, [], path, inside, budget, texts
+                        )
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines[at + (index,)] = item.start_mark.line + 1
@@ -356,21 +426,25 @@ def _apply_set(data: dict[str, Any], assignment: str, texts: dict[Path_, str] | 
         if part not in target:
             if depth == 1 and parts[0] == "roles":  # a typo'd role name would start a new, empty role
                 return f"--set {assignment}: no role {part!r}; roles: {', '.join(target)}"
-            target[part] = {}  # e.g. `rehearse.ready_after` in a file without `rehearse:`; the schema checks the name
+            target[
+                part
+            ] = {}  # e.g. `rehearse.ready_after` in a file without `rehearse:`; the schema checks the name
         target = target[part]
     if not isinstance(target, dict):
         return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"
     at = tuple(parts)
     if texts is not None:
-        for old in [p for p in texts if p[:len(at)] == at]:  # what the file said there is replaced
+        for old in [p for p in texts if p[: len(at)] == at]:  # what the file said there is replaced
             del texts[old]
     try:
         target[parts[-1]] = _set_value(raw, at, texts)
     except yaml.YAMLError:
         target[parts[-1]] = raw
     except (RecursionError, _TooManyValues, _SelfAlias):
-        return (f"--set {key}=...: the value nests too deeply or its aliases repeat forever or expand past "
-                f"{MAX_NODES} values; write the value out")
+        return (
+            f"--set {key}=...: the value nests too deeply or its aliases repeat forever or expand past "
+            f"{MAX_NODES} values; write the value out"
+        )
     except ValueError as exc:  # an integer of more digits than Python converts
         return f"--set {key}=...: {exc}"
     return None
@@ -397,19 +471,32 @@ def _set_value(raw: str, at: Path_, texts: dict[Path_, str] | None = None) -> An
 
 
 # The variables this repository's own files use, and the command that sets them.
-SETS_ENV = dict.fromkeys(("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"),
-                         'eval "$(bash scripts/vllm_cpu_setup.sh)"')
+SETS_ENV = dict.fromkeys(
+    ("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"), 'eval "$(bash scripts/vllm_cpu_setup.sh)"'
+)
 
 
-def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: set[str],
-                    problems: list[str], path: Path, lines: Mapping[Path_, int],
-                    values: dict[str, str] | None = None, sources: dict[str, str] | None = None) -> Any:
+def _substitute_env(
+    value: Any,
+    at: Path_,
+    environ: Mapping[str, str],
+    secrets: set[str],
+    problems: list[str],
+    path: Path,
+    lines: Mapping[Path_, int],
+    values: dict[str, str] | None = None,
+    sources: dict[str, str] | None = None,
+) -> Any:
     if isinstance(value, dict):
-        return {k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines, values, sources)
-                for k, v in value.items()}
+        return {
+            k: _substitute_env(v, at + (k,), environ, secrets, problems, path, lines, values, sources)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_substitute_env(v, at + (i,), environ, secrets, problems, path, lines, values, sources)
-                for i, v in enumerate(value)]
+        return [
+            _substitute_env(v, at + (i,), environ, secrets, problems, path, lines, values, sources)
+            for i, v in enumerate(value)
+        ]
     if not isinstance(value, str) or "${env:" not in value:
         return value
 
@@ -417,8 +504,11 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
         name = match.group(1)
         if name not in environ:
             line = lines.get(at) or lines.get(at[:-1])
-            how = (f"run `{SETS_ENV[name]}` first (it sets {name})" if name in SETS_ENV
-                   else f"export {name}=... before running muse-launch")
+            how = (
+                f"run `{SETS_ENV[name]}` first (it sets {name})"
+                if name in SETS_ENV
+                else f"export {name}=... before running muse-launch"
+            )
             problems.append(f"{path}:{line}: {dotted(at)}: ${{env:{name}}} is not set; {how}")
             return ""
         secrets.add(environ[name])
@@ -432,8 +522,13 @@ def _substitute_env(value: Any, at: Path_, environ: Mapping[str, str], secrets: 
     return out
 
 
-def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, int],
-             overrides: Mapping[Path_, str] = {}) -> list[str]:
+def _explain(
+    exc: ValidationError,
+    data: Any,
+    path: Path,
+    lines: Mapping[Path_, int],
+    overrides: Mapping[Path_, str] = {},
+) -> list[str]:
     out: list[str] = []
     seen: set[Path_] = set()
     for error in exc.errors(include_url=False):
@@ -453,22 +548,32 @@ def _explain(exc: ValidationError, data: Any, path: Path, lines: Mapping[Path_, 
             hint = f"did you mean {near[0]!r}?" if near else f"valid keys: {', '.join(valid)}"
             out.append(f"{where}: {dotted(loc)}: unknown key {key!r}; {hint}")
         elif kind == "missing":
-            hint = {"kind": "; add kind: encoder | prefill | decode | worker | router | command",
-                    "version": "; add version: 1"}.get(str(loc[-1]), "")
-            out.append(f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}{hint}")
+            hint = {
+                "kind": "; add kind: encoder | prefill | decode | worker | router | command",
+                "version": "; add version: 1",
+            }.get(str(loc[-1]), "")
+            out.append(
+                f"{where}: {dotted(loc[:-1]) or '(top level)'}: missing required key {loc[-1]!r}{hint}"
+            )
         elif kind in ("literal_error", "enum") and isinstance(error.get("input"), str):
             choices = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
             near = difflib.get_close_matches(error["input"].lower(), choices, n=1, cutoff=0.5)
             hint = f"did you mean {near[0]!r}?" if near else f"use one of {', '.join(choices)}"
-            out.append(f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not one of "
-                       f"{', '.join(choices)}; {hint}")
+            out.append(
+                f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not one of "
+                f"{', '.join(choices)}; {hint}"
+            )
         elif kind != "value_error" and not isinstance(error.get("input"), (dict, list)):
-            out.append(f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not valid here: "
-                       f"{error['msg'][0].lower()}{error['msg'][1:]}")
+            out.append(
+                f"{where}: {dotted(loc) or '(top level)'}: {error['input']!r} is not valid here: "
+                f"{error['msg'][0].lower()}{error['msg'][1:]}"
+            )
         else:
             message = error["msg"].removeprefix("Value error, ")
             fix = getattr(error.get("ctx", {}).get("error"), "fix", None)  # grammar.Refused says how
-            out.append(f"{where}: {dotted(loc) or '(top level)'}: {message}" + (f"\n  fix: {fix}" if fix else ""))
+            out.append(
+                f"{where}: {dotted(loc) or '(top level)'}: {message}" + (f"\n  fix: {fix}" if fix else "")
+            )
     return out
 
 

@@ -34,11 +34,25 @@ MAX_NAME = grammar.MAX_NAME
 MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
 MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
 LOG_MIN_SIZE = 64 * 1024  # smaller would rotate on every tick of a chatty role
-LOG_MAX_SIZE = 1024 ** 4
+LOG_MAX_SIZE = 1024**4
 # Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
 # the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGQUIT", "SIGHUP", "SIGKILL", "SIGUSR1", "SIGUSR2", "SIGABRT",
-                "SIGALRM", "SIGPIPE", "SIGXCPU", "SIGXFSZ", "SIGVTALRM", "SIGPROF")
+STOP_SIGNALS = (
+    "SIGTERM",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGHUP",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGABRT",
+    "SIGALRM",
+    "SIGPIPE",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+)
 
 
 def _scalar_to_str(value: Any) -> Any:
@@ -58,7 +72,9 @@ def _env_fits(env: dict[str, str]) -> dict[str, str]:
     # execve takes NAME=VALUE strings ending at NUL: a value with NUL cannot pass (names: grammar.env_name).
     for key, value in env.items():
         if "\0" in value:
-            raise ValueError(f"environment value of {key} holds a NUL character, which no process can receive")
+            raise ValueError(
+                f"environment value of {key} holds a NUL character, which no process can receive"
+            )
     return env
 
 
@@ -73,9 +89,14 @@ EnvName = Annotated[str, AfterValidator(grammar.env_name)]
 RoleName = Annotated[str, AfterValidator(grammar.role_name)]
 NodeName = Annotated[str, AfterValidator(grammar.node_name)]
 Host = Annotated[str, AfterValidator(grammar.host)]
-Line = Annotated[str, AfterValidator(grammar.one_line)]  # a single-line value: no CR, LF, NUL or other control
-Env = Annotated[dict[EnvName, str], AfterValidator(_env_fits),
-                WithJsonSchema({"type": "object", "additionalProperties": _SCALAR})]
+Line = Annotated[
+    str, AfterValidator(grammar.one_line)
+]  # a single-line value: no CR, LF, NUL or other control
+Env = Annotated[
+    dict[EnvName, str],
+    AfterValidator(_env_fits),
+    WithJsonSchema({"type": "object", "additionalProperties": _SCALAR}),
+]
 Argv = Annotated[list[str], AfterValidator(_argv_fits), WithJsonSchema({"type": "array", "items": _SCALAR})]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Seconds = Annotated[float, Field(allow_inf_nan=False, le=MAX_WAIT)]
@@ -114,8 +135,9 @@ class ReadyProbe(Strict):
             raise ValueError(f"http path must start with '/', e.g. /{self.http}")
         if self.http is not None and any(ord(c) <= 0x20 or ord(c) == 0x7F for c in self.http):
             # CR/LF would write a second header line into the request; a space ends the path
-            raise ValueError(f"http path {self.http!r} holds a space or a control character (CR, LF...); "
-                             f"percent-encode it")
+            raise ValueError(
+                f"http path {self.http!r} holds a space or a control character (CR, LF...); percent-encode it"
+            )
         if self.log is not None:
             try:
                 re.compile(self.log)
@@ -133,19 +155,36 @@ class StopConfig(Strict):
     def _known_signal(cls, value: str) -> str:
         name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
         if name not in STOP_SIGNALS:
-            raise ValueError(f"{value!r} is not a signal that stops a process; use one of {', '.join(STOP_SIGNALS)}")
+            raise ValueError(
+                f"{value!r} is not a signal that stops a process; use one of {', '.join(STOP_SIGNALS)}"
+            )
         return name
 
 
 class RestartConfig(Strict):
     policy: Literal["no", "on-failure"] = "on-failure"
     max: int = Field(3, ge=0)
-    reset_after: Seconds = Field(RESET_AFTER, gt=0, description="seconds ready after which its restarts count from 0 "
-                                                                 "again (a crash a day is not a crash loop)")
+    reset_after: Seconds = Field(
+        RESET_AFTER,
+        gt=0,
+        description="seconds ready after which its restarts count from 0 "
+        "again (a crash a day is not a crash loop)",
+    )
 
 
-SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1024 ** 2,
-              "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1024 ** 3}
+SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
 
 
 def _size_bytes(value: Any) -> Any:
@@ -164,23 +203,45 @@ class LogsConfig(Strict):
     """`logs: {max_size: 100MiB, keep: 2}`: a role's log is rotated past max_size, the newest `keep` rotated
     files kept (ROLE.log.1 the newest); at most (keep + 1) x max_size on disk per role."""
 
-    max_size: Annotated[int, BeforeValidator(_size_bytes), Field(ge=LOG_MIN_SIZE, le=LOG_MAX_SIZE),
-                        WithJsonSchema({"type": ["string", "integer"], "description": "bytes, or e.g. 100MiB"})] \
-        = LOG_MAX_SIZE_DEFAULT
-    keep: int = Field(LOG_KEEP_DEFAULT, ge=0, le=LOG_MAX_KEEP, description="rotated files kept: ROLE.log.1 .. .N")
+    max_size: Annotated[
+        int,
+        BeforeValidator(_size_bytes),
+        Field(ge=LOG_MIN_SIZE, le=LOG_MAX_SIZE),
+        WithJsonSchema({"type": ["string", "integer"], "description": "bytes, or e.g. 100MiB"}),
+    ] = LOG_MAX_SIZE_DEFAULT
+    keep: int = Field(
+        LOG_KEEP_DEFAULT, ge=0, le=LOG_MAX_KEEP, description="rotated files kept: ROLE.log.1 .. .N"
+    )
 
 
 class RehearseConfig(Strict):
     """`up --rehearse`: the simulated engine's start-up delay and timing model (docs/bench.md)."""
 
     ready_after: Seconds | None = Field(None, ge=0, description="simulated start-up time in seconds")
-    prefill_tokens_per_s: float | None = Field(None, gt=0, le=1e9, allow_inf_nan=False,
-                                               description="prompt tokens prefilled per second, one prompt at a time")
-    itl_ms: float | None = Field(None, ge=0, le=60000, allow_inf_nan=False,
-                                 description="milliseconds per output token with one request running")
-    itl_ms_per_running: float | None = Field(None, ge=0, le=60000, allow_inf_nan=False,
-                                             description="milliseconds added to each token per other running request")
-    max_running: int | None = Field(None, ge=1, le=1000000, description="requests decoded at once; the others queue")
+    prefill_tokens_per_s: float | None = Field(
+        None,
+        gt=0,
+        le=1e9,
+        allow_inf_nan=False,
+        description="prompt tokens prefilled per second, one prompt at a time",
+    )
+    itl_ms: float | None = Field(
+        None,
+        ge=0,
+        le=60000,
+        allow_inf_nan=False,
+        description="milliseconds per output token with one request running",
+    )
+    itl_ms_per_running: float | None = Field(
+        None,
+        ge=0,
+        le=60000,
+        allow_inf_nan=False,
+        description="milliseconds added to each token per other running request",
+    )
+    max_running: int | None = Field(
+        None, ge=1, le=1000000, description="requests decoded at once; the others queue"
+    )
 
     def rates(self) -> dict[str, float]:
         """The timing keys that are set."""
@@ -214,7 +275,9 @@ class Role(Strict):
     encoder_transfer_backend: Line | None = None
     kv_cache_dtype: Line | None = None
     page_size: int | None = Field(None, ge=1)
-    kv_transfer_config: dict[str, Any] | None = Field(None, description="vLLM: extra fields of --kv-transfer-config")
+    kv_transfer_config: dict[str, Any] | None = Field(
+        None, description="vLLM: extra fields of --kv-transfer-config"
+    )
     side_channel_port: PortSpec | None = Field(None, description="vLLM NIXL side channel / connector port")
     prefill: list[Line] = []
     decode: list[Line] = []
@@ -269,26 +332,35 @@ class Role(Strict):
         for key in ("port", "bootstrap_port", "encoder_bootstrap_port", "side_channel_port", "metrics_port"):
             spec = getattr(self, key)
             if isinstance(spec, int) and spec + self.replicas - 1 > 65535:
-                raise ValueError(f"{key} {spec} steps past 65535 for {self.replicas} replicas "
-                                 f"(the last would be {spec + self.replicas - 1}); choose a lower {key}")
+                raise ValueError(
+                    f"{key} {spec} steps past 65535 for {self.replicas} replicas "
+                    f"(the last would be {spec + self.replicas - 1}); choose a lower {key}"
+                )
         if self.kind == "router" and self.metrics_port is None and isinstance(self.port, int):
-
             if self.port + METRICS_PORT_OFFSET + self.replicas - 1 > 65535:
-                raise ValueError(f"the router's metrics port defaults to port + {METRICS_PORT_OFFSET}, past 65535 "
-                                 f"for port {self.port}; set metrics_port")
+                raise ValueError(
+                    f"the router's metrics port defaults to port + {METRICS_PORT_OFFSET}, past 65535 "
+                    f"for port {self.port}; set metrics_port"
+                )
         return self
 
     @property
     def references(self) -> dict[str, list[str]]:
-        return {"encoders": self.encoders, "prefill": self.prefill, "decode": self.decode,
-                "workers": self.workers, "after": self.after}
+        return {
+            "encoders": self.encoders,
+            "prefill": self.prefill,
+            "decode": self.decode,
+            "workers": self.workers,
+            "after": self.after,
+        }
 
 
 class Topology(Strict):
     version: Literal[1]
     name: Annotated[str, AfterValidator(grammar.deployment_name)] = Field(
         json_schema_extra={"pattern": NAME_PATTERN, "maxLength": MAX_NAME},
-        description="deployment name (run directory, `down NAME`)")
+        description="deployment name (run directory, `down NAME`)",
+    )
     description: str = ""
     hardware: str = Field(description="hardware profile: " + ", ".join(PROFILES))
     model: Line | None = None
@@ -302,8 +374,10 @@ class Topology(Strict):
     rehearse: RehearseConfig = RehearseConfig()
     logs: LogsConfig = Field(LogsConfig(), description="each role's log cap: {max_size: 100MiB, keep: 2}")
     start: Literal["overlap", "waves"] | None = Field(
-        None, description="overlap: roles whose engines tolerate a late peer start together (default where the "
-                          "installed versions allow it); waves: each role once all it is wired to are ready")
+        None,
+        description="overlap: roles whose engines tolerate a late peer start together (default where the "
+        "installed versions allow it); waves: each role once all it is wired to are ready",
+    )
     roles: dict[RoleName, Role] = Field(min_length=1)
 
     @field_validator("hardware")

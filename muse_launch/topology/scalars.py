@@ -22,8 +22,10 @@ from .model import Topology
 
 Path_ = tuple[str | int, ...]
 # A number as a reader expects it (no leading 0: YAML 1.1 reads 0755 as octal 493).
-_DECIMAL = re.compile(r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"
-                      r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+_DECIMAL = re.compile(
+    r"[-+]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"
+    r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
+)
 _NUMBER = ("int", "float")
 
 
@@ -50,27 +52,31 @@ def keep_text(data: Any, texts: Mapping[Path_, str], where: typing.Callable[[Pat
 
 
 def _problem(value: Any, text: str, kinds: set[str]) -> str | None:
-    """"text" to keep the text, a message to refuse, None to leave the value."""
+    """ "text" to keep the text, a message to refuse, None to leave the value."""
     if value is None:
         if "none" in kinds:
             return None
         what = f"{text!r} is null in YAML" if text else "the value is empty (null in YAML)"
-        return f"{what}, where text is wanted\n  fix: quote it, or write \"\" for an empty string"
+        return f'{what}, where text is wanted\n  fix: quote it, or write "" for an empty string'
     if isinstance(value, bool):
         if "bool" in kinds:
             return None
         if "str" in kinds:
             return "text"
-        return (f"{text!r} is a boolean (YAML 1.1 reads yes/no/on/off/true/false so), not a number\n"
-                f"  fix: write a number")
+        return (
+            f"{text!r} is a boolean (YAML 1.1 reads yes/no/on/off/true/false so), not a number\n"
+            f"  fix: write a number"
+        )
     if isinstance(value, (int, float)):
         if "str" in kinds and not any(k in kinds for k in _NUMBER):
             return "text"
         if any(k in kinds for k in _NUMBER):
             if _DECIMAL.fullmatch(text):
                 return None
-            return (f"YAML 1.1 reads {text!r} as {value!r} (octal, hexadecimal, base 60 or with '_')\n"
-                    f"  fix: write {value!r} in decimal if you mean it, or quote it")
+            return (
+                f"YAML 1.1 reads {text!r} as {value!r} (octal, hexadecimal, base 60 or with '_')\n"
+                f"  fix: write {value!r} in decimal if you mean it, or quote it"
+            )
         return f"{text!r} is a number, not true or false\n  fix: write true or false"
     if isinstance(value, (datetime.date, datetime.datetime)):
         if "str" in kinds:
@@ -89,8 +95,13 @@ def _parent(data: Any, at: Path_) -> tuple[Any, Any]:
         else:
             return None, None
     last = at[-1] if at else None
-    if isinstance(node, dict) and last in node or isinstance(node, list) and isinstance(last, int) \
-            and last < len(node):
+    if (
+        isinstance(node, dict)
+        and last in node
+        or isinstance(node, list)
+        and isinstance(last, int)
+        and last < len(node)
+    ):
         return node, last
     return None, None
 

@@ -1,4 +1,5 @@
-"""`bench`, its validity gate, `bench compare`, `--check-equivalence` and `sweep`, with the real aiperf against
+"""`bench`, its validity gate, `bench compare`, `--check-equivalence` and `sweep`, with the real aiperf
+against
 the real sglang-router in front of the simulated engine, and against a misbehaving server (a stand-in that
 sends an SSE error event before [DONE], a 500, no tokens, too few, or miscounts)."""
 
@@ -9,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from harness import REPO, Deployment, free_ports
 
 pytestmark = [pytest.mark.bench, pytest.mark.integration, pytest.mark.rehearsal]
@@ -21,15 +21,24 @@ TOP = {"hardware": "b300", "model": M, "engine": "sglang", "rehearse": {"ready_a
 
 
 def agg_roles(worker: int, router: int) -> dict:
-    return {"worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
-            "router": {"kind": "router", "port": router, "metrics_port": free_ports(1)[0], "workers": ["worker"]}}
+    return {
+        "worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
+        "router": {"kind": "router", "port": router, "metrics_port": free_ports(1)[0], "workers": ["worker"]},
+    }
 
 
 def pd_roles(prefill: int, decode: int, bootstrap: int, router: int) -> dict:
-    return {"prefill": {"kind": "prefill", "gpus": "0-3", "tp": 4, "port": prefill, "bootstrap_port": bootstrap},
-            "decode": {"kind": "decode", "gpus": "4-7", "tp": 4, "port": decode, "bootstrap_port": bootstrap},
-            "router": {"kind": "router", "port": router, "metrics_port": free_ports(1)[0],
-                       "prefill": ["prefill"], "decode": ["decode"]}}
+    return {
+        "prefill": {"kind": "prefill", "gpus": "0-3", "tp": 4, "port": prefill, "bootstrap_port": bootstrap},
+        "decode": {"kind": "decode", "gpus": "4-7", "tp": 4, "port": decode, "bootstrap_port": bootstrap},
+        "router": {
+            "kind": "router",
+            "port": router,
+            "metrics_port": free_ports(1)[0],
+            "prefill": ["prefill"],
+            "decode": ["decode"],
+        },
+    }
 
 
 def up(d: Deployment, path: Path) -> None:
@@ -52,7 +61,9 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
     up(d, d.write(agg_roles(*free_ports(2)), **TOP))
     try:
         run = tmp_path / "run"
-        r = d.cli("bench", d.name, "--concurrency", "1,4", "--requests", "8", *POINT, "--out", run, timeout=400)
+        r = d.cli(
+            "bench", d.name, "--concurrency", "1,4", "--requests", "8", *POINT, "--out", run, timeout=400
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert "SIMULATED" in r.stdout and "concurrency    4" in r.stdout and "\nvalid" in r.stdout
         s = summary(run)
@@ -68,7 +79,9 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
             assert p["client"]["cpu_ms_per_request"] > 0
             assert json.loads((run / f"point-c{p['concurrency']}.json").read_text()) == p
             assert (run / f"c{p['concurrency']}" / "profile_export_aiperf.json").is_file()
-        assert 60 <= s["points"][0]["input_tokens_mean"] <= 70  # the vocabulary: prompts are words, one token each
+        assert (
+            60 <= s["points"][0]["input_tokens_mean"] <= 70
+        )  # the vocabulary: prompts are words, one token each
         assert s["gpus"] == 8 and len(s["plan_digest"]) == 64 and s["versions"]
         assert (run / "topology.yaml").read_text() == (d.home.parent / f"{d.name}.yaml").read_text()
         assert sorted(s["charts"]) == ["latency.png", "pareto.png", "throughput.png"]
@@ -78,15 +91,19 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
         down(d)
 
 
-@pytest.mark.parametrize("mode, every, reason", [
-    ("sse-error", 3, "SSE error event"),
-    ("status-500", 3, "request(s) failed"),
-    ("zero-tokens", 1, "no request succeeded"),
-    ("short", 1, "far below the 16 asked"),
-    ("miscount", 1, "the engines' counters"),
-])
+@pytest.mark.parametrize(
+    "mode, every, reason",
+    [
+        ("sse-error", 3, "SSE error event"),
+        ("status-500", 3, "request(s) failed"),
+        ("zero-tokens", 1, "no request succeeded"),
+        ("short", 1, "far below the 16 asked"),
+        ("miscount", 1, "the engines' counters"),
+    ],
+)
 def test_the_gate_fails_a_misbehaving_server(deployment, tmp_path, mode, every, reason):
-    """A real server answering badly: bench exits 1 naming why; aiperf alone calls the SSE error case a success."""
+    """A real server answering badly: bench exits 1 naming why; aiperf alone calls the SSE error case a
+    success."""
     d = deployment
     (port,) = free_ports(1)
     tok = tmp_path / "tok"
@@ -94,15 +111,37 @@ def test_the_gate_fails_a_misbehaving_server(deployment, tmp_path, mode, every, 
     from muse_launch.sim.modeldir import make_model_dir
 
     tokenizer = make_model_dir(str(tok), parse_engine_args("vllm", ["bad-model"]))
-    path = d.write({"worker": {"kind": "worker", "port": port, "launcher": [sys.executable, BAD],
-                               "args": ["--mode", mode, "--every", str(every)], "ready": {"http": "/health"}}},
-                   engine="vllm", model="bad-model")
+    path = d.write(
+        {
+            "worker": {
+                "kind": "worker",
+                "port": port,
+                "launcher": [sys.executable, BAD],
+                "args": ["--mode", mode, "--every", str(every)],
+                "ready": {"http": "/health"},
+            }
+        },
+        engine="vllm",
+        model="bad-model",
+    )
     r = d.cli("up", path, "-d", "--no-engine-check", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     try:
         run = tmp_path / "run"
-        r = d.cli("bench", d.name, "--concurrency", "2", "--requests", "6", *POINT, "--tokenizer", tokenizer,
-                  "--out", run, timeout=300)
+        r = d.cli(
+            "bench",
+            d.name,
+            "--concurrency",
+            "2",
+            "--requests",
+            "6",
+            *POINT,
+            "--tokenizer",
+            tokenizer,
+            "--out",
+            run,
+            timeout=300,
+        )
         assert r.returncode == 1, r.stdout + r.stderr
         s = summary(run)
         assert s["valid"] is False and s["simulated"] is False
@@ -125,8 +164,18 @@ def test_equivalence_and_compare_of_pd_against_aggregated(deployment, tmp_path):
             runs = []
             for dep in (d, agg):
                 runs.append(tmp_path / dep.name)
-                r = dep.cli("bench", dep.name, "--concurrency", "2", "--requests", "6", *POINT, "--out", runs[-1],
-                            timeout=300)
+                r = dep.cli(
+                    "bench",
+                    dep.name,
+                    "--concurrency",
+                    "2",
+                    "--requests",
+                    "6",
+                    *POINT,
+                    "--out",
+                    runs[-1],
+                    timeout=300,
+                )
                 assert r.returncode == 0, r.stdout + r.stderr
             out = tmp_path / "cmp"
             r = d.cli("bench", "compare", *runs, "--out", out, timeout=120)
@@ -162,8 +211,20 @@ def test_sweep_dry_run_then_every_combination_once(deployment, tmp_path):
     d = deployment
     path = d.write(agg_roles(*free_ports(2)), **TOP)
     out = tmp_path / "sweep"
-    args = ["sweep", path, "--rehearse", "--vary", "rehearse.itl_ms=1,4", "--concurrency", "2", "--requests", "6",
-            *POINT, "--out", out]
+    args = [
+        "sweep",
+        path,
+        "--rehearse",
+        "--vary",
+        "rehearse.itl_ms=1,4",
+        "--concurrency",
+        "2",
+        "--requests",
+        "6",
+        *POINT,
+        "--out",
+        out,
+    ]
     r = d.cli(*args, "--dry-run")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 combination(s)" in r.stdout and r.stdout.count("[to run]") == 2 and not out.exists()

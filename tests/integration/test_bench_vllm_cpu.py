@@ -26,11 +26,15 @@ POINT = ["--concurrency", "1,2", "--isl", "64", "--osl", "16", "--requests", "4"
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
     """scripts/vllm_cpu_setup.sh's two variables (the venv and the tiny model), and a fresh home."""
-    setup = subprocess.run(["bash", str(REPO / "scripts" / "vllm_cpu_setup.sh")], capture_output=True, text=True,
-                           timeout=1800)
+    setup = subprocess.run(
+        ["bash", str(REPO / "scripts" / "vllm_cpu_setup.sh")], capture_output=True, text=True, timeout=1800
+    )
     assert setup.returncode == 0, f"scripts/vllm_cpu_setup.sh failed:\n{setup.stderr[-2000:]}"
-    found = dict(line.removeprefix("export ").split("=", 1) for line in setup.stdout.splitlines()
-                 if line.startswith("export "))
+    found = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in setup.stdout.splitlines()
+        if line.startswith("export ")
+    )
     assert {"MUSE_LAUNCH_VLLM_PYTHON", "MUSE_LAUNCH_TINY_MODEL"} <= set(found), setup.stdout
     home = tmp_path_factory.mktemp("bench-vllm") / "home"
     home.mkdir()
@@ -38,8 +42,14 @@ def env(tmp_path_factory) -> dict[str, str]:
 
 
 def cli(env: dict, *args, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *map(str, args)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bench_compare_and_equivalence_of_pd_and_aggregated_vllm(env, tmp_path):
@@ -58,7 +68,9 @@ def test_bench_compare_and_equivalence_of_pd_and_aggregated_vllm(env, tmp_path):
             for p in s["points"]:
                 assert p["requests_ok"] == 4 and p["requests_failed"] == 0
                 assert p["output_tokens_mean"] == 16
-                assert p["server_output_tokens"] == p["client_output_tokens"] == 64  # vLLM's own counter agrees
+                assert (
+                    p["server_output_tokens"] == p["client_output_tokens"] == 64
+                )  # vLLM's own counter agrees
             assert s["versions"].get("vllm")
         r = cli(env, "bench", "compare", runs[PD], runs[AGG], "--out", tmp_path / "cmp")
         assert r.returncode == 0, r.stdout + r.stderr

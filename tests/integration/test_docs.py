@@ -37,11 +37,18 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(\s*)```(.*)$")
 NEEDS = re.compile(r"^<!--\s*needs:\s*([\w\s,-]+?)\s*-->$")
 KNOWN_NEEDS = {"slurm", "vllm_cpu", "bench", "k8s", "aiperf"}
-MARKS = {"slurm": pytest.mark.slurm, "vllm_cpu": pytest.mark.vllm_cpu, "bench": pytest.mark.bench,
-         "k8s": pytest.mark.k8s, "aiperf": pytest.mark.bench}
+MARKS = {
+    "slurm": pytest.mark.slurm,
+    "vllm_cpu": pytest.mark.vllm_cpu,
+    "bench": pytest.mark.bench,
+    "k8s": pytest.mark.k8s,
+    "aiperf": pytest.mark.bench,
+}
 TIMEOUT = {None: 600, "slurm": 900, "vllm_cpu": 1200, "bench": 1800, "k8s": 900, "aiperf": 1200}
-K8S_CACHE = Path(os.environ.get("MUSE_K8S_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                 / "muse-launch" / "k8s-local")
+K8S_CACHE = Path(
+    os.environ.get("MUSE_K8S_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "muse-launch" / "k8s-local"
+)
 VLLM_STAMP = Path.home() / ".cache" / "muse-launch" / "vllm-cpu-venv" / ".muse-launch-vllm-cpu.stamp"
 RUN_MARK = "MUSE_LAUNCH_DOCS_TEST"  # in the environment of everything a file's commands start
 
@@ -95,22 +102,27 @@ def parse(path: Path) -> Doc:
         before = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
         tag = NEEDS.match(before) if i > 0 and lines[i - 1].strip() else None
         needs = tuple(n.strip() for n in tag.group(1).split(",")) if tag else ()
-        block = Block(path, i + 1, lang, "\n".join(line[len(indent):] for line in lines[i + 1:end]), needs)
+        block = Block(path, i + 1, lang, "\n".join(line[len(indent) :] for line in lines[i + 1 : end]), needs)
         if lang not in ("sh", "text", "mermaid"):
-            doc.problems.append(f"{block.where}: a ```{lang or ''} block: commands go in ```sh (run by this "
-                                f"test), output in ```text, a picture in ```mermaid")
+            doc.problems.append(
+                f"{block.where}: a ```{lang or ''} block: commands go in ```sh (run by this "
+                f"test), output in ```text, a picture in ```mermaid"
+            )
         if needs and lang != "sh":
-            doc.problems.append(f"{block.where}: `needs:` before a ```{lang} block: it tags ```sh blocks "
-                                f"only")
+            doc.problems.append(
+                f"{block.where}: `needs:` before a ```{lang} block: it tags ```sh blocks only"
+            )
         if lang == "mermaid" and not re.match(r"(flowchart|graph)\b", block.text.strip()):
             doc.problems.append(f"{block.where}: a mermaid block that is not a flowchart")
         if lang == "sh" and not block.text.strip():
             doc.problems.append(f"{block.where}: an empty ```sh block")
         doc.blocks.append(block)
         i = end + 1
-    stray = [f"{shown(path)}:{n}: `{line.strip()}` is not right before a ```sh block"
-             for n, line in enumerate(lines, 1) if NEEDS.match(line.strip())
-             and not any(b.line == n + 1 for b in doc.blocks)]
+    stray = [
+        f"{shown(path)}:{n}: `{line.strip()}` is not right before a ```sh block"
+        for n, line in enumerate(lines, 1)
+        if NEEDS.match(line.strip()) and not any(b.line == n + 1 for b in doc.blocks)
+    ]
     doc.problems += stray
     return doc
 
@@ -134,15 +146,21 @@ def test_the_documents_follow_the_convention() -> None:
 def test_the_parser_refuses_what_would_escape(tmp_path: Path) -> None:
     """The rules above, on a document that breaks each of them."""
     bad = tmp_path / "bad.md"
-    bad.write_text("x\n```bash\nls\n```\n<!-- needs: slurm -->\n```text\nout\n```\n```\nplain\n```\n"
-                   "<!-- needs: k8s -->\n\n```sh\ntrue\n```\n")
+    bad.write_text(
+        "x\n```bash\nls\n```\n<!-- needs: slurm -->\n```text\nout\n```\n```\nplain\n```\n"
+        "<!-- needs: k8s -->\n\n```sh\ntrue\n```\n"
+    )
     doc = parse(bad)
     assert [p.split(": ", 1)[1][:40] for p in doc.problems] == [
-        "a ```bash block: commands go in ```sh (r", "`needs:` before a ```text block: it tags",
-        "a ``` block: commands go in ```sh (run b", "`<!-- needs: k8s -->` is not right befor"]
+        "a ```bash block: commands go in ```sh (r",
+        "`needs:` before a ```text block: it tags",
+        "a ``` block: commands go in ```sh (run b",
+        "`<!-- needs: k8s -->` is not right befor",
+    ]
 
 
 # --- environments a block may need ----------------------------------------------------------------
+
 
 def _in_own_network_namespace() -> bool:
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
@@ -153,23 +171,37 @@ def _in_own_network_namespace() -> bool:
 def _require(need: str) -> None:
     """Fail, naming what to do, where this machine cannot give NEED."""
     if need not in KNOWN_NEEDS:
-        pytest.fail(f"needs: {need}: tests/integration/test_docs.py does not know how to provide this "
-                    f"environment (known: {', '.join(sorted(KNOWN_NEEDS))}); add its provider here",
-                    pytrace=False)
+        pytest.fail(
+            f"needs: {need}: tests/integration/test_docs.py does not know how to provide this "
+            f"environment (known: {', '.join(sorted(KNOWN_NEEDS))}); add its provider here",
+            pytrace=False,
+        )
     if need == "slurm":
         missing = [p for p in ("munged", "slurmctld", "slurmd", "sbatch") if not _which(p)]
         if os.geteuid() != 0 or missing:
-            pytest.fail(f"needs: slurm: root and Debian's SLURM ({', '.join(missing) or 'root'} missing): "
-                        f"`bash scripts/slurm_local.sh install` (scripts/test.sh runs it)", pytrace=False)
+            pytest.fail(
+                f"needs: slurm: root and Debian's SLURM ({', '.join(missing) or 'root'} missing): "
+                f"`bash scripts/slurm_local.sh install` (scripts/test.sh runs it)",
+                pytrace=False,
+            )
     if need == "k8s" and (os.geteuid() != 0 or not (K8S_CACHE / "bin").is_dir()):
-        pytest.fail(f"needs: k8s: root and the control plane's binaries in {K8S_CACHE}: "
-                    f"`bash scripts/k8s_local.sh prepare` (scripts/test.sh runs it)", pytrace=False)
+        pytest.fail(
+            f"needs: k8s: root and the control plane's binaries in {K8S_CACHE}: "
+            f"`bash scripts/k8s_local.sh prepare` (scripts/test.sh runs it)",
+            pytrace=False,
+        )
     if need == "aiperf" and not (REPO / ".venv" / "bin" / "aiperf").exists():
-        pytest.fail("needs: aiperf: the `bench` extra is not installed in .venv: "
-                    "`.venv/bin/pip install -e '.[bench]'` (scripts/test.sh installs it)", pytrace=False)
+        pytest.fail(
+            "needs: aiperf: the `bench` extra is not installed in .venv: "
+            "`.venv/bin/pip install -e '.[bench]'` (scripts/test.sh installs it)",
+            pytrace=False,
+        )
     if need == "vllm_cpu" and not VLLM_STAMP.exists():
-        pytest.fail(f"needs: vllm_cpu: no vLLM CPU venv ({VLLM_STAMP} is missing): "
-                    f"`bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it)", pytrace=False)
+        pytest.fail(
+            f"needs: vllm_cpu: no vLLM CPU venv ({VLLM_STAMP} is missing): "
+            f"`bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it)",
+            pytrace=False,
+        )
 
 
 def _which(program: str) -> bool:
@@ -185,19 +217,22 @@ class LocalCluster:
         self.script = REPO / "scripts" / "slurm_local.sh"
 
     def __enter__(self) -> str:
-        start = subprocess.run(["bash", str(self.script), "start", str(self.dir)], capture_output=True,
-                               text=True, timeout=180)
+        start = subprocess.run(
+            ["bash", str(self.script), "start", str(self.dir)], capture_output=True, text=True, timeout=180
+        )
         assert start.returncode == 0, f"slurm_local.sh start:\n{start.stdout}{start.stderr}"
         return str(self.dir / "slurm.conf")
 
     def __exit__(self, *exc) -> None:
-        stop = subprocess.run(["bash", str(self.script), "stop", str(self.dir)], capture_output=True,
-                              text=True, timeout=120)
+        stop = subprocess.run(
+            ["bash", str(self.script), "stop", str(self.dir)], capture_output=True, text=True, timeout=120
+        )
         assert stop.returncode == 0, stop.stderr
         assert not self.dir.exists(), "slurm_local.sh stop leaves the cluster's directory"
 
 
 # --- running a document ---------------------------------------------------------------------------
+
 
 def script_of(doc: Doc) -> str:
     parts = ["set -e"]
@@ -207,8 +242,9 @@ def script_of(doc: Doc) -> str:
 
 
 def _listeners() -> set[tuple[str, int]]:
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet")
-            if c.status == psutil.CONN_LISTEN}
+    return {
+        (c.laddr.ip, c.laddr.port) for c in psutil.net_connections("inet") if c.status == psutil.CONN_LISTEN
+    }
 
 
 def _started_by(token: str) -> list[psutil.Process]:
@@ -226,12 +262,23 @@ def _leftovers(env: dict[str, str], token: str, listening_before: set[tuple[str,
     """What the file's commands left: deployments in its home, processes carrying its mark, new listeners.
     Each is stopped (down, then SIGKILL) so that the next test starts clean."""
     left = []
-    ls = subprocess.run([sys.executable, "-m", "muse_launch", "ls", "--json"], env=env, cwd=REPO,
-                        capture_output=True, text=True, timeout=60)
+    ls = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "ls", "--json"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     for deployment in json.loads(ls.stdout or "[]"):
         left.append(f"deployment {deployment['name']} ({deployment['state']})")
-        subprocess.run([sys.executable, "-m", "muse_launch", "down", deployment["name"]], env=env, cwd=REPO,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "muse_launch", "down", deployment["name"]],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            timeout=300,
+        )
     for proc in _started_by(token):
         try:
             left.append(f"pid {proc.pid} ({' '.join(proc.cmdline())[:120]})")
@@ -254,13 +301,19 @@ def test_every_command_runs_as_written(path: Path, tmp_path: Path) -> None:
     for need in sorted(doc.needs):
         _require(need)
     if not _in_own_network_namespace():
-        pytest.fail("the documents' commands use the topologies' fixed ports: run this test in a network "
-                    "namespace of its own (`bash scripts/test.sh`, or "
-                    "`unshare -n sh -c 'ip link set lo up; ...'`)",
-                    pytrace=False)
+        pytest.fail(
+            "the documents' commands use the topologies' fixed ports: run this test in a network "
+            "namespace of its own (`bash scripts/test.sh`, or "
+            "`unshare -n sh -c 'ip link set lo up; ...'`)",
+            pytrace=False,
+        )
     token = f"{os.getpid()}-{tmp_path.name}"
-    env = {**os.environ, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
-           "MUSE_LAUNCH_HOME": str(tmp_path / "home"), RUN_MARK: token}
+    env = {
+        **os.environ,
+        "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '')}",
+        "MUSE_LAUNCH_HOME": str(tmp_path / "home"),
+        RUN_MARK: token,
+    }
     env.pop("SLURM_CONF", None)
     (tmp_path / "script.sh").write_text(script_of(doc))
     if "slurm" in doc.needs:
@@ -269,19 +322,31 @@ def test_every_command_runs_as_written(path: Path, tmp_path: Path) -> None:
     else:
         ran, left = _run(tmp_path, env, token, _listeners())
     last = [line for line in ran.stderr.splitlines() if line.startswith(">>> ")]
-    failed = [f"{last[-1][4:] if last else path.name}: a block failed (exit {ran.returncode})"] \
-        if ran.returncode else []
+    failed = (
+        [f"{last[-1][4:] if last else path.name}: a block failed (exit {ran.returncode})"]
+        if ran.returncode
+        else []
+    )
     failed += [f"{path.relative_to(REPO)}'s commands left running (now stopped): {left}"] if left else []
-    assert not failed, "\n".join([*failed, f"--- stdout\n{ran.stdout[-4000:]}",
-                                  f"--- stderr\n{ran.stderr[-4000:]}"])
+    assert not failed, "\n".join(
+        [*failed, f"--- stdout\n{ran.stdout[-4000:]}", f"--- stderr\n{ran.stderr[-4000:]}"]
+    )
 
 
-def _run(tmp_path: Path, env: dict[str, str], token: str,
-         listening_before: set[tuple[str, int]]) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _run(
+    tmp_path: Path, env: dict[str, str], token: str, listening_before: set[tuple[str, int]]
+) -> tuple[subprocess.CompletedProcess, list[str]]:
     timeout = max(TIMEOUT.values())
     try:
-        ran = subprocess.run(["bash", str(tmp_path / "script.sh")], env=env, cwd=REPO, capture_output=True,
-                             text=True, timeout=timeout, start_new_session=True)
+        ran = subprocess.run(
+            ["bash", str(tmp_path / "script.sh")],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
     finally:
         left = _leftovers(env, token, listening_before)
     return ran, left

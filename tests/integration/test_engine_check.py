@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.engine_parsers, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
-VENV = Path(os.environ.get("MUSE_LAUNCH_PARSERS_VENV") or Path.home() / ".cache/muse-launch/engine-parsers-venv")
+VENV = Path(
+    os.environ.get("MUSE_LAUNCH_PARSERS_VENV") or Path.home() / ".cache/muse-launch/engine-parsers-venv"
+)
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +34,8 @@ def parsers_bin() -> Path:
     bin_dir = VENV / "bin"
     for program in ("python", "sglang", "vllm"):
         assert (bin_dir / program).exists(), (
-            f"{bin_dir / program} is missing: run scripts/install_engine_parsers.sh (scripts/test.sh does)")
+            f"{bin_dir / program} is missing: run scripts/install_engine_parsers.sh (scripts/test.sh does)"
+        )
     return bin_dir
 
 
@@ -74,6 +77,7 @@ def only(result: engine.EngineCheckResult, role: str):
 
 
 # ---- every recipe passes ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=[p.stem for p in TOPOLOGIES])
 def test_every_topology_passes_the_released_parsers(path: Path, engine_path: str) -> None:
@@ -132,8 +136,10 @@ def test_sglang_and_router_rejections(tmp_path: Path, engine_path: str) -> None:
     choice = only(result, "prefill")
     assert choice.severity is Severity.ERROR and choice.path == ("roles", "prefill", "transfer_backend")
     assert loaded.line_of(choice.path) == line_of(path, "transfer_backend: mooncack")
-    assert "sglang 0.5.23 refuses the command: argument --disaggregation-transfer-backend: invalid choice: " \
-           "'mooncack'" in choice.message
+    assert (
+        "sglang 0.5.23 refuses the command: argument --disaggregation-transfer-backend: invalid choice: "
+        "'mooncack'" in choice.message
+    )
 
     wrong_type = only(result, "decode")
     assert wrong_type.path == ("roles", "decode", "args", 2)
@@ -147,9 +153,14 @@ def test_sglang_and_router_rejections(tmp_path: Path, engine_path: str) -> None:
 
     policy = only(result, "router")
     assert policy.path == ("roles", "router", "args", 0)
-    assert "sglang-router 0.3.2 refuses the command: argument --policy: invalid choice: 'fastest'" in policy.message
+    assert (
+        "sglang-router 0.3.2 refuses the command: argument --policy: invalid choice: 'fastest'"
+        in policy.message
+    )
     text = choice.format(loaded)
-    assert text.startswith(f"{path}:{loaded.line_of(choice.path)}: error: roles.prefill.transfer_backend: prefill: ")
+    assert text.startswith(
+        f"{path}:{loaded.line_of(choice.path)}: error: roles.prefill.transfer_backend: prefill: "
+    )
 
 
 VLLM_BAD = """
@@ -185,7 +196,7 @@ VLLM_BAD = """
         gpus: [6, 7]
         port: 8004
         tp: 2
-        args: [--max-num-sequences, "128"]              # unknown flag (a prefix would pass: argparse abbreviates)
+        args: [--max-num-sequences, "128"]  # unknown flag (a prefix would pass: argparse abbreviates)
       router:
         kind: router
         engine: vllm-router
@@ -201,13 +212,17 @@ def test_vllm_rejections(tmp_path: Path, engine_path: str) -> None:
     kv = only(result, "prefill")
     assert kv.path == ("roles", "prefill", "kv_transfer_config")
     assert loaded.line_of(kv.path) == line_of(path, "kv_transfer_config: {kv_role")
-    assert "vllm 0.33.0 refuses the command: argument --kv-transfer-config: 1 validation error for " \
-           "KVTransferConfig kv_role Input should be 'kv_producer', 'kv_both' or 'kv_consumer'" in kv.message
+    assert (
+        "vllm 0.33.0 refuses the command: argument --kv-transfer-config: 1 validation error for "
+        "KVTransferConfig kv_role Input should be 'kv_producer', 'kv_both' or 'kv_consumer'" in kv.message
+    )
 
     spec = only(result, "decode")
     assert spec.path == ("roles", "decode", "args", 0)
-    assert "argument --speculative-config: 1 validation error for SpeculativeConfig num_speculative_tokens " \
-           "Input should be a valid integer" in spec.message
+    assert (
+        "argument --speculative-config: 1 validation error for SpeculativeConfig num_speculative_tokens "
+        "Input should be a valid integer" in spec.message
+    )
 
     connector = only(result, "decode2")
     assert connector.path == ("roles", "decode2", "transfer_backend")
@@ -222,8 +237,12 @@ def test_vllm_rejections(tmp_path: Path, engine_path: str) -> None:
 
 
 def test_top_level_args_are_blamed_on_their_line(tmp_path: Path, engine_path: str) -> None:
-    path = write(tmp_path, SGLANG_BAD.replace("args: [--quantization, modelopt_fp4]",
-                                              "args: [--quantization, modelopt_fp4, --page-size, big]"))
+    path = write(
+        tmp_path,
+        SGLANG_BAD.replace(
+            "args: [--quantization, modelopt_fp4]", "args: [--quantization, modelopt_fp4, --page-size, big]"
+        ),
+    )
     result, loaded = run_check(path)
     top = [f for f in result.findings if f.path == ("args", 2)]
     assert len(top) == 1 and set(top[0].roles) == {"prefill", "decode", "decode2"}, result.findings
@@ -232,11 +251,15 @@ def test_top_level_args_are_blamed_on_their_line(tmp_path: Path, engine_path: st
 
 
 def test_recipe_text_the_release_refuses_is_a_warning_naming_the_recipe(
-        tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """vllm 0.33.0 accepts the AMD DSpark config as topologies/ has it (checked above); a refusal of
     recipe text is reported as a warning, here with a value 0.33.0 refuses."""
-    text = (ROOT / "topologies" / "vllm-tep-mi355x.yaml").read_text().replace(
-        '"attention_backend":"ROCM_AITER_FA"', '"attention_backend":"ROCM_AITER_FA_V9"')
+    text = (
+        (ROOT / "topologies" / "vllm-tep-mi355x.yaml")
+        .read_text()
+        .replace('"attention_backend":"ROCM_AITER_FA"', '"attention_backend":"ROCM_AITER_FA_V9"')
+    )
     path = tmp_path / "mi355x.yaml"
     path.write_text(text)
     result, loaded = run_check(path)
@@ -247,7 +270,8 @@ def test_recipe_text_the_release_refuses_is_a_warning_naming_the_recipe(
 
 
 def test_a_pass_is_remembered_until_the_command_or_the_install_changes(
-        tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = ROOT / "topologies" / "epd-b300.yaml"
     first, _ = run_check(path)
@@ -265,22 +289,28 @@ def test_a_pass_is_remembered_until_the_command_or_the_install_changes(
 
 # ---- where the engine is not here ----------------------------------------------------------------
 
-def test_an_engine_that_cannot_be_imported_is_skipped_with_one_line(tmp_path: Path, engine_path: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+
+def test_an_engine_that_cannot_be_imported_is_skipped_with_one_line(
+    tmp_path: Path, engine_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = write(tmp_path, SGLANG_BAD)
     monkeypatch.setenv("PATH", str(Path(sys.executable).parent))  # no sglang here, the routers are
     result, _ = run_check(path)
     assert [n for n in result.notes if "skipped" in n] == [
-        "engine check: skipped prefill, decode, decode2 (sglang): `sglang` is not on PATH"]
+        "engine check: skipped prefill, decode, decode2 (sglang): `sglang` is not on PATH"
+    ]
     # an interpreter without the engine: its parser process says so
     result, _ = run_check(path, (f"launcher=[{sys.executable}, -m, sglang.launch_server]",))
     (note,) = [n for n in result.notes if "skipped" in n]
-    assert note.startswith(f"engine check: skipped prefill, decode, decode2: sglang cannot be imported by {sys.executable}")
+    assert note.startswith(
+        f"engine check: skipped prefill, decode, decode2: sglang cannot be imported by {sys.executable}"
+    )
     assert [f.roles for f in result.findings] == [("router",)]  # the router is still checked
 
 
-def test_a_router_behind_a_wrapper_is_skipped_not_judged_by_the_wrappers_help(tmp_path: Path,
-                                                                             engine_path: str) -> None:
+def test_a_router_behind_a_wrapper_is_skipped_not_judged_by_the_wrappers_help(
+    tmp_path: Path, engine_path: str
+) -> None:
     """A launcher that is not the router's program (a wrapper, a stand-in) prints its own --help: the
     router's options are not in it, so the router is skipped with one line instead of refused."""
     wrapper = tmp_path / "wrapper.py"
@@ -293,9 +323,16 @@ def test_a_router_behind_a_wrapper_is_skipped_not_judged_by_the_wrappers_help(tm
 
 # ---- through the CLI ------------------------------------------------------------------------------
 
+
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
 
 
 UP_BAD = """
@@ -326,8 +363,11 @@ def test_validate_engine_check_and_up_refuse_before_starting(tmp_path: Path, eng
     assert plain.returncode == 0 and "refuses" not in plain.stderr, plain.stderr
     bad = cli("validate", str(path), "--engine-check", env=env)
     assert bad.returncode == 1
-    assert f"{path}:{line_of(path, '--max-running-requests')}: error: roles.decode.args[2]: decode: sglang 0.5.23 " \
-           f"refuses the command: argument --max-running-requests: invalid int value: 'lots'" in bad.stderr
+    assert (
+        f"{path}:{line_of(path, '--max-running-requests')}: error: roles.decode.args[2]: decode: sglang "
+        "0.5.23 "
+        f"refuses the command: argument --max-running-requests: invalid int value: 'lots'" in bad.stderr
+    )
 
     up = cli("up", str(path), "--detach", env=env)
     assert up.returncode == 1, up.stdout + up.stderr

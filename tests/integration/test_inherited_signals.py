@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-
 from harness import REPO, free_ports, stand_in, wait_for
 
 pytestmark = pytest.mark.integration
@@ -21,12 +20,14 @@ STOP_SIGNALS = {signal.SIGINT, signal.SIGQUIT, signal.SIGTERM}
 
 def ignoring(*, ignored: bool, blocked: bool):
     """A preexec_fn: the child starts with SIGINT, SIGQUIT and SIGTERM ignored and/or blocked."""
+
     def preexec() -> None:
         if ignored:
             for sig in STOP_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
         if blocked:
             signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
     return preexec
 
 
@@ -43,18 +44,33 @@ def sig_sets(pid: int) -> dict[str, set[int]]:
 
 
 def muse(deployment, *args: str, preexec) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "muse_launch", *args], cwd=REPO, env=deployment.env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=preexec)
+    return subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", *args],
+        cwd=REPO,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=preexec,
+    )
 
 
-@pytest.mark.parametrize("ignored,blocked", [(True, False), (False, True), (True, True)],
-                         ids=["ignored", "blocked", "both"])
+@pytest.mark.parametrize(
+    "ignored,blocked", [(True, False), (False, True), (True, True)], ids=["ignored", "blocked", "both"]
+)
 def test_logs_follow_stops_on_ctrl_c_whatever_its_parent_ignored(deployment, ignored: bool, blocked: bool):
     (port,) = free_ports(1)
     topology = deployment.write({"server": stand_in(port)})
     assert deployment.cli("up", topology, "--detach").returncode == 0
-    follow = muse(deployment, "logs", deployment.name, "-f", "-n", "1", preexec=ignoring(ignored=ignored,
-                                                                                       blocked=blocked))
+    follow = muse(
+        deployment,
+        "logs",
+        deployment.name,
+        "-f",
+        "-n",
+        "1",
+        preexec=ignoring(ignored=ignored, blocked=blocked),
+    )
     try:
         assert "server |" in follow.stdout.readline()  # following now
         sets = sig_sets(follow.pid)
@@ -78,8 +94,10 @@ def test_foreground_up_stops_on_ctrl_c_and_its_role_on_its_own_stop_signal(deplo
     up = muse(deployment, "up", topology, preexec=ignoring(ignored=True, blocked=True))
     try:
         seen: list[str] = []
-        wait_for(lambda: seen.append(up.stdout.readline()) or "ready in" in seen[-1] or not seen[-1],
-                 timeout=LOADED)
+        wait_for(
+            lambda: seen.append(up.stdout.readline()) or "ready in" in seen[-1] or not seen[-1],
+            timeout=LOADED,
+        )
         assert "ready in" in seen[-1], "".join(seen)
         for pid in (up.pid, deployment.role("server")["pid"]):
             sets = sig_sets(pid)

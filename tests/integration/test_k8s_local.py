@@ -15,8 +15,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "k8s_local.sh"
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env={**os.environ, **env}
+    )
 
 
 def test_no_kit(tmp_path: Path):
@@ -56,9 +57,19 @@ def test_a_directory_it_did_not_make_is_refused(tmp_path: Path):
 
 
 def muse(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "KUBECONFIG": str(tmp_path / "no-kubeconfig"), "MUSE_LAUNCH_HOME": str(tmp_path / "home")}
-    return subprocess.run([sys.executable, "-m", "muse_launch", *args], capture_output=True, text=True, timeout=120,
-                          env=env, cwd=SCRIPT.parents[1])
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(tmp_path / "no-kubeconfig"),
+        "MUSE_LAUNCH_HOME": str(tmp_path / "home"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=SCRIPT.parents[1],
+    )
 
 
 def test_up_on_k8s_without_a_cluster_says_where_it_looked(tmp_path: Path):

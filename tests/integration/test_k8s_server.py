@@ -43,7 +43,9 @@ def test_every_topology_is_accepted_by_the_server(path, flavour, k8s_cluster, tm
     out = exported(path, flavour, tmp_path / "m")
     code, stdout, stderr = run_cli(capsys, monkeypatch, k8s_cluster, "export", "--check", out, "--server")
     assert code == 0, stderr
-    assert re.search(r": ok \(\d+ objects accepted by the API server at https://127\.0\.0\.1:6443", stdout), stdout
+    assert re.search(r": ok \(\d+ objects accepted by the API server at https://127\.0\.0\.1:6443", stdout), (
+        stdout
+    )
 
 
 def _edit(path: Path, change) -> None:
@@ -58,30 +60,59 @@ def _lws_container(docs):
 
 BROKEN = {
     # an unknown field in the LWS itself: the typed patch refuses it (HTTP 500), path resolved from the answer
-    "unknown-field": ("lws", "decode.yaml", lambda d: d[0]["spec"].update(bogus=2),
-                      "LeaderWorkerSet/epd-b300-decode: spec.bogus: field not declared in schema"),
+    "unknown-field": (
+        "lws",
+        "decode.yaml",
+        lambda d: d[0]["spec"].update(bogus=2),
+        "LeaderWorkerSet/epd-b300-decode: spec.bogus: field not declared in schema",
+    ),
     # LWS's validating webhook (HTTP 403)
-    "webhook": ("lws", "encoder.yaml", lambda d: d[0]["spec"]["leaderWorkerTemplate"].update(size=0),
-                "LeaderWorkerSet/epd-b300-encoder: spec.leaderWorkerTemplate.size: Invalid value: 0"),
+    "webhook": (
+        "lws",
+        "encoder.yaml",
+        lambda d: d[0]["spec"]["leaderWorkerTemplate"].update(size=0),
+        "LeaderWorkerSet/epd-b300-encoder: spec.leaderWorkerTemplate.size: Invalid value: 0",
+    ),
     # the pod template, judged as a pod: a port out of range (HTTP 422, at the template's own path)
-    "pod-port": ("lws", "prefill.yaml", lambda d: _lws_container(d)["ports"][0].update(containerPort=700000),
-                 "LeaderWorkerSet/epd-b300-prefill: spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]"
-                 ".ports[0].containerPort: Invalid value: 700000"),
-    # an unknown field inside an RBG pod template, which the CRD's schema lets through (strict decoding of the pod)
-    "rbg-template": ("rbg", "epd-b300-rbg.yaml",
-                     lambda d: d[0]["spec"]["roles"][0]["standalonePattern"]["template"]["spec"]["containers"][0]
-                     .update(imagex="x"),
-                     "RoleBasedGroup/epd-b300-rbg: spec.roles[0].standalonePattern.template.spec.containers[0]"
-                     ".imagex: field not declared in schema"),
+    "pod-port": (
+        "lws",
+        "prefill.yaml",
+        lambda d: _lws_container(d)["ports"][0].update(containerPort=700000),
+        "LeaderWorkerSet/epd-b300-prefill: spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]"
+        ".ports[0].containerPort: Invalid value: 700000",
+    ),
+    # an unknown field inside an RBG pod template, which the CRD's schema lets through (strict decoding of the
+    # pod)
+    "rbg-template": (
+        "rbg",
+        "epd-b300-rbg.yaml",
+        lambda d: d[0]["spec"]["roles"][0]["standalonePattern"]["template"]["spec"]["containers"][0].update(
+            imagex="x"
+        ),
+        "RoleBasedGroup/epd-b300-rbg: spec.roles[0].standalonePattern.template.spec.containers[0]"
+        ".imagex: field not declared in schema",
+    ),
     # a CEL / OpenAPI rule of the RBG CRD (HTTP 422)
-    "rbg-replicas": ("rbg", "epd-b300-rbg.yaml", lambda d: d[0]["spec"]["roles"][1].update(replicas=-1),
-                     "RoleBasedGroup/epd-b300-rbg: spec.roles[1].replicas: Invalid value: -1"),
+    "rbg-replicas": (
+        "rbg",
+        "epd-b300-rbg.yaml",
+        lambda d: d[0]["spec"]["roles"][1].update(replicas=-1),
+        "RoleBasedGroup/epd-b300-rbg: spec.roles[1].replicas: Invalid value: -1",
+    ),
     # a Service's built-in validation
-    "service-port": ("lws", "router.yaml", lambda d: d[1]["spec"]["ports"][0].update(port=0),
-                     "Service/epd-b300-router: spec.ports[0].port: Invalid value: 0"),
+    "service-port": (
+        "lws",
+        "router.yaml",
+        lambda d: d[1]["spec"]["ports"][0].update(port=0),
+        "Service/epd-b300-router: spec.ports[0].port: Invalid value: 0",
+    ),
     # a namespace that is not there
-    "namespace": ("lws", "router.yaml", lambda d: d[1]["metadata"].update(namespace="nowhere"),
-                  'Service/epd-b300-router: metadata.namespace: namespaces "nowhere" not found'),
+    "namespace": (
+        "lws",
+        "router.yaml",
+        lambda d: d[1]["metadata"].update(namespace="nowhere"),
+        'Service/epd-b300-router: metadata.namespace: namespaces "nowhere" not found',
+    ),
 }
 
 
@@ -125,11 +156,11 @@ def test_both_flavours_of_one_file_apply_into_one_namespace(k8s_cluster, tmp_pat
                 assert key not in owners, f"{key} applied by both {owners[key]} and {flavour}"
                 owners[key] = flavour
                 labels = answer.metadata.labels
-                assert labels["app.kubernetes.io/instance"] == ("epd-b300" if flavour == "lws"
-                                                                else "epd-b300-rbg")
+                assert labels["app.kubernetes.io/instance"] == (
+                    "epd-b300" if flavour == "lws" else "epd-b300-rbg"
+                )
         services = {s.metadata.name for s in cluster.core().list_namespaced_service(ns).items}
         assert {"epd-b300-router", "epd-b300-rbg-router", "epd-b300-decode"} <= services
     finally:
         cluster.core().delete_namespace(ns)
         cluster.close()
-

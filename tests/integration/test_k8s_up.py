@@ -27,8 +27,14 @@ def ml(k8s_cluster, tmp_path):
     env = k8s_cluster.env(MUSE_LAUNCH_HOME=str(tmp_path / "home"), **SECRETS)
 
     def run(*args: object, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, cwd=ROOT, env=env)
+        return subprocess.run(
+            [sys.executable, "-m", "muse_launch", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env=env,
+        )
 
     yield run
 
@@ -41,12 +47,16 @@ def core(k8s_cluster):
 
 def agent_children(k8s_cluster) -> list[str]:
     pid = int((k8s_cluster.dir / "run" / "nodes.pid").read_text().split()[0])
-    return [" ".join(p.cmdline()[:4]) for p in psutil.Process(pid).children(recursive=True) if p.is_running()
-            and p.status() != psutil.STATUS_ZOMBIE]
+    return [
+        " ".join(p.cmdline()[:4])
+        for p in psutil.Process(pid).children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 def pod_processes(k8s_cluster) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """What the agent runs for each pod (its nodes/pods/NS/POD.json): argv as started, and the process's env."""
+    """What the agent runs for each pod (its nodes/pods/NS/POD.json): argv as started, and the process's
+    env."""
     out = {}
     for info in (k8s_cluster.dir / "nodes" / "pods").glob("*/*.json"):
         data = json.loads(info.read_text())
@@ -69,7 +79,8 @@ def pods(cluster, namespace: str = "default") -> list[str]:
     return [p.metadata.name for p in cluster.core().list_namespaced_pod(namespace).items]
 
 
-# Both flavours; one and several nodes per role; sglang and vLLM; replicas; the real routers (sglang's, vLLM's).
+# Both flavours; one and several nodes per role; sglang and vLLM; replicas; the real routers (sglang's,
+# vLLM's).
 CASES = [
     ("topologies/epd-b300.yaml", "rbg", []),
     ("topologies/epd-b300.yaml", "lws", []),
@@ -135,7 +146,9 @@ def test_a_pod_no_node_fits_is_named_with_the_schedulers_reason(ml, k8s_cluster)
     nodes = [n.metadata.name for n in v1.list_node().items]
     try:
         for n in nodes:
-            v1.patch_node_status(n, {"status": {"allocatable": {"nvidia.com/gpu": "4"}, "capacity": {"nvidia.com/gpu": "4"}}})
+            v1.patch_node_status(
+                n, {"status": {"allocatable": {"nvidia.com/gpu": "4"}, "capacity": {"nvidia.com/gpu": "4"}}}
+            )
         up = ml("up", "topologies/h200-bf16-2node.yaml", "--on", "k8s", "--rehearse", "-d")
         assert up.returncode == 1, up.stdout + up.stderr
         assert "error: pod h200-bf16-2node-server-0" in up.stdout and "stays Pending" in up.stdout, up.stdout
@@ -147,7 +160,9 @@ def test_a_pod_no_node_fits_is_named_with_the_schedulers_reason(ml, k8s_cluster)
         assert not pods(cluster)
     finally:
         for n in nodes:
-            v1.patch_node_status(n, {"status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"}}})
+            v1.patch_node_status(
+                n, {"status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"}}}
+            )
         ml("down", "h200-bf16-2node")
         cluster.close()
 
@@ -155,16 +170,30 @@ def test_a_pod_no_node_fits_is_named_with_the_schedulers_reason(ml, k8s_cluster)
 def test_a_missing_secret_is_named_and_nothing_starts_until_it_exists(ml, k8s_cluster):
     cluster = core(k8s_cluster)
     v1 = cluster.core()
-    args = ("up", "tests/data/export/pd-secrets.yaml", "--on", "k8s", "--rehearse", "--image", "example.org/muse:1", "-d")
+    args = (
+        "up",
+        "tests/data/export/pd-secrets.yaml",
+        "--on",
+        "k8s",
+        "--rehearse",
+        "--image",
+        "example.org/muse:1",
+        "-d",
+    )
     try:
         refused = ml(*args)
         assert refused.returncode == 1, refused.stdout + refused.stderr
         assert "Secret pd-secrets-secrets in namespace default lacks HF_TOKEN, MODEL_ALIAS" in refused.stderr
-        assert "kubectl -n default create secret generic pd-secrets-secrets --from-literal=HF_TOKEN=..." \
+        assert (
+            "kubectl -n default create secret generic pd-secrets-secrets --from-literal=HF_TOKEN=..."
             in refused.stderr
-        assert not pods(cluster) and not [s for s in v1.list_namespaced_service("default").items
-                                          if s.metadata.name.startswith("pd-secrets")]
-        v1.create_namespaced_secret("default", {"metadata": {"name": "pd-secrets-secrets"}, "stringData": SECRETS})
+        )
+        assert not pods(cluster) and not [
+            s for s in v1.list_namespaced_service("default").items if s.metadata.name.startswith("pd-secrets")
+        ]
+        v1.create_namespaced_secret(
+            "default", {"metadata": {"name": "pd-secrets-secrets"}, "stringData": SECRETS}
+        )
         up = ml(*args)
         assert up.returncode == 0, up.stdout + up.stderr
         for value in SECRETS.values():  # a secret's value is nowhere in what `up` printed
@@ -173,7 +202,9 @@ def test_a_missing_secret_is_named_and_nothing_starts_until_it_exists(ml, k8s_cl
         argv, env = next(v for k, v in running.items() if k.startswith("pd-secrets-prefill"))
         assert env["HF_TOKEN"] == SECRETS["HF_TOKEN"] and f"muse-{SECRETS['MODEL_ALIAS']}" in argv
         smoke = ml("smoke", "pd-secrets")
-        assert smoke.returncode == 0 and "muse-alias-5678" in smoke.stdout, smoke.stdout  # read from the Secret
+        assert smoke.returncode == 0 and "muse-alias-5678" in smoke.stdout, (
+            smoke.stdout
+        )  # read from the Secret
         assert ml("down", "pd-secrets").returncode == 0
     finally:
         ml("down", "pd-secrets")
@@ -187,8 +218,16 @@ def test_a_missing_secret_is_named_and_nothing_starts_until_it_exists(ml, k8s_cl
 def test_a_crash_looping_pod_is_named_with_its_log_tail(ml, k8s_cluster):
     cluster = core(k8s_cluster)
     try:
-        up = ml("up", "tests/data/k8s/crash-loop.yaml", "--on", "k8s", "--rehearse", "--image", "example.org/tool:1",
-                "-d")
+        up = ml(
+            "up",
+            "tests/data/k8s/crash-loop.yaml",
+            "--on",
+            "k8s",
+            "--rehearse",
+            "--image",
+            "example.org/tool:1",
+            "-d",
+        )
         assert up.returncode == 1, up.stdout + up.stderr
         assert "error: pod crash-loop-tool-" in up.stdout and "crash-loops" in up.stdout, up.stdout
         assert "boom: the tool gives up" in up.stdout, up.stdout  # its log, read through the API server

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from harness import Deployment, free_ports, stand_in
 from rehearsal import READY_AFTER, require_free
+
 from muse_launch.core import load_plan
 
 pytestmark = pytest.mark.integration
@@ -55,8 +55,9 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
         assert fix in second.stderr
         assert "start:" not in second.stdout + second.stderr  # how it starts: said once nothing refuses
         listed = json.loads(deployment.cli("ls", "--json").stdout)
-        assert [(d["name"], d["state"], d["ready"], d["roles"]) for d in listed] == \
-            [("epd-b300", "ready", 4, 4)]
+        assert [(d["name"], d["state"], d["ready"], d["roles"]) for d in listed] == [
+            ("epd-b300", "ready", 4, 4)
+        ]
         status = json.loads(epd.cli("status", "--json").stdout)
         assert status["name"] == "epd-b300" and {r["health"] for r in status["roles"]} == {"ok"}
     finally:
@@ -72,10 +73,19 @@ def test_ports_held_by_another_deployment_name_it_and_how_to_stop_it(deployment:
 def complete(d: Deployment, line: str) -> list[str]:
     """What bash's completion offers for `muse-launch LINE` (typer's own completion protocol)."""
     words = ["muse-launch", *line.split()] + ([""] if line.endswith(" ") else [])
-    env = {**d.env, "_MUSE_LAUNCH_COMPLETE": "complete_bash", "COMP_WORDS": " ".join(words),
-           "COMP_CWORD": str(len(words) - 1)}
-    done = subprocess.run([str(Path(sys.executable).with_name("muse-launch"))], env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        **d.env,
+        "_MUSE_LAUNCH_COMPLETE": "complete_bash",
+        "COMP_WORDS": " ".join(words),
+        "COMP_CWORD": str(len(words) - 1),
+    }
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("muse-launch"))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 

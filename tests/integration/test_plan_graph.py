@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from cli_run import REPO, muse
 from graph_tools import HOSTILE, dot_svg, hostile_plan, mermaid_decoded, mermaid_parse
+
 from muse_launch.plan.build import build_plan
 from muse_launch.render_graph import build_graph, to_dot, to_mermaid
 from muse_launch.topology.load import load_topology

@@ -56,8 +56,9 @@ def test_up_smoke_down(path: Path, tmp_path: Path):
 
         status = d.status()
         assert status["state"] == "ready", status
-        assert [(r["name"], r["state"], r["health"]) for r in status["roles"]] == \
-            [(s.name, "ready", "ok") for s in plan.specs], status
+        assert [(r["name"], r["state"], r["health"]) for r in status["roles"]] == [
+            (s.name, "ready", "ok") for s in plan.specs
+        ], status
 
         smoke = d.cli("smoke", plan.name, "--timeout", "60", timeout=120)
         assert smoke.returncode == 0, f"smoke: {smoke.stdout}{smoke.stderr}\n{tails(d)}"
@@ -88,7 +89,9 @@ def test_the_sim_reads_every_rendered_argv(path: Path):
         cfg = parse_engine_args(spec.engine, list(spec.args))
         assert startup_errors(cfg) == [], spec.name
         # SGLang node ranks > 0 answer /health on their port (a dummy server) though the plan lists none.
-        assert cfg.serves_http == ("http" in spec.ports or spec.engine == "sglang" and bool(spec.node)), spec.name
+        assert cfg.serves_http == ("http" in spec.ports or spec.engine == "sglang" and bool(spec.node)), (
+            spec.name
+        )
         if cfg.serves_http:
             assert cfg.host == spec.bind, spec.name
         ranks = [s.name for s in plan.specs if s.role == spec.role and s.node]
@@ -112,18 +115,42 @@ def test_multi_node_needs_rehearse_here(path: Path, tmp_path: Path):
 def test_multi_node_rehearsal_plan_puts_each_node_on_its_own_loopback_address():
     plan = load_plan(REPO / "topologies" / "vllm-multinode-dep-b200.yaml", rehearse=True).plan
     assert [(s.name, s.bind, s.ports["http"]) for s in plan.specs] == [
-        ("server@node0", "127.0.0.1", 8000), ("server@node1", "127.0.0.2", 8000)]
+        ("server@node0", "127.0.0.1", 8000),
+        ("server@node1", "127.0.0.2", 8000),
+    ]
 
 
 def test_port_preflight_is_per_address():
     """The same port on two loopback addresses: only the role on the held address is reported busy."""
     with socket.create_server(("127.0.0.2", 0)) as held:
         port = held.getsockname()[1]
-        plan = Plan("two-nodes", (
-            LaunchSpec("a@node0", "a", "worker", "command", ("serve",), (), bind="127.0.0.1", ports={"http": port}),
-            LaunchSpec("a@node1", "a", "worker", "command", ("serve",), (), host="127.0.0.2", bind="127.0.0.2",
-                       ports={"http": port}),
-        ), (("a@node0", "a@node1"),))
+        plan = Plan(
+            "two-nodes",
+            (
+                LaunchSpec(
+                    "a@node0",
+                    "a",
+                    "worker",
+                    "command",
+                    ("serve",),
+                    (),
+                    bind="127.0.0.1",
+                    ports={"http": port},
+                ),
+                LaunchSpec(
+                    "a@node1",
+                    "a",
+                    "worker",
+                    "command",
+                    ("serve",),
+                    (),
+                    host="127.0.0.2",
+                    bind="127.0.0.2",
+                    ports={"http": port},
+                ),
+            ),
+            (("a@node0", "a@node1"),),
+        )
         [busy] = busy_ports(plan)
     assert busy.role == "a@node1" and busy.host == "127.0.0.2"
     assert str(busy).startswith(f"roles.a@node1 http port {port} on 127.0.0.2 is in use by pid "), str(busy)
@@ -135,5 +162,6 @@ def test_planned_ports_are_the_ones_the_cli_plans(tmp_path: Path):
     d = Deployment(tmp_path / "home", "helion-gb300")
     printed = json.loads(d.cli("plan", path, "--rehearse", "--format", "json").stdout)
     plan = load_plan(path, rehearse=True).plan
-    assert [(r["name"], r["bind"], r["ports"]) for r in printed["roles"]] == \
-        [(s.name, s.bind, dict(s.ports)) for s in plan.specs]
+    assert [(r["name"], r["bind"], r["ports"]) for r in printed["roles"]] == [
+        (s.name, s.bind, dict(s.ports)) for s in plan.specs
+    ]

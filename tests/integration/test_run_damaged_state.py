@@ -40,9 +40,14 @@ def wrong_url(state: dict) -> None:
     state["roles"][0]["url"] = {"host": "x"}
 
 
-DAMAGE = {"start_ticks: \"x\"": wrong_ticks, "unknown stop signal": unknown_signal,
-          "stop wave naming no role": wave_of_no_role, "a cgroup not the role's": foreign_cgroup,
-          "ready_at a number": wrong_time, "url an object": wrong_url}
+DAMAGE = {
+    'start_ticks: "x"': wrong_ticks,
+    "unknown stop signal": unknown_signal,
+    "stop wave naming no role": wave_of_no_role,
+    "a cgroup not the role's": foreign_cgroup,
+    "ready_at a number": wrong_time,
+    "url an object": wrong_url,
+}
 
 
 def gone(pid: int) -> bool:
@@ -52,8 +57,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.faults("18.4 a damaged state.json: down stops everything by marker and cgroup; "
-                    "status/ls/logs say so")
+@pytest.mark.faults(
+    "18.4 a damaged state.json: down stops everything by marker and cgroup; status/ls/logs say so"
+)
 @pytest.mark.parametrize("damage", [*DAMAGE, "100,000 nested brackets"])
 @pytest.mark.parametrize("supervisor", ["alive", "dead"])
 def test_down_stops_a_deployment_whose_state_is_damaged(deployment, damage, supervisor):

@@ -30,27 +30,38 @@ def supervisor_of(deployment) -> int | None:
 def start_client(deployment, topology, terminal: bool) -> tuple[subprocess.Popen, int | None]:
     command = [sys.executable, "-m", "muse_launch", "up", str(topology), "--detach"]
     if not terminal:
-        return subprocess.Popen(command, env=deployment.env, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True), None
+        return subprocess.Popen(
+            command, env=deployment.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ), None
     master, slave = pty.openpty()
 
     def controlling_terminal() -> None:  # a login shell's child: the pty is its controlling terminal
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    client = subprocess.Popen(command, env=deployment.env, cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
-                              start_new_session=True, preexec_fn=controlling_terminal)
+    client = subprocess.Popen(
+        command,
+        env=deployment.env,
+        cwd=REPO,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        preexec_fn=controlling_terminal,
+    )
     os.close(slave)
     return client, master
 
 
-@pytest.mark.faults("18.5 up -d killed (SIGTERM, SIGHUP, SIGINT, its terminal closed) while starting: "
-                    "the supervisor lives on")
+@pytest.mark.faults(
+    "18.5 up -d killed (SIGTERM, SIGHUP, SIGINT, its terminal closed) while starting: the supervisor lives on"
+)
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "SIGINT", "terminal closed"])
 def test_a_killed_up_detach_leaves_its_supervisor_running(deployment, tmp_path, how):
     (port,) = free_ports(1)
     gate = tmp_path / "bind-now"
-    topology = deployment.write({"server": stand_in(port, "--bind-when", gate, ready_timeout=60,
-                                                    stop={"grace": 2})})
+    topology = deployment.write(
+        {"server": stand_in(port, "--bind-when", gate, ready_timeout=60, stop={"grace": 2})}
+    )
     client, master = start_client(deployment, topology, terminal=how == "terminal closed")
     output = ""
     try:

@@ -33,7 +33,9 @@ def mount_ns():
         pytest.skip("no unshare(1)")
     own = os.readlink("/proc/self/ns/mnt")
     try:
-        wait_for(lambda: holder.poll() is not None or os.readlink(f"/proc/{holder.pid}/ns/mnt") != own, timeout=10)
+        wait_for(
+            lambda: holder.poll() is not None or os.readlink(f"/proc/{holder.pid}/ns/mnt") != own, timeout=10
+        )
         if holder.poll() is not None:
             pytest.skip("cannot make a mount namespace here (not root?)")
         yield holder.pid
@@ -43,17 +45,31 @@ def mount_ns():
 
 
 def in_ns(pid: int, *command: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", *command], capture_output=True, text=True, check=check)
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", *command], capture_output=True, text=True, check=check
+    )
 
 
 def cli(d, pid: int, *args, timeout: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run(["nsenter", "-t", str(pid), "-m", sys.executable, "-m", "muse_launch", *map(str, args)],
-                          env=d.env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["nsenter", "-t", str(pid), "-m", sys.executable, "-m", "muse_launch", *map(str, args)],
+        env=d.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start(d, pid: int, *args) -> subprocess.Popen:
-    return subprocess.Popen(["nsenter", "-t", str(pid), "-m", sys.executable, "-m", "muse_launch", *map(str, args)],
-                            env=d.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        ["nsenter", "-t", str(pid), "-m", sys.executable, "-m", "muse_launch", *map(str, args)],
+        env=d.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def state(d, pid: int) -> dict:
@@ -66,8 +82,11 @@ def role_pids(d, role: str) -> set[int]:
     for proc in psutil.process_iter():
         try:
             env = proc.environ()
-            if (env.get("MUSE_LAUNCH_RUN_DIR") == str(d.run_dir) and env.get("MUSE_LAUNCH_ROLE") == role
-                    and proc.status() != psutil.STATUS_ZOMBIE):
+            if (
+                env.get("MUSE_LAUNCH_RUN_DIR") == str(d.run_dir)
+                and env.get("MUSE_LAUNCH_ROLE") == role
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.add(proc.pid)
         except psutil.Error:
             continue
@@ -77,17 +96,24 @@ def role_pids(d, role: str) -> set[int]:
 def fill(d, pid: int) -> None:
     """Use up the run directory's tmpfs to the last block (`cat` stops at ENOSPC)."""
     in_ns(pid, "sh", "-c", f"cat /dev/zero > {d.run_dir}/filler", check=False)
-    assert in_ns(pid, "sh", "-c", f"echo x > {d.run_dir}/probe", check=False).returncode != 0, "the disk is not full"
+    assert in_ns(pid, "sh", "-c", f"echo x > {d.run_dir}/probe", check=False).returncode != 0, (
+        "the disk is not full"
+    )
 
 
 @pytest.mark.faults("7. a full disk or a read-only run directory under a running deployment")
 @pytest.mark.parametrize("fault", ["full", "read-only"])
-def test_the_supervisor_supervises_on_a_full_or_read_only_disk_and_down_stops_everything(deployment, mount_ns,
-                                                                                          fault):
+def test_the_supervisor_supervises_on_a_full_or_read_only_disk_and_down_stops_everything(
+    deployment, mount_ns, fault
+):
     d, ns = deployment, mount_ns
     steady_port, flaky_port = free_ports(2)
-    file = d.write({"steady": stand_in(steady_port),
-                    "flaky": stand_in(flaky_port, after=["steady"], restart={"policy": "on-failure", "max": 3})})
+    file = d.write(
+        {
+            "steady": stand_in(steady_port),
+            "flaky": stand_in(flaky_port, after=["steady"], restart={"policy": "on-failure", "max": 3}),
+        }
+    )
     d.run_dir.mkdir()
     if fault == "full":  # state, lock and supervisor.log on a 64 KiB tmpfs; the logs on one of their own
         in_ns(ns, "mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(d.run_dir))
@@ -105,13 +131,20 @@ def test_the_supervisor_supervises_on_a_full_or_read_only_disk_and_down_stops_ev
             print(up.stdout.read())
 
 
-def supervise_and_stop(d, ns: int, file, fault: str, up: subprocess.Popen | None, steady_port: int,
-                       flaky_port: int) -> None:
+def supervise_and_stop(
+    d, ns: int, file, fault: str, up: subprocess.Popen | None, steady_port: int, flaky_port: int
+) -> None:
     if up is None:
         result = cli(d, ns, "up", file, "--detach")
         assert result.returncode == 0, result.stdout + result.stderr
-    wait_for(lambda: state(d, ns)["state"] == "ready" if in_ns(ns, "test", "-s", str(d.run_dir / "state.json"),
-                                                            check=False).returncode == 0 else False, timeout=60)
+    wait_for(
+        lambda: (
+            state(d, ns)["state"] == "ready"
+            if in_ns(ns, "test", "-s", str(d.run_dir / "state.json"), check=False).returncode == 0
+            else False
+        ),
+        timeout=60,
+    )
     first = state(d, ns)
     supervisor = first["supervisor_pid"]
     old = {r["name"]: r["pid"] for r in first["roles"]}
@@ -125,8 +158,10 @@ def supervise_and_stop(d, ns: int, file, fault: str, up: subprocess.Popen | None
         assert in_ns(ns, "touch", str(d.run_dir / "probe"), check=False).returncode != 0
 
     os.kill(old["flaky"], signal.SIGKILL)  # a crash: the next state write fails, and a restart is due
-    restarted = wait_for(lambda: (pids := role_pids(d, "flaky") - {old["flaky"]}) and port_open(flaky_port) and pids,
-                         timeout=30)
+    restarted = wait_for(
+        lambda: (pids := role_pids(d, "flaky") - {old["flaky"]}) and port_open(flaky_port) and pids,
+        timeout=30,
+    )
     d.sessions.update(restarted)
     assert psutil.pid_exists(supervisor) and psutil.Process(supervisor).status() != psutil.STATUS_ZOMBIE
     status = cli(d, ns, "status", d.name)  # from the state last written
@@ -135,8 +170,13 @@ def supervise_and_stop(d, ns: int, file, fault: str, up: subprocess.Popen | None
 
     if fault == "full":  # space again: the record kept in memory is written at the next retry
         in_ns(ns, "rm", str(d.run_dir / "filler"))
-        wait_for(lambda: (flaky := next(r for r in state(d, ns)["roles"] if r["name"] == "flaky"))["pid"] in restarted
-                 and flaky["restarts"] == 1, timeout=20)
+        wait_for(
+            lambda: (
+                (flaky := next(r for r in state(d, ns)["roles"] if r["name"] == "flaky"))["pid"] in restarted
+                and flaky["restarts"] == 1
+            ),
+            timeout=20,
+        )
         fill(d, ns)  # and full again for `down`
     else:
         log = (d.run_dir / "supervisor.log").read_text()  # it was open before the disk went read-only
@@ -162,8 +202,12 @@ def test_up_again_after_the_supervisor_was_killed_names_the_roles_still_running(
     assert result.returncode == 0, result.stdout + result.stderr
     status = d.status()
     os.kill(status["supervisor_pid"], signal.SIGKILL)
-    wait_for(lambda: not psutil.pid_exists(status["supervisor_pid"])
-             or psutil.Process(status["supervisor_pid"]).status() == psutil.STATUS_ZOMBIE)
+    wait_for(
+        lambda: (
+            not psutil.pid_exists(status["supervisor_pid"])
+            or psutil.Process(status["supervisor_pid"]).status() == psutil.STATUS_ZOMBIE
+        )
+    )
     before = role_pids(d, "alpha") | role_pids(d, "beta")
 
     again = d.cli("up", file, "--detach")

@@ -16,8 +16,14 @@ pytestmark = pytest.mark.integration
 
 
 def run(d, *args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "muse_launch", *map(str, args)], env=d.env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", *map(str, args)],
+        env=d.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
@@ -29,8 +35,11 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
 def roles(ports: list[int]) -> dict:
     """Three roles in three waves, each a little slow to get ready: `up` spends a while starting them."""
     a, b, c = ports
-    return {"a": stand_in(a, "--ready-after", 0.3), "b": stand_in(b, "--ready-after", 0.3, after=["a"]),
-            "c": stand_in(c, "--ready-after", 0.3, after=["b"])}
+    return {
+        "a": stand_in(a, "--ready-after", 0.3),
+        "b": stand_in(b, "--ready-after", 0.3, after=["a"]),
+        "c": stand_in(c, "--ready-after", 0.3, after=["b"]),
+    }
 
 
 @pytest.mark.faults("9. down racing up (0-0.5 s into it), and two downs at once")

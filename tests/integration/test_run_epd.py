@@ -19,13 +19,32 @@ def epd_topology(d, ports: list[int]) -> Path:
     return d.write(
         {
             "encoder": {"kind": "encoder", "port": encoder, "args": ["--ready-after", "1.0"], "ready": probe},
-            "prefill": {"kind": "prefill", "port": prefill, "encoders": ["encoder"], "bootstrap_port": boot,
-                        "encoder_bootstrap_port": enc_boot_p, "args": ["--ready-after", "1.5"], "ready": probe},
-            "decode": {"kind": "decode", "port": decode, "encoders": ["encoder"], "encoder_bootstrap_port": enc_boot_d,
-                       "args": ["--ready-after", "1.0"], "ready": probe},
-            "router": {"kind": "router", "launcher": [ROUTER, "launch"], "port": router, "metrics_port": metrics,
-                       "prefill": ["prefill"], "decode": ["decode"],
-                       "ready": {"http": "/readiness", "interval": 0.05, "timeout": 30}},
+            "prefill": {
+                "kind": "prefill",
+                "port": prefill,
+                "encoders": ["encoder"],
+                "bootstrap_port": boot,
+                "encoder_bootstrap_port": enc_boot_p,
+                "args": ["--ready-after", "1.5"],
+                "ready": probe,
+            },
+            "decode": {
+                "kind": "decode",
+                "port": decode,
+                "encoders": ["encoder"],
+                "encoder_bootstrap_port": enc_boot_d,
+                "args": ["--ready-after", "1.0"],
+                "ready": probe,
+            },
+            "router": {
+                "kind": "router",
+                "launcher": [ROUTER, "launch"],
+                "port": router,
+                "metrics_port": metrics,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+                "ready": {"http": "/readiness", "interval": 0.05, "timeout": 30},
+            },
         },
         model=str(Path(STAND_IN).parent),  # a local directory: the router never tries to download a tokenizer
         launcher=[sys.executable, STAND_IN],  # the stand-in takes `sglang serve`'s place
@@ -57,8 +76,9 @@ def test_epd_starts_in_waves_behind_the_real_router_and_stops_clean(deployment):
     # prefill and decode start together, once the encoder is ready; the router once both are.
     assert abs(seconds(roles["prefill"]["started_at"]) - seconds(roles["decode"]["started_at"])) < 0.2
     assert seconds(roles["prefill"]["started_at"]) >= seconds(roles["encoder"]["ready_at"])
-    assert seconds(roles["router"]["started_at"]) >= max(seconds(roles["prefill"]["ready_at"]),
-                                                         seconds(roles["decode"]["ready_at"]))
+    assert seconds(roles["router"]["started_at"]) >= max(
+        seconds(roles["prefill"]["ready_at"]), seconds(roles["decode"]["ready_at"])
+    )
 
     answer = httpx.post(f"http://127.0.0.1:{ports[3]}/generate", json={"text": "hi"}, timeout=10)
     assert answer.status_code == 200

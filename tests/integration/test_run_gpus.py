@@ -25,8 +25,11 @@ IDLE = int(0.6 * GIB)
 
 
 def view(holders: list[GpuHolder] = ()) -> GpuView:
-    return GpuView("nvml", (Gpu(0, "NVIDIA H200", TOTAL, IDLE + sum(h.used_bytes for h in holders), tuple(holders)),),
-                   "580.159.04")
+    return GpuView(
+        "nvml",
+        (Gpu(0, "NVIDIA H200", TOTAL, IDLE + sum(h.used_bytes for h in holders), tuple(holders)),),
+        "580.159.04",
+    )
 
 
 @pytest.fixture
@@ -47,15 +50,23 @@ def test_up_refuses_a_gpu_held_by_another_process_before_anything_starts(deploym
     foreign = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "serve.py"])
     try:
         view([GpuHolder(foreign.pid, int(100.6 * GIB))]).save(gpu_view)
-        result = deployment.cli("up", deployment.write({"worker": gpu_role(port)}, hardware="h200"), "--detach")
+        result = deployment.cli(
+            "up", deployment.write({"worker": gpu_role(port)}, hardware="h200"), "--detach"
+        )
     finally:
         foreign.kill()
         foreign.wait()
     assert result.returncode == 1, result.stdout + result.stderr
-    held = f"GPU 0: 100.6 of 139.8 GiB held by pid {foreign.pid} ({sys.executable} -c import time; time.sleep(600) " \
-           f"serve.py); 38.6 GiB is free, and worker needs 69.9 GiB (mem_fraction 0.5)"
+    held = (
+        f"GPU 0: 100.6 of 139.8 GiB held by pid {foreign.pid} ({sys.executable} -c import time; "
+        "time.sleep(600) "
+        f"serve.py); 38.6 GiB is free, and worker needs 69.9 GiB (mem_fraction 0.5)"
+    )
     assert held in result.stderr
-    assert f"    fix: stop pid {foreign.pid} (" in result.stderr and "mem_fraction to 0.27 or less" in result.stderr
+    assert (
+        f"    fix: stop pid {foreign.pid} (" in result.stderr
+        and "mem_fraction to 0.27 or less" in result.stderr
+    )
     assert not (deployment.run_dir / "logs").exists() and not port_open(port) and deployment.alive() == []
 
 
@@ -63,12 +74,17 @@ def test_a_b300_file_on_an_h200_host_is_refused_naming_both(deployment, gpu_view
     (port,) = free_ports(1)
     result = deployment.cli("up", deployment.write({"worker": gpu_role(port)}, hardware="b300"), "--detach")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "hardware: b300: the file is written for NVIDIA B300 (8 x 288 GB), but GPU 0 of this host is NVIDIA " \
-           "H200\n    fix: write the file for this host (`hardware: h200`" in result.stderr
+    assert (
+        "hardware: b300: the file is written for NVIDIA B300 (8 x 288 GB), but GPU 0 of this host is NVIDIA "
+        "H200\n    fix: write the file for this host (`hardware: h200`" in result.stderr
+    )
     assert deployment.alive() == []
-    skipped = deployment.cli("up", deployment.write({"worker": gpu_role(port)}, hardware="b300"), "--detach",
-                             "--skip-gpu-check")
-    assert skipped.returncode == 0 and "GPU check skipped: --skip-gpu-check" in skipped.stdout.splitlines(), skipped
+    skipped = deployment.cli(
+        "up", deployment.write({"worker": gpu_role(port)}, hardware="b300"), "--detach", "--skip-gpu-check"
+    )
+    assert skipped.returncode == 0 and "GPU check skipped: --skip-gpu-check" in skipped.stdout.splitlines(), (
+        skipped
+    )
     assert deployment.cli("down", deployment.name).returncode == 0
 
 
@@ -76,11 +92,19 @@ def test_status_shows_a_roles_gpu_memory_and_down_returns_once_it_is_free(deploy
     """The role's process, its setsid grandchild and its retitled child hold GPU memory; the supervisor is
     SIGKILLed; `down` still finds them all, and returns once the (fake) driver lists none of them."""
     (port,) = free_ports(1)
-    up = deployment.cli("up", deployment.write({"engine": gpu_role(port, "--setsid-grandchild", "--retitled-child",
-                                                                   stop={"grace": 2})}, hardware="h200"), "--detach")
+    up = deployment.cli(
+        "up",
+        deployment.write(
+            {"engine": gpu_role(port, "--setsid-grandchild", "--retitled-child", stop={"grace": 2})},
+            hardware="h200",
+        ),
+        "--detach",
+    )
     assert up.returncode == 0, up.stdout + up.stderr
-    assert any(line.startswith("GPU 0: NVIDIA H200, with the memory their roles need (")
-               for line in up.stdout.splitlines()), up.stdout
+    assert any(
+        line.startswith("GPU 0: NVIDIA H200, with the memory their roles need (")
+        for line in up.stdout.splitlines()
+    ), up.stdout
     log = deployment.run_dir / "logs" / "engine.log"
     escaped = int(wait_for(lambda: re.search(r"escaped (\d+)", log.read_text()))[1])
     retitled = int(wait_for(lambda: re.search(r"retitled (\d+)", log.read_text()))[1])
@@ -97,8 +121,15 @@ def test_status_shows_a_roles_gpu_memory_and_down_returns_once_it_is_free(deploy
     psutil.Process(status["supervisor_pid"]).send_signal(signal.SIGKILL)
 
     def driver_frees_dead_processes() -> None:  # NVML lists a process until it is gone, then frees its memory
-        wait_for(lambda: not any(psutil.pid_exists(h.pid) and psutil.Process(h.pid).status() != psutil.STATUS_ZOMBIE
-                                 for h in holders), timeout=30)
+        wait_for(
+            lambda: (
+                not any(
+                    psutil.pid_exists(h.pid) and psutil.Process(h.pid).status() != psutil.STATUS_ZOMBIE
+                    for h in holders
+                )
+            ),
+            timeout=30,
+        )
         view().save(gpu_view)
 
     driver = threading.Thread(target=driver_frees_dead_processes)
@@ -120,8 +151,10 @@ def test_doctor_writes_the_view_it_read_and_replays_it(deployment, gpu_view, tmp
         assert report.returncode == 0, report.stderr
         saved = tmp_path / "report.json"
         saved.write_text(report.stdout)
-        assert json.loads(report.stdout)["gpu_view"]["gpus"] == view([GpuHolder(marked.pid, 10 * GIB,
-                                                                               "python3 serve.py")]).to_json()["gpus"]
+        assert (
+            json.loads(report.stdout)["gpu_view"]["gpus"]
+            == view([GpuHolder(marked.pid, 10 * GIB, "python3 serve.py")]).to_json()["gpus"]
+        )
         monkeypatch.setenv(VIEW_ENV, str(saved))
         with __import__("socket").create_server(("127.0.0.1", port)):
             text = deployment.cli("doctor", file)
@@ -130,9 +163,10 @@ def test_doctor_writes_the_view_it_read_and_replays_it(deployment, gpu_view, tmp
         marked.wait()
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
-    assert lines[:2] == ["GPUs: 1 (" + str(saved) + ", driver 580.159.04); hardware profile: h200",
-                         f"  GPU 0: NVIDIA H200, 139.8 GiB, 129.2 free, held by pid {marked.pid} (python3 serve.py) "
-                         f"10.0 GiB"]
+    assert lines[:2] == [
+        "GPUs: 1 (" + str(saved) + ", driver 580.159.04); hardware profile: h200",
+        f"  GPU 0: NVIDIA H200, 139.8 GiB, 129.2 free, held by pid {marked.pid} (python3 serve.py) 10.0 GiB",
+    ]
     assert f"{file} (hardware: h200) on these GPUs: ok" in lines
     assert any(re.match(rf"  worker http {port}: in use by pid \d+ \(", line) for line in lines), lines
 

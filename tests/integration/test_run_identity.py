@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -84,7 +83,9 @@ def spawn_with_pid(pid: int, argv: list[str], attempts: int = 200) -> subprocess
 
 @pytest.mark.faults("1. pid reuse: down spares a session that took a dead leader's pid")
 @BOTH_PATHS
-def test_down_spares_an_unrelated_session_that_reused_the_dead_leaders_pid(deployment, monkeypatch, contained):
+def test_down_spares_an_unrelated_session_that_reused_the_dead_leaders_pid(
+    deployment, monkeypatch, contained
+):
     use_cgroups(monkeypatch, contained)
     (port,) = free_ports(1)
     impostor = None
@@ -95,11 +96,18 @@ def test_down_spares_an_unrelated_session_that_reused_the_dead_leaders_pid(deplo
             leader = state["roles"][0]["pid"]
             kill_and_reap(state["supervisor_pid"])  # the supervisor dies first: no one updates state.json
             kill_and_reap(leader)  # then the leader; its pid is free
-            # An unrelated program gets the pid, starts its own session (sid == the dead leader's pid) and a child.
-            unrelated = ("import os, subprocess, time; os.setsid(); "
-                         "subprocess.Popen(['sleep', '600']); print('up', flush=True); time.sleep(600)")
+            # An unrelated program gets the pid, starts its own session (sid == the dead leader's pid) and a
+            # child.
+            unrelated = (
+                "import os, subprocess, time; os.setsid(); "
+                "subprocess.Popen(['sleep', '600']); print('up', flush=True); time.sleep(600)"
+            )
             impostor = spawn_with_pid(leader, [sys.executable, "-c", unrelated])
-            wait_for(lambda: len(psutil.Process(impostor.pid).children()) == 1 and os.getsid(impostor.pid) == leader)
+            wait_for(
+                lambda: (
+                    len(psutil.Process(impostor.pid).children()) == 1 and os.getsid(impostor.pid) == leader
+                )
+            )
             child = psutil.Process(impostor.pid).children()[0]
 
             down = deployment.cli("down", deployment.name)
@@ -130,11 +138,18 @@ def shift_wall_clock_fields(d, seconds: float) -> None:
 def test_down_after_a_wall_clock_step_stops_everything(deployment, monkeypatch, contained, step):
     use_cgroups(monkeypatch, contained)
     ports = free_ports(2)
-    up_detached(deployment, {"engine": stand_in(ports[0], "--retitled-child", stop={"grace": 2}),
-                             "router": stand_in(ports[1], after=["engine"])})
+    up_detached(
+        deployment,
+        {
+            "engine": stand_in(ports[0], "--retitled-child", stop={"grace": 2}),
+            "router": stand_in(ports[1], after=["engine"]),
+        },
+    )
     log = deployment.run_dir / "logs" / "engine.log"
     child = int(wait_for(lambda: re.search(r"retitled (\d+)", log.read_text()))[1])
-    wait_for(lambda: b"MUSE_LAUNCH" not in open(f"/proc/{child}/environ", "rb").read())  # found by session only
+    wait_for(
+        lambda: b"MUSE_LAUNCH" not in open(f"/proc/{child}/environ", "rb").read()
+    )  # found by session only
     supervisor = deployment.status()["supervisor_pid"]
     shift_wall_clock_fields(deployment, step)
     assert deployment.status()["supervisor_pid"] == supervisor  # still recognised
@@ -171,8 +186,13 @@ def test_without_cgroups_down_says_containment_is_best_effort(deployment, monkey
     once what they cannot reach."""
     use_cgroups(monkeypatch, False)
     port, escape_port = free_ports(2)
-    up_detached(deployment, {"server": stand_in(port, "--escape-holding", escape_port, stop={"grace": 2}),
-                             "other": stand_in(free_ports(1)[0])})
+    up_detached(
+        deployment,
+        {
+            "server": stand_in(port, "--escape-holding", escape_port, stop={"grace": 2}),
+            "other": stand_in(free_ports(1)[0]),
+        },
+    )
     wait_for(lambda: port_open(escape_port))
     assert all(r["cgroup"] is None for r in deployment.state_file()["roles"])
     log = deployment.run_dir / "logs" / "server.log"
@@ -241,9 +261,23 @@ def test_down_without_state_empties_the_role_cgroups(deployment, monkeypatch, wh
         other = cgroups.cgroup2_mount() / f"muse-launch-test-{os.getpid()}"
         other.mkdir()
         try:
-            down = subprocess.run(["sh", "-c", f'echo $$ > {other}/cgroup.procs && exec "$@"', "sh", sys.executable,
-                                   "-m", "muse_launch", "down", deployment.name], env=deployment.env,
-                                  capture_output=True, text=True, timeout=60)
+            down = subprocess.run(
+                [
+                    "sh",
+                    "-c",
+                    f'echo $$ > {other}/cgroup.procs && exec "$@"',
+                    "sh",
+                    sys.executable,
+                    "-m",
+                    "muse_launch",
+                    "down",
+                    deployment.name,
+                ],
+                env=deployment.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
         finally:
             other.rmdir()
     assert down.returncode == 0, down.stdout + down.stderr

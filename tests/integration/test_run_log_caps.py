@@ -51,8 +51,9 @@ def tail(path, n: int = 4096) -> bytes:
 def test_a_flooding_role_log_stays_under_its_cap(deployment):
     (port,) = free_ports(1)
     cap, keep, flood_mb = 2 * MiB, 1, 120
-    topology = deployment.write({"noisy": stand_in(port, "--flood", flood_mb)},
-                                logs={"max_size": "2MiB", "keep": keep})
+    topology = deployment.write(
+        {"noisy": stand_in(port, "--flood", flood_mb)}, logs={"max_size": "2MiB", "keep": keep}
+    )
     up = deployment.cli("up", topology, "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
     log = deployment.run_dir / "logs" / "noisy.log"
@@ -92,12 +93,20 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
     topology = deployment.write({"server": stand_in(port)}, logs={"max_size": "1GiB"})  # nothing rotated here
     assert deployment.cli("up", topology, "--detach").returncode == 0
     log = deployment.run_dir / "logs" / "server.log"
-    follow = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f"], cwd=REPO,
-                              env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f"],
+        cwd=REPO,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        bufsize=0,
+    )
     try:
         assert b"server |" in follow.stdout.readline()  # following now: what comes next is its backlog
         line = b"y" * 9999 + b"\n"
-        with open(log, "ab") as f:  # 260 MB of lines, then a 40 MB line that never ends: a slow reader's backlog
+        with open(
+            log, "ab"
+        ) as f:  # 260 MB of lines, then a 40 MB line that never ends: a slow reader's backlog
             for _ in range(26):
                 f.write(line * 1000)
             for _ in range(40):
@@ -116,9 +125,16 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
         assert peak < 100, f"logs -f peaked at {peak:.0f} MiB"
     finally:
         stop_on_ctrl_c(follow)
-    tail = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-n", "3"], cwd=REPO,
-                            env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    first = tail.stdout.read(1)  # it has read the end of the log; its output (over a pipe's 64 KiB) waits for us
+    tail = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "logs", deployment.name, "-n", "3"],
+        cwd=REPO,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    first = tail.stdout.read(
+        1
+    )  # it has read the end of the log; its output (over a pipe's 64 KiB) waits for us
     time.sleep(0.5)
     peak = peak_rss_mib(tail.pid)
     out = first + b"".join(iter(lambda: tail.stdout.read(MiB), b""))
@@ -131,11 +147,18 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
 @pytest.mark.faults("10. logs -f across the supervisor's rotation: every line once, in order")
 def test_logs_follow_reads_on_across_a_rotation(deployment):
     (port,) = free_ports(1)
-    topology = deployment.write({"noisy": stand_in(port, "--flood", 1, "--flood-after", 2.0)},
-                                logs={"max_size": "64KiB", "keep": 1})
+    topology = deployment.write(
+        {"noisy": stand_in(port, "--flood", 1, "--flood-after", 2.0)}, logs={"max_size": "64KiB", "keep": 1}
+    )
     assert deployment.cli("up", topology, "--detach").returncode == 0
-    follow = subprocess.Popen([sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f", "-n", "1"],
-                              cwd=REPO, env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "logs", deployment.name, "-f", "-n", "1"],
+        cwd=REPO,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     watchdog = threading.Timer(60, follow.kill)  # a line never seen must fail the test, not hang it
     watchdog.start()
     try:

@@ -43,7 +43,14 @@ def changes(lines: list[str]) -> list[tuple[str, str]]:
     out = []
     for line in lines:
         words = line.split()
-        if len(words) >= 2 and words[1] in ("starting", "ready", "failed", "restarting", "stopping", "stopped"):
+        if len(words) >= 2 and words[1] in (
+            "starting",
+            "ready",
+            "failed",
+            "restarting",
+            "stopping",
+            "stopped",
+        ):
             out.append((words[0], words[1]))
     return out
 
@@ -60,19 +67,22 @@ def interrupt(up: subprocess.Popen) -> str:
 
 def test_hung_probes_do_not_delay_another_roles_ready(deployment):
     *hung, quick, after_quick, late = free_ports(HUNG + 3)
-    topology = deployment.write({
-        **hung_roles(hung),
-        "quick": stand_in(quick, "--ready-after", 0.3),
-        "next": stand_in(after_quick, "--ready-after", 0.3, after=["quick"]),
-        "late": stand_in(late, "--ready-after", 5),  # a witness: ready 5 s after its start
-    })
+    topology = deployment.write(
+        {
+            **hung_roles(hung),
+            "quick": stand_in(quick, "--ready-after", 0.3),
+            "next": stand_in(after_quick, "--ready-after", 0.3, after=["quick"]),
+            "late": stand_in(late, "--ready-after", 5),  # a witness: ready 5 s after its start
+        }
+    )
     up = deployment.start("up", topology)
     try:
         seen = changes(progress(up, ("late", "ready")))
     finally:
         rest = interrupt(up)
     assert ("late", "ready") in seen, rest
-    # Waiting in turn on five unanswered probes (2 s each) would see quick ready only with late, and next after it.
+    # Waiting in turn on five unanswered probes (2 s each) would see quick ready only with late, and next
+    # after it.
     assert seen.index(("next", "ready")) < seen.index(("late", "ready"))
     assert not any(name.startswith("hung") and state != "starting" for name, state in seen)
     assert up.returncode == 128 + signal.SIGINT
@@ -81,11 +91,15 @@ def test_hung_probes_do_not_delay_another_roles_ready(deployment):
 
 def test_hung_probes_do_not_delay_a_crash_report(deployment):
     *hung, late, crashing = free_ports(HUNG + 2)
-    topology = deployment.write({
-        **hung_roles(hung),
-        "late": stand_in(late, "--ready-after", 4),  # a witness, listed before the crashing role
-        "crashing": stand_in(crashing, "--exit-during-startup", 3, "--exit-after", 1.0, ready_timeout=600),
-    })
+    topology = deployment.write(
+        {
+            **hung_roles(hung),
+            "late": stand_in(late, "--ready-after", 4),  # a witness, listed before the crashing role
+            "crashing": stand_in(
+                crashing, "--exit-during-startup", 3, "--exit-after", 1.0, ready_timeout=600
+            ),
+        }
+    )
     up = deployment.start("up", topology)
     out, _ = up.communicate(timeout=120)
     assert up.returncode == 1, out
@@ -98,21 +112,36 @@ def test_hung_probes_do_not_delay_a_crash_report(deployment):
 
 def test_a_blocked_stdout_does_not_stop_supervision(deployment, tmp_path):
     base, chatty, flaky = free_ports(3)
-    topology = deployment.write({
-        "base": stand_in(base),
-        "chatty": stand_in(chatty, "--spew", 1_000_000),  # its log, printed by `up`, fills the pipe at once
-        "flaky": stand_in(flaky, "--crash-after-ready", 2.0, "--crash-once", tmp_path / "crashed",
-                          restart={"policy": "on-failure", "max": 2}),
-    })
+    topology = deployment.write(
+        {
+            "base": stand_in(base),
+            "chatty": stand_in(
+                chatty, "--spew", 1_000_000
+            ),  # its log, printed by `up`, fills the pipe at once
+            "flaky": stand_in(
+                flaky,
+                "--crash-after-ready",
+                2.0,
+                "--crash-once",
+                tmp_path / "crashed",
+                restart={"policy": "on-failure", "max": 2},
+            ),
+        }
+    )
     up = deployment.start("up", topology)  # nobody reads its stdout until the end
     try:
         wait_for(lambda: (tmp_path / "crashed").exists(), timeout=30)
-        flaky_role = wait_for(lambda: (r := deployment.role("flaky"))["restarts"] == 1 and r["state"] == "ready" and r,
-                              timeout=30)
+        flaky_role = wait_for(
+            lambda: (r := deployment.role("flaky"))["restarts"] == 1 and r["state"] == "ready" and r,
+            timeout=30,
+        )
         assert flaky_role["pid"]
         up.send_signal(signal.SIGINT)
         # Teardown goes on with stdout still blocked.
-        wait_for(lambda: (s := deployment.status())["state"] == "stopped" and s["supervisor_pid"] is None, timeout=60)
+        wait_for(
+            lambda: (s := deployment.status())["state"] == "stopped" and s["supervisor_pid"] is None,
+            timeout=60,
+        )
         assert deployment.alive() == []
     finally:
         if up.poll() is None:

@@ -38,7 +38,9 @@ def test_links_planted_before_up_are_never_written_through(deployment, tmp_path,
     link = d.run_dir / planted
     link.parent.mkdir(parents=True, exist_ok=True)
     # A link to a file that exists, and for the lock (opened with O_CREAT) to one that does not.
-    os.symlink(outside if planted == "logs" else outside / ("absent" if planted == "lock" else "precious"), link)
+    os.symlink(
+        outside if planted == "logs" else outside / ("absent" if planted == "lock" else "precious"), link
+    )
     (port,) = free_ports(1)
     file = d.write({"web": stand_in(port)})
 
@@ -73,9 +75,13 @@ def test_a_log_link_planted_while_running_is_never_written_through(deployment, t
     os.symlink(victim, log)
 
     shown = d.cli("logs", d.name)  # not read through: a clear error naming the link
-    assert shown.returncode == 1 and "symbolic link" in no_traceback(shown) and str(log) in shown.stderr, shown
+    assert shown.returncode == 1 and "symbolic link" in no_traceback(shown) and str(log) in shown.stderr, (
+        shown
+    )
     os.kill(first, signal.SIGKILL)  # its restart must not open the link for its output
-    wait_for(lambda: d.role("web")["state"] in ("failed", "ready") and d.role("web")["pid"] != first, timeout=30)
+    wait_for(
+        lambda: d.role("web")["state"] in ("failed", "ready") and d.role("web")["pid"] != first, timeout=30
+    )
     web = d.role("web")
     if web["state"] == "failed":
         assert "symbolic link" in d.state_file()["roles"][0]["reason"]

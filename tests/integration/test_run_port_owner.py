@@ -18,15 +18,33 @@ def test_a_probe_answered_by_another_deployments_listener_is_not_ready(deploymen
     (port,) = free_ports(1)
     go = tmp_path / "bind-now"
     # The loser: its server binds only once `go` exists (after the winner holds the port), fails, lives on.
-    loser = deployment.write({"prefill": stand_in(port, "--bind-when", go, "--survive-bind-failure", ready_timeout=10,
-                                                  ready={**probe, "interval": 0.05, "timeout": 10})})
+    loser = deployment.write(
+        {
+            "prefill": stand_in(
+                port,
+                "--bind-when",
+                go,
+                "--survive-bind-failure",
+                ready_timeout=10,
+                ready={**probe, "interval": 0.05, "timeout": 10},
+            )
+        }
+    )
     winner = Deployment(deployment.home, deployment.name + "-winner", ports={port})
     winner_file = winner.write({"server": stand_in(port, ready={**probe, "interval": 0.05, "timeout": 20})})
-    up = subprocess.Popen([sys.executable, "-m", "muse_launch", "up", loser, "--detach"], cwd=REPO,
-                          env=deployment.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "up", loser, "--detach"],
+        cwd=REPO,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("prefill")["pid"],
-                 timeout=20)
+        wait_for(
+            lambda: (deployment.run_dir / "state.json").exists() and deployment.role("prefill")["pid"],
+            timeout=20,
+        )
         won = winner.cli("up", winner_file, "--detach")
         assert won.returncode == 0, won.stdout + won.stderr
         winner_pid = winner.role("server")["pid"]
@@ -37,7 +55,9 @@ def test_a_probe_answered_by_another_deployments_listener_is_not_ready(deploymen
         assert "not role prefill" in out, out
         assert deployment.status()["state"] == "stopped"
         server = winner.role("server")
-        assert server["state"] == "ready" and server["health"] == "ok"  # the winner is untouched, its listener its own
+        assert (
+            server["state"] == "ready" and server["health"] == "ok"
+        )  # the winner is untouched, its listener its own
     finally:
         if up.poll() is None:
             up.kill()

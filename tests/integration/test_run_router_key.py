@@ -26,19 +26,30 @@ def test_a_router_with_an_api_key_is_wired_and_smoked(deployment, monkeypatch):
         {
             "prefill": {"kind": "prefill", "port": prefill, "bootstrap_port": boot, "ready": probe},
             "decode": {"kind": "decode", "port": decode, "ready": probe},
-            "router": {"kind": "router", "launcher": [ROUTER, "launch"], "port": router,
-                       "metrics_port": metrics, "prefill": ["prefill"], "decode": ["decode"],
-                       "args": ["--api-key", "${env:ROUTER_KEY}"],
-                       "ready": {"http": "/readiness", "interval": 0.05, "timeout": 30}},
+            "router": {
+                "kind": "router",
+                "launcher": [ROUTER, "launch"],
+                "port": router,
+                "metrics_port": metrics,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+                "args": ["--api-key", "${env:ROUTER_KEY}"],
+                "ready": {"http": "/readiness", "interval": 0.05, "timeout": 30},
+            },
         },
-        model=str(Path(STAND_IN).parent), launcher=[sys.executable, STAND_IN],
+        model=str(Path(STAND_IN).parent),
+        launcher=[sys.executable, STAND_IN],
     )
     # The router really wants it: asked without the key, its worker list is refused.
     up = deployment.cli("up", topology, "--detach", timeout=90)
     assert up.returncode == 0, up.stdout + up.stderr
     assert httpx.get(f"http://127.0.0.1:{router}/workers", timeout=5).status_code == 401
-    assert httpx.get(f"http://127.0.0.1:{router}/workers", timeout=5,
-                     headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert (
+        httpx.get(
+            f"http://127.0.0.1:{router}/workers", timeout=5, headers={"Authorization": f"Bearer {KEY}"}
+        ).status_code
+        == 200
+    )
 
     status = deployment.cli("status", deployment.name)
     assert status.returncode == 0 and "1/1 prefill, 1/1 decode" in status.stdout, status.stdout

@@ -12,9 +12,11 @@ from harness import STAND_IN, Deployment, free_ports
 pytestmark = pytest.mark.integration
 
 SECRET = "pk-4Rt7-holder-secret"
-LISTEN = ("import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[3])))\n"
-          "print('connecting with key', sys.argv[2], 'and', sys.argv[2] + '!', flush=True)\n"
-          "time.sleep(600)\n")
+LISTEN = (
+    "import socket, sys, time; s = socket.create_server(('127.0.0.1', int(sys.argv[3])))\n"
+    "print('connecting with key', sys.argv[2], 'and', sys.argv[2] + '!', flush=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 @pytest.mark.faults("18.6 secrets: a busy port's holder and a role's own log line shown without the secret")
@@ -23,9 +25,17 @@ def test_a_busy_ports_holder_and_a_logged_secret_are_masked(deployment, monkeypa
     monkeypatch.setenv("HOLDER_KEY", SECRET)
     script = tmp_path / "listen.py"
     script.write_text(LISTEN)
-    holder = deployment.write({"server": {
-        "kind": "command", "port": port, "stop": {"grace": 2}, "ready": {"tcp": True, "interval": 0.05},
-        "command": [sys.executable, str(script), "--api-key", "${env:HOLDER_KEY}", "{port}"]}})
+    holder = deployment.write(
+        {
+            "server": {
+                "kind": "command",
+                "port": port,
+                "stop": {"grace": 2},
+                "ready": {"tcp": True, "interval": 0.05},
+                "command": [sys.executable, str(script), "--api-key", "${env:HOLDER_KEY}", "{port}"],
+            }
+        }
+    )
     up = deployment.cli("up", holder, "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
 
@@ -37,8 +47,16 @@ def test_a_busy_ports_holder_and_a_logged_secret_are_masked(deployment, monkeypa
     # A second deployment, which knows nothing of HOLDER_KEY, wants the same port.
     monkeypatch.delenv("HOLDER_KEY")
     other = Deployment(deployment.home, deployment.name + "-2", ports={port})
-    second = other.write({"web": {"kind": "command", "port": port, "ready": {"tcp": True},
-                                  "command": [sys.executable, STAND_IN, "--port", "{port}"]}})
+    second = other.write(
+        {
+            "web": {
+                "kind": "command",
+                "port": port,
+                "ready": {"tcp": True},
+                "command": [sys.executable, STAND_IN, "--port", "{port}"],
+            }
+        }
+    )
     refused = other.cli("up", second, "--detach")
     assert refused.returncode == 1, refused.stdout + refused.stderr
     holder = f"(role server of {deployment.name}, python"  # its program: the rest may hold its secrets

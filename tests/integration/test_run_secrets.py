@@ -16,12 +16,17 @@ SECRET = "s3cr3t-t0ken-Xq9"
 
 
 def everything_written(deployment, *outputs: str) -> str:
-    files = [deployment.run_dir / "state.json", deployment.run_dir / "supervisor.log",
-             *(deployment.run_dir / "logs").glob("*")]
+    files = [
+        deployment.run_dir / "state.json",
+        deployment.run_dir / "supervisor.log",
+        *(deployment.run_dir / "logs").glob("*"),
+    ]
     return "\n".join([*outputs, *(f.read_text(errors="replace") for f in files if f.is_file())])
 
 
-@pytest.mark.faults("14. a secret program that fails to execute: not in the terminal, state, supervisor.log, logs")
+@pytest.mark.faults(
+    "14. a secret program that fails to execute: not in the terminal, state, supervisor.log, logs"
+)
 @pytest.mark.parametrize("program", ["missing", "unexecutable"])
 @pytest.mark.parametrize("detach", [True, False], ids=["detached", "foreground"])
 def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, monkeypatch, program, detach):
@@ -31,10 +36,16 @@ def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, m
         path.write_text("#!/nonexistent/interpreter\n")
         path.chmod(0o755)
     monkeypatch.setenv("SECRET_BIN", str(path))
-    topology = deployment.write({
-        "server": {"kind": "command", "command": ["${env:SECRET_BIN}", "--port", "{port}"], "port": port,
-                   "ready": {"tcp": True, "timeout": 5}},
-    })
+    topology = deployment.write(
+        {
+            "server": {
+                "kind": "command",
+                "command": ["${env:SECRET_BIN}", "--port", "{port}"],
+                "port": port,
+                "ready": {"tcp": True, "timeout": 5},
+            },
+        }
+    )
     up = deployment.cli("up", topology, *(["--detach"] if detach else []))
     assert up.returncode == 1, up.stdout + up.stderr
     assert "***" in up.stdout + up.stderr  # it says which program, redacted
@@ -47,13 +58,27 @@ def test_a_secret_program_that_cannot_run_is_never_shown(deployment, tmp_path, m
 def test_down_describes_a_killed_process_without_its_secret(deployment, monkeypatch):
     (port,) = free_ports(1)
     monkeypatch.setenv("API_KEY", SECRET)
-    topology = deployment.write({
-        # The secret early in the command line: `down` cuts descriptions at 100 characters.
-        "server": {"kind": "command", "port": port, "stop": {"grace": 0.5},
-                   "command": [sys.executable, STAND_IN, "--api-key", "${env:API_KEY}", "--port", "{port}",
-                               "--ignore-sigterm", "--token=${env:API_KEY}"],
-                   "ready": {"http": "/health", "interval": 0.05}},
-    })
+    topology = deployment.write(
+        {
+            # The secret early in the command line: `down` cuts descriptions at 100 characters.
+            "server": {
+                "kind": "command",
+                "port": port,
+                "stop": {"grace": 0.5},
+                "command": [
+                    sys.executable,
+                    STAND_IN,
+                    "--api-key",
+                    "${env:API_KEY}",
+                    "--port",
+                    "{port}",
+                    "--ignore-sigterm",
+                    "--token=${env:API_KEY}",
+                ],
+                "ready": {"http": "/health", "interval": 0.05},
+            },
+        }
+    )
     up = deployment.cli("up", topology, "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
     down = deployment.cli("down", deployment.name)
@@ -69,19 +94,34 @@ def test_down_with_the_state_damaged_under_a_live_supervisor(deployment, monkeyp
     state, so the process `down` kills is named by its program alone."""
     (port,) = free_ports(1)
     monkeypatch.setenv("API_KEY", SECRET)
-    topology = deployment.write({
-        "server": {"kind": "command", "port": port, "stop": {"grace": 0.5},
-                   "command": [sys.executable, STAND_IN, "--api-key", "${env:API_KEY}", "--port", "{port}",
-                               "--ignore-sigterm"],
-                   "ready": {"http": "/health", "interval": 0.05}},
-    })
+    topology = deployment.write(
+        {
+            "server": {
+                "kind": "command",
+                "port": port,
+                "stop": {"grace": 0.5},
+                "command": [
+                    sys.executable,
+                    STAND_IN,
+                    "--api-key",
+                    "${env:API_KEY}",
+                    "--port",
+                    "{port}",
+                    "--ignore-sigterm",
+                ],
+                "ready": {"http": "/health", "interval": 0.05},
+            },
+        }
+    )
     up = deployment.cli("up", topology, "--detach")
     assert up.returncode == 0, up.stdout + up.stderr
     supervisor = deployment.state_file()["supervisor_pid"]
     (deployment.run_dir / "state.json").write_text('{"name": "tru')
     down = deployment.cli("down", deployment.name, "--grace", "0.5", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert f"asked the supervisor holding the deployment's lock (pid {supervisor}) to hand over" in down.stdout
+    assert (
+        f"asked the supervisor holding the deployment's lock (pid {supervisor}) to hand over" in down.stdout
+    )
     assert "had to SIGKILL:" in down.stdout and "server: pid " in down.stdout, down.stdout
     assert SECRET not in down.stdout + down.stderr
     assert not psutil.pid_exists(supervisor) or psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE

@@ -9,8 +9,12 @@ from harness import REPO, Deployment
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 
 EPD = REPO / "topologies" / "epd-b300.yaml"
-WIRED = {"encoder": {}, "prefill": {"encoder": "1/1"}, "decode": {"encoder": "1/1"},
-         "router": {"prefill": "1/1", "decode": "1/1"}}
+WIRED = {
+    "encoder": {},
+    "prefill": {"encoder": "1/1"},
+    "decode": {"encoder": "1/1"},
+    "router": {"prefill": "1/1", "decode": "1/1"},
+}
 
 
 def changes(d: Deployment) -> list[tuple[str, str]]:
@@ -41,10 +45,13 @@ def test_epd_comes_up_wired_in_the_order_its_policy_says(tmp_path, start):
             assert "start: waves (as the file asks)" in up.stdout
             assert started_before == {"encoder"}
         # Either way the router starts once its workers are ready (start_policy.py says why).
-        assert seen.index(("router", "starting")) > max(seen.index(("prefill", "ready")),
-                                                        seen.index(("decode", "ready")))
-        assert "wiring: prefill: 1/1 encoders; decode: 1/1 encoders; router: 1/1 prefill, 1/1 decode" in \
-            d.cli("status", d.name).stdout.replace("\n", " ")
+        assert seen.index(("router", "starting")) > max(
+            seen.index(("prefill", "ready")), seen.index(("decode", "ready"))
+        )
+        assert (
+            "wiring: prefill: 1/1 encoders; decode: 1/1 encoders; router: 1/1 prefill, 1/1 decode"
+            in d.cli("status", d.name).stdout.replace("\n", " ")
+        )
     finally:
         down = d.cli("down", d.name)
         leftovers = d.alive()

@@ -16,19 +16,25 @@ pytestmark = pytest.mark.integration
 def chain(d, last: dict, **extra) -> Path:
     """first (ready at once) -> last, the role under test."""
     first, port = free_ports(2)
-    return d.write({"first": stand_in(first), "last": {**stand_in(port), **last, "after": ["first"]}}, **extra)
+    return d.write(
+        {"first": stand_in(first), "last": {**stand_in(port), **last, "after": ["first"]}}, **extra
+    )
 
 
 def test_a_role_exiting_during_startup_fails_at_once_with_its_log(deployment):
     ports = free_ports(2)
-    topology = deployment.write({
-        "first": stand_in(ports[0]),
-        "broken": stand_in(ports[1], "--exit-during-startup", 3, ready_timeout=600, after=["first"]),
-    })
+    topology = deployment.write(
+        {
+            "first": stand_in(ports[0]),
+            "broken": stand_in(ports[1], "--exit-during-startup", 3, ready_timeout=600, after=["first"]),
+        }
+    )
     started = time.monotonic()
     up = deployment.cli("up", topology, timeout=300)
     assert up.returncode == 1, up.stdout + up.stderr
-    assert time.monotonic() - started < 300  # at the exit, not at the 600 s timeout (a loaded machine is slow)
+    assert (
+        time.monotonic() - started < 300
+    )  # at the exit, not at the 600 s timeout (a loaded machine is slow)
     assert "role broken failed: exited with code 3 before it was ready" in up.stdout
     assert "broken | failing during startup with exit code 3" in up.stdout  # the last lines of its log
     assert "stopping everything started" in up.stdout
@@ -41,12 +47,20 @@ def test_a_role_exiting_during_startup_fails_at_once_with_its_log(deployment):
 
 
 def test_a_role_that_never_becomes_ready_times_out(deployment):
-    topology = chain(deployment, {"command": stand_in(0, "--never-ready")["command"],
-                                  "ready": {"http": "/health", "interval": 0.05, "timeout": 1.5}})
+    topology = chain(
+        deployment,
+        {
+            "command": stand_in(0, "--never-ready")["command"],
+            "ready": {"http": "/health", "interval": 0.05, "timeout": 1.5},
+        },
+    )
     up = deployment.cli("up", topology, "--detach")
     assert up.returncode == 1, up.stdout + up.stderr
     assert "role last failed: not ready after 1.5s (GET /health answered 503)" in up.stdout
-    assert {r["name"]: r["state"] for r in deployment.status()["roles"]} == {"first": "stopped", "last": "failed"}
+    assert {r["name"]: r["state"] for r in deployment.status()["roles"]} == {
+        "first": "stopped",
+        "last": "failed",
+    }
     assert deployment.alive() == []
 
 
@@ -100,7 +114,11 @@ def test_a_second_up_of_a_running_name_refuses(deployment):
 def test_ctrl_c_during_startup_stops_everything(deployment):
     topology = chain(deployment, {"command": stand_in(0, "--ready-after", 30)["command"]})
     up = deployment.start("up", topology)
-    wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
+    wait_for(
+        lambda: (
+            (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting"
+        )
+    )
     up.send_signal(signal.SIGINT)
     output, _ = up.communicate(timeout=120)
     assert up.returncode == 130, output
@@ -111,10 +129,16 @@ def test_ctrl_c_during_startup_stops_everything(deployment):
 
 
 def test_a_second_ctrl_c_kills_what_ignores_sigterm(deployment):
-    topology = chain(deployment, {"command": stand_in(0, "--ignore-sigterm", "--never-ready")["command"],
-                                  "stop": {"grace": 600}})
+    topology = chain(
+        deployment,
+        {"command": stand_in(0, "--ignore-sigterm", "--never-ready")["command"], "stop": {"grace": 600}},
+    )
     up = deployment.start("up", topology)
-    wait_for(lambda: (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting")
+    wait_for(
+        lambda: (
+            (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting"
+        )
+    )
     up.send_signal(signal.SIGINT)
     seen: list[str] = []  # the first Ctrl-C handled (two sent at once could arrive as one)
     wait_for(lambda: seen.append(up.stdout.readline()) or "stopping everything" in seen[-1] or not seen[-1])

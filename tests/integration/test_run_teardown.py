@@ -21,13 +21,17 @@ def up_detached(d, roles: dict) -> None:
 
 def test_a_child_ignoring_sigterm_is_killed_after_its_grace(deployment):
     port, other = free_ports(2)
-    up_detached(deployment, {"stubborn": stand_in(port, "--ignore-sigterm", stop={"grace": 1}),
-                             "polite": stand_in(other)})
+    up_detached(
+        deployment,
+        {"stubborn": stand_in(port, "--ignore-sigterm", stop={"grace": 1}), "polite": stand_in(other)},
+    )
     stubborn_pid = deployment.role("stubborn")["pid"]
 
     down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert re.search(rf"had to SIGKILL:\n  stubborn: pid {stubborn_pid} \(.*server.py", down.stdout), down.stdout
+    assert re.search(rf"had to SIGKILL:\n  stubborn: pid {stubborn_pid} \(.*server.py", down.stdout), (
+        down.stdout
+    )
     assert "polite" not in down.stdout.split("had to SIGKILL:")[1]
     assert deployment.alive() == []
     assert not port_open(port) and not port_open(other)
@@ -39,7 +43,9 @@ def test_a_grandchild_that_left_the_process_group_is_found(deployment):
     log = deployment.run_dir / "logs" / "escaper.log"
     grandchild = int(wait_for(lambda: re.search(r"escaped (\d+)", log.read_text()))[1])
     role_pid = deployment.role("escaper")["pid"]
-    assert os.getsid(grandchild) == grandchild != os.getpgid(role_pid)  # its own session, outside the role's group
+    assert (
+        os.getsid(grandchild) == grandchild != os.getpgid(role_pid)
+    )  # its own session, outside the role's group
 
     down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -69,11 +75,14 @@ def test_a_retitled_child_is_stopped_after_its_parent_and_the_supervisor_died(de
 
 def test_down_after_the_supervisor_was_sigkilled(deployment):
     ports = free_ports(3)
-    up_detached(deployment, {
-        "a": stand_in(ports[0]),
-        "b": stand_in(ports[1], "--setsid-grandchild", after=["a"]),
-        "c": stand_in(ports[2], "--ignore-sigterm", after=["b"], stop={"grace": 1}),
-    })
+    up_detached(
+        deployment,
+        {
+            "a": stand_in(ports[0]),
+            "b": stand_in(ports[1], "--setsid-grandchild", after=["a"]),
+            "c": stand_in(ports[2], "--ignore-sigterm", after=["b"], stop={"grace": 1}),
+        },
+    )
     status = deployment.status()
     os.kill(status["supervisor_pid"], signal.SIGKILL)
     wait_for(lambda: deployment.status()["supervisor_pid"] is None)

@@ -32,8 +32,9 @@ PD_TWO_NODES = REPO / "topologies" / "helion-gb300.yaml"  # prefill on tray0, de
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     where = tmp_path_factory.mktemp("slurm")
-    start = subprocess.run(["bash", str(SCRIPT), "start", str(where / "c")], capture_output=True, text=True,
-                           timeout=180)
+    start = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(where / "c")], capture_output=True, text=True, timeout=180
+    )
     assert start.returncode == 0, f"slurm_local.sh start:\n{start.stdout}{start.stderr}"
     assert len(cluster_processes(where / "c")) >= 5  # munged, slurmctld, three slurmd: what stop must end
     saved = os.environ.get("SLURM_CONF")
@@ -41,8 +42,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     try:
         yield where / "c"
     finally:
-        stop = subprocess.run(["bash", str(SCRIPT), "stop", str(where / "c")], capture_output=True, text=True,
-                              timeout=120)
+        stop = subprocess.run(
+            ["bash", str(SCRIPT), "stop", str(where / "c")], capture_output=True, text=True, timeout=120
+        )
         if saved is None:
             os.environ.pop("SLURM_CONF", None)
         else:
@@ -57,7 +59,10 @@ def cluster_processes(directory: Path) -> list[str]:
     found = []
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get("MUSE_SLURM_LOCAL") == str(directory) and proc.status() != psutil.STATUS_ZOMBIE:
+            if (
+                proc.environ().get("MUSE_SLURM_LOCAL") == str(directory)
+                and proc.status() != psutil.STATUS_ZOMBIE
+            ):
                 found.append(f"pid {proc.pid} {' '.join(proc.cmdline())}")
         except psutil.Error:
             continue
@@ -87,7 +92,9 @@ def listening(d: Deployment) -> list[str]:
 
 
 def assert_nothing_left(d: Deployment, job: str) -> None:
-    assert squeue("--jobs", job, "--states", "all", "--format", "%i %T", "--steps") == [], "steps still listed"
+    assert squeue("--jobs", job, "--states", "all", "--format", "%i %T", "--steps") == [], (
+        "steps still listed"
+    )
     assert not [line for line in squeue("--jobs", job, "--format", "%i %T")], "job still listed"
     assert not d.alive(), f"alive after down: {[p.cmdline() for p in d.alive()]}"
     assert not listening(d), listening(d)
@@ -111,8 +118,13 @@ def down_clean(d: Deployment, job: str) -> str:
     return down.stdout
 
 
-MULTI_NODE_ENGINES = ["h200-bf16-2node", "vllm-multinode-tp-b200", "vllm-multinode-tp-pp-b200",
-                      "vllm-multinode-tep-b200", "vllm-multinode-dep-b200"]
+MULTI_NODE_ENGINES = [
+    "h200-bf16-2node",
+    "vllm-multinode-tp-b200",
+    "vllm-multinode-tp-pp-b200",
+    "vllm-multinode-tep-b200",
+    "vllm-multinode-dep-b200",
+]
 
 
 @pytest.mark.parametrize("name", [*MULTI_NODE_ENGINES, "helion-gb300", "epd-b300"])
@@ -146,7 +158,9 @@ def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
 
         submitted = (d.run_dir / "slurm" / "job.sbatch").read_text()
         planned = d.cli("plan", path, "--format", "sbatch", "--rehearse", "--set", READY_AFTER)
-        assert planned.stdout == submitted + "\n" or planned.stdout == submitted, "plan --format sbatch differs"
+        assert planned.stdout == submitted + "\n" or planned.stdout == submitted, (
+            "plan --format sbatch differs"
+        )
 
         smoke = d.cli("smoke", name, "--timeout", "60", timeout=120)
         assert smoke.returncode == 0, f"smoke: {smoke.stdout}{smoke.stderr}\n{tails(d)}"
@@ -163,11 +177,14 @@ def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
 def test_a_role_crashing_at_start_fails_up_and_leaves_nothing(cluster: Path, tmp_path: Path):
     d = Deployment(tmp_path / "home", "helion-gb300")
     d.home.mkdir()
-    result = up(d, PD_TWO_NODES, "--set", 'roles.router.launcher=[sh, -c, "echo router cannot start; exit 3"]')
+    result = up(
+        d, PD_TWO_NODES, "--set", 'roles.router.launcher=[sh, -c, "echo router cannot start; exit 3"]'
+    )
     try:
         assert result.returncode == 1, result.stdout + result.stderr
-        assert "role router failed" in result.stdout and "router | router cannot start" in result.stdout, \
+        assert "role router failed" in result.stdout and "router | router cannot start" in result.stdout, (
             result.stdout
+        )
         assert "nothing of it is left" in result.stdout
         assert_nothing_left(d, job_id(d))
     finally:
@@ -191,8 +208,13 @@ def test_supervisor_killed_then_down_stops_the_steps(cluster: Path, tmp_path: Pa
         job = job_id(d)
         supervisor = d.state_file()["supervisor_pid"]
         os.kill(supervisor, signal.SIGKILL)  # the local cluster's batch host is this machine
-        wait_for(lambda: not psutil.pid_exists(supervisor) or
-                 psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE, timeout=10)
+        wait_for(
+            lambda: (
+                not psutil.pid_exists(supervisor)
+                or psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
+            ),
+            timeout=10,
+        )
         status = wait_for(lambda: (s := d.status())["supervisor_pid"] is None and s, timeout=15)
         assert status["slurm"]["state"] == "RUNNING", status  # the allocation and its roles stay for `down`
         assert all(r["health"] == "ok" for r in status["roles"]), status
@@ -225,17 +247,34 @@ def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_pa
         job = job_id(d)
 
         def decode_step() -> str | None:
-            return next((line.split()[0] for line in squeue("--steps", "--jobs", job, "--format", "%i %j")
-                         if line.split()[1] == "decode@tray1"), None)
+            return next(
+                (
+                    line.split()[0]
+                    for line in squeue("--steps", "--jobs", job, "--format", "%i %j")
+                    if line.split()[1] == "decode@tray1"
+                ),
+                None,
+            )
 
         before = decode_step()
-        engine = [p for p in d.alive() if "muse_launch.sim" in " ".join(p.cmdline())
-                  and p.environ().get("MUSE_LAUNCH_ROLE") == "decode@tray1" and "srun" not in p.cmdline()[0]]
+        engine = [
+            p
+            for p in d.alive()
+            if "muse_launch.sim" in " ".join(p.cmdline())
+            and p.environ().get("MUSE_LAUNCH_ROLE") == "decode@tray1"
+            and "srun" not in p.cmdline()[0]
+        ]
         assert engine, "the decode engine is not running on this machine"
         for proc in engine:
             proc.kill()
-        wait_for(lambda: (r := d.role("decode@tray1"))["restarts"] == 1 and r["state"] == "ready"
-                 and r["health"] == "ok", timeout=30)
+        wait_for(
+            lambda: (
+                (r := d.role("decode@tray1"))["restarts"] == 1
+                and r["state"] == "ready"
+                and r["health"] == "ok"
+            ),
+            timeout=30,
+        )
         assert decode_step() not in (None, before)
         smoke = d.cli("smoke", d.name, "--timeout", "60", timeout=120)
         assert smoke.returncode == 0, smoke.stdout
@@ -246,17 +285,22 @@ def test_a_role_dying_after_ready_comes_back_as_a_new_step(cluster: Path, tmp_pa
 
 @pytest.mark.faults("10. a role flooding its log on SLURM: the batch supervisor caps it too")
 def test_a_role_log_is_capped_on_slurm(cluster: Path, tmp_path: Path):
-    """The router writes 2 MB as it starts (through its srun client, into the run directory on the batch host);
+    """The router writes 2 MB as it starts (through its srun client, into the run directory on the batch
+    host);
     with `logs: {max_size: 64KiB, keep: 1}` the batch supervisor rotates it as `up` on one host does."""
     d = Deployment(tmp_path / "home", "helion-gb300")
     d.home.mkdir()
-    flood = (f'roles.router.launcher=[sh, -c, "yes muse-launch-flood | head -c 2000000; exec \\"$0\\" \\"$@\\"",'
-             f' {ROUTER}, launch]')
+    flood = (
+        f'roles.router.launcher=[sh, -c, "yes muse-launch-flood | head -c 2000000; exec \\"$0\\" \\"$@\\"",'
+        f" {ROUTER}, launch]"
+    )
     result = up(d, PD_TWO_NODES, "--set", "logs={max_size: 64KiB, keep: 1}", "--set", flood)
     try:
         assert result.returncode == 0, f"up: {result.stdout}{result.stderr}\n{tails(d)}"
         log = d.run_dir / "logs" / "router.log"
-        wait_for(lambda: log.with_name("router.log.1").exists() and log.stat().st_size < 64 * 1024, timeout=10)
+        wait_for(
+            lambda: log.with_name("router.log.1").exists() and log.stat().st_size < 64 * 1024, timeout=10
+        )
         with open(log.with_name("router.log.1"), "rb") as rotated:
             assert b"muse-launch-flood" in rotated.read(4096)
         assert not log.with_name("router.log.2").exists()  # keep: 1
@@ -276,14 +320,35 @@ def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: 
     put back the ignored SIGINT it found before it streamed the logs, and never stopped)."""
     d = Deployment(tmp_path / "home", "h200-bf16-2node")
     d.home.mkdir()
-    argv = [sys.executable, "-m", "muse_launch", "up", REPO / "topologies" / "h200-bf16-2node.yaml", "--on",
-            "slurm", "--rehearse", "--set", READY_AFTER]
-    up_process = subprocess.Popen(argv, env=d.env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, preexec_fn=ignoring_ctrl_c)
+    argv = [
+        sys.executable,
+        "-m",
+        "muse_launch",
+        "up",
+        REPO / "topologies" / "h200-bf16-2node.yaml",
+        "--on",
+        "slurm",
+        "--rehearse",
+        "--set",
+        READY_AFTER,
+    ]
+    up_process = subprocess.Popen(
+        argv,
+        env=d.env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=ignoring_ctrl_c,
+    )
     try:
         seen: list[str] = []
-        wait_for(lambda: seen.append(up_process.stdout.readline()) or "Ctrl-C stops it" in seen[-1]
-                 or not seen[-1], timeout=300)
+        wait_for(
+            lambda: (
+                seen.append(up_process.stdout.readline()) or "Ctrl-C stops it" in seen[-1] or not seen[-1]
+            ),
+            timeout=300,
+        )
         assert "Ctrl-C stops it" in seen[-1], "".join(seen)
         job = job_id(d)
         assert d.status()["state"] == "ready"

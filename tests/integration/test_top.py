@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from harness import REPO, Deployment, free_ports, stand_in
-from muse_launch.core import load_plan
 from rehearsal import READY_AFTER, assert_nothing_left, recorded_processes, require_free, tails, tear_down
+
+from muse_launch.core import load_plan
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 

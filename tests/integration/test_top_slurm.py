@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from harness import Deployment
 from rehearsal import tails
 from test_slurm import PD_TWO_NODES, cancel_and_kill, cluster, down_clean, job_id, up  # noqa: F401  (fixture)

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from test_vllm_cpu import AGG_FILE, REPO, SERVED_MODEL, UP_TIMEOUT, require, vllm_setup  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm_cpu, pytest.mark.timeout(900)]

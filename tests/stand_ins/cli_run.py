@@ -43,8 +43,12 @@ def _environment(env: Mapping[str, str] | None) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def muse(*args: Any, env: Mapping[str, str] | None = None, cwd: str | os.PathLike[str] | None = REPO,
-         internal_ok: bool = False) -> Ran:
+def muse(
+    *args: Any,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = REPO,
+    internal_ok: bool = False,
+) -> Ran:
     """Run the CLI in this process: `env` replaces the environment for the call (as subprocess's
     env= does), `cwd` is the directory relative paths are read from (the repository by default).
     An internal error (exit 70) fails the test with its traceback, unless `internal_ok`."""
@@ -52,12 +56,20 @@ def muse(*args: Any, env: Mapping[str, str] | None = None, cwd: str | os.PathLik
 
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
-    with _environment(env), contextlib.chdir(cwd or os.getcwd()), \
-            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with (
+        _environment(env),
+        contextlib.chdir(cwd or os.getcwd()),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
         code = run(argv)
     if code == 70 and not internal_ok:
-        with _environment({**os.environ, "MUSE_LAUNCH_DEBUG": "1"}), contextlib.redirect_stderr(io.StringIO()) as tb, \
-                contextlib.chdir(cwd or os.getcwd()), contextlib.redirect_stdout(io.StringIO()):
+        with (
+            _environment({**os.environ, "MUSE_LAUNCH_DEBUG": "1"}),
+            contextlib.redirect_stderr(io.StringIO()) as tb,
+            contextlib.chdir(cwd or os.getcwd()),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
             run(argv)  # again, for the traceback
         raise AssertionError(f"muse-launch {' '.join(argv)}: internal error\n{tb.getvalue()}")
     return Ran(["muse-launch", *argv], code, out.getvalue(), err.getvalue())

@@ -64,17 +64,31 @@ class Deployment:
     def write(self, roles: dict[str, dict[str, Any]], **top: Any) -> Path:
         path = self.home.parent / f"{self.name}.yaml"
         self.ports.update(r["port"] for r in roles.values() if isinstance(r.get("port"), int))
-        path.write_text(yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles}))
+        path.write_text(
+            yaml.safe_dump({"version": 1, "name": self.name, "hardware": "cpu", **top, "roles": roles})
+        )
         return path
 
     def cli(self, *args: Any, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "muse_launch", *map(str, args)],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def start(self, *args: Any) -> subprocess.Popen:
         """A foreground `up`, left running."""
-        return subprocess.Popen([sys.executable, "-m", "muse_launch", *map(str, args)], env=self.env, cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "muse_launch", *map(str, args)],
+            env=self.env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def status(self) -> dict[str, Any]:
         result = self.cli("status", self.name, "--json")
@@ -95,13 +109,18 @@ class Deployment:
         left the session and cleared its environment). Zombies hold nothing."""
         from muse_launch.proc import cgroups
 
-        contained = {pid for path in cgroups.role_cgroups(self.name, str(self.run_dir)) for pid in cgroups.members(path)}
+        contained = {
+            pid
+            for path in cgroups.role_cgroups(self.name, str(self.run_dir))
+            for pid in cgroups.members(path)
+        }
         found = []
         for proc in psutil.process_iter():
             try:
                 env = proc.environ()
-                marked = (env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name
-                          and env.get("MUSE_LAUNCH_RUN_DIR") == str(self.run_dir))
+                marked = env.get("MUSE_LAUNCH_DEPLOYMENT") == self.name and env.get(
+                    "MUSE_LAUNCH_RUN_DIR"
+                ) == str(self.run_dir)
                 ours = marked or os.getsid(proc.pid) in self.sessions or proc.pid in contained
                 if ours and proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
                     found.append(proc)
@@ -113,7 +132,11 @@ class Deployment:
         """The file's role ports some process other than this test still listens on."""
         held = set()
         for conn in psutil.net_connections("inet"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr.port in self.ports and conn.pid != os.getpid():
+            if (
+                conn.status == psutil.CONN_LISTEN
+                and conn.laddr.port in self.ports
+                and conn.pid != os.getpid()
+            ):
                 held.add(conn.laddr.port)
         return sorted(held)
 
@@ -135,7 +158,9 @@ class Deployment:
                 pass
         from muse_launch.proc import cgroups
 
-        for path in cgroups.role_cgroups(self.name, str(self.run_dir)):  # what a failed test left: kill, remove
+        for path in cgroups.role_cgroups(
+            self.name, str(self.run_dir)
+        ):  # what a failed test left: kill, remove
             cgroups.kill(path)
             cgroups.remove(path)
 

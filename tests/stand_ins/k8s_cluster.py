@@ -1,7 +1,9 @@
-"""The `k8s_cluster` fixture: one real control plane (scripts/k8s_local.sh) for the whole session's `k8s` tests,
+"""The `k8s_cluster` fixture: one real control plane (scripts/k8s_local.sh) for the whole session's `k8s`
+tests,
 started on first use and stopped at the end, leaving no process and no directory behind.
 
-It runs in the test's network namespace (scripts/test.sh's `unshare -n`); outside one, k8s_local.sh refuses and
+It runs in the test's network namespace (scripts/test.sh's `unshare -n`); outside one, k8s_local.sh refuses
+and
 the tests that need it fail with its message. The prepared binaries come from `scripts/k8s_local.sh prepare`.
 MUSE_K8S_TEST_DIR names a cluster already started by `scripts/k8s_local.sh start DIR` in this namespace
 instead: the tests use it and leave it running (a developer's loop; CI starts its own).
@@ -40,10 +42,13 @@ class Cluster:
 
 
 def start(directory: Path) -> Cluster:
-    done = subprocess.run(["bash", str(SCRIPT), "start", str(directory)], capture_output=True, text=True,
-                          timeout=START_TIMEOUT)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "start", str(directory)], capture_output=True, text=True, timeout=START_TIMEOUT
+    )
     if done.returncode != 0:
-        pytest.fail(f"scripts/k8s_local.sh start failed ({done.returncode}):\n{done.stderr[-4000:]}", pytrace=False)
+        pytest.fail(
+            f"scripts/k8s_local.sh start failed ({done.returncode}):\n{done.stderr[-4000:]}", pytrace=False
+        )
     line = done.stdout.strip().splitlines()[-1]
     assert line.startswith("export KUBECONFIG="), done.stdout
     return Cluster(directory, Path(line.partition("=")[2]))
@@ -51,7 +56,9 @@ def start(directory: Path) -> Cluster:
 
 def stop(cluster: Cluster) -> None:
     pids = cluster.pids()
-    done = subprocess.run(["bash", str(SCRIPT), "stop", str(cluster.dir)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        ["bash", str(SCRIPT), "stop", str(cluster.dir)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert not cluster.dir.exists(), f"{cluster.dir} left behind"
     alive = [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]

@@ -24,16 +24,23 @@ READY_AFTER = "rehearse={ready_after: 0.3}"  # a top-level `rehearse:` for every
 
 def planned_addresses(plan: Plan) -> list[tuple[str, int, str]]:
     """(address, port, "role kind") of every port the plan binds, on the address its role binds."""
-    return [(spec.bind, port, f"{spec.name} {kind}") for spec in plan.specs for kind, port in spec.ports.items()]
+    return [
+        (spec.bind, port, f"{spec.name} {kind}") for spec in plan.specs for kind, port in spec.ports.items()
+    ]
 
 
 def require_free(plan: Plan) -> None:
-    busy = [f"{host}:{port} ({what}) is held by {port_holder(port, host)}"
-            for host, port, what in planned_addresses(plan) if not can_bind(host, port)]
+    busy = [
+        f"{host}:{port} ({what}) is held by {port_holder(port, host)}"
+        for host, port, what in planned_addresses(plan)
+        if not can_bind(host, port)
+    ]
     if busy:
-        pytest.fail(f"{plan.name} uses fixed ports and some are busy, so it cannot be rehearsed now "
-                    f"(stop whatever holds them, or wait for another run to finish):\n  " + "\n  ".join(busy),
-                    pytrace=False)
+        pytest.fail(
+            f"{plan.name} uses fixed ports and some are busy, so it cannot be rehearsed now "
+            f"(stop whatever holds them, or wait for another run to finish):\n  " + "\n  ".join(busy),
+            pytrace=False,
+        )
 
 
 def listening(plan: Plan) -> list[str]:
@@ -75,7 +82,8 @@ def tails(d: Deployment, n: int = 12) -> str:
 
 
 def tear_down(d: Deployment, processes: dict[ProcessRef, str]) -> None:
-    """After a failed test: `down`, then SIGKILL whatever is left, so the next topology finds its ports free."""
+    """After a failed test: `down`, then SIGKILL whatever is left, so the next topology finds its ports
+    free."""
     if (d.run_dir / "state.json").exists():
         d.cli("down", d.name, "--grace", "1")
     d.kill_leftovers()

@@ -43,29 +43,59 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--also-listen", type=int, action="append", default=[], help="extra TCP port to hold")
-    p.add_argument("--ready-after", type=float, default=0.0, help="/health answers 503 until this age, then 200")
+    p.add_argument(
+        "--ready-after", type=float, default=0.0, help="/health answers 503 until this age, then 200"
+    )
     p.add_argument("--never-ready", action="store_true")
     p.add_argument("--exit-during-startup", type=int, metavar="CODE", help="exit with CODE at --exit-after")
     p.add_argument("--exit-after", type=float, default=0.3)
     p.add_argument("--ignore-sigterm", action="store_true")
-    p.add_argument("--setsid-grandchild", action="store_true", help="spawn a child that calls setsid and lingers")
-    p.add_argument("--escape-holding", type=int, metavar="PORT",
-                   help="spawn a child that double-forks, calls setsid, clears its environment and holds PORT")
-    p.add_argument("--retitled-child", action="store_true",
-                   help="spawn a child that rewrites its title (blanking its environ), as vLLM's EngineCore does")
-    p.add_argument("--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready")
-    p.add_argument("--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent")
+    p.add_argument(
+        "--setsid-grandchild", action="store_true", help="spawn a child that calls setsid and lingers"
+    )
+    p.add_argument(
+        "--escape-holding",
+        type=int,
+        metavar="PORT",
+        help="spawn a child that double-forks, calls setsid, clears its environment and holds PORT",
+    )
+    p.add_argument(
+        "--retitled-child",
+        action="store_true",
+        help="spawn a child that rewrites its title (blanking its environ), as vLLM's EngineCore does",
+    )
+    p.add_argument(
+        "--crash-after-ready", type=float, metavar="S", help="exit 1 this long after becoming ready"
+    )
+    p.add_argument(
+        "--crash-once", metavar="FILE", help="with --crash-after-ready: crash only while FILE is absent"
+    )
     p.add_argument("--stop-delay", type=float, default=0.0, help="seconds between SIGTERM and exit")
     p.add_argument("--hang", action="store_true", help="accept every connection and never answer")
-    p.add_argument("--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second")
-    p.add_argument("--flood", type=int, default=0, metavar="MB",
-                   help="once ready, log this many MB at 50 MB/s (65,000-byte writes of numbered 100-byte lines)")
-    p.add_argument("--flood-after", type=float, default=0.0, metavar="S", help="start the flood S seconds after ready")
+    p.add_argument(
+        "--spew", type=int, default=0, metavar="BYTES", help="once ready, log this many bytes a second"
+    )
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=0,
+        metavar="MB",
+        help="once ready, log this many MB at 50 MB/s (65,000-byte writes of numbered 100-byte lines)",
+    )
+    p.add_argument(
+        "--flood-after", type=float, default=0.0, metavar="S", help="start the flood S seconds after ready"
+    )
     p.add_argument("--bind-when", metavar="FILE", help="listen only once FILE exists (until then: refused)")
-    p.add_argument("--survive-bind-failure", action="store_true",
-                   help="a port it cannot bind is reported, and the process lives on (as some servers do)")
-    p.add_argument("--crash-tokens", metavar="DIR",
-                   help="once ready: for each file put in DIR, remove it and exit 1 (a crash on demand)")
+    p.add_argument(
+        "--survive-bind-failure",
+        action="store_true",
+        help="a port it cannot bind is reported, and the process lives on (as some servers do)",
+    )
+    p.add_argument(
+        "--crash-tokens",
+        metavar="DIR",
+        help="once ready: for each file put in DIR, remove it and exit 1 (a crash on demand)",
+    )
     p.add_argument("--model-path", default=os.path.dirname(os.path.abspath(__file__)))
     # SGLang's own flags, when the planner renders this script in place of `sglang serve`.
     p.add_argument("--disaggregation-mode")
@@ -73,7 +103,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--language-only", action="store_true")
     p.add_argument("--encoder-bootstrap-port", type=int)
     p.add_argument("--encoder-urls", nargs="*", default=[])
-    # A router's wiring, when a topology's router `launcher:` puts this script in its place: GET /workers lists it.
+    # A router's wiring, when a topology's router `launcher:` puts this script in its place: GET /workers
+    # lists it.
     p.add_argument("--prefill", nargs="+", action="append", default=[], metavar="URL [BOOTSTRAP_PORT]")
     p.add_argument("--decode", action="append", default=[])
     p.add_argument("--worker-urls", nargs="*", default=[])
@@ -122,11 +153,17 @@ def main(argv: list[str]) -> None:
             if path in HEALTH_PATHS:
                 self.reply(200 if is_ready() else 503, {"status": "ok" if is_ready() else "starting"})
             elif path in SERVER_INFO_PATHS:
-                info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True}
+                info = {
+                    "model_path": args.model_path,
+                    "tokenizer_path": args.model_path,
+                    "is_generation": True,
+                }
                 self.reply(200, info)
             elif path == "/workers" and (args.prefill or args.decode or args.worker_urls):
                 urls = [p[0] for p in args.prefill] + args.decode + args.worker_urls
-                self.reply(200, {"workers": [{"url": u, "is_healthy": True} for u in urls], "total": len(urls)})
+                self.reply(
+                    200, {"workers": [{"url": u, "is_healthy": True} for u in urls], "total": len(urls)}
+                )
             elif path == "/v1/models":
                 self.reply(200, {"object": "list", "data": [{"id": args.model_path, "object": "model"}]})
             else:
@@ -137,7 +174,9 @@ def main(argv: list[str]) -> None:
             if not is_ready():
                 self.reply(503, {"error": "starting"})
                 return
-            self.reply(200, {"text": "ok", "meta_info": {"id": "stand-in", "finish_reason": {"type": "stop"}}})
+            self.reply(
+                200, {"text": "ok", "meta_info": {"id": "stand-in", "finish_reason": {"type": "stop"}}}
+            )
 
         def reply(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode()
@@ -177,19 +216,23 @@ def main(argv: list[str]) -> None:
         print(f"spawned escaping grandchild {child.pid}", flush=True)
 
     if args.escape_holding:
-        escape = ("import os, socket, time\n"
-                  "if os.fork(): os._exit(0)\n"
-                  "os.setsid()\n"
-                  "if os.fork(): os._exit(0)\n"
-                  f"held = socket.create_server(({args.host!r}, {args.escape_holding}))\n"
-                  "print('escaped', os.getpid(), flush=True)\n"
-                  "time.sleep(3600)\n")
+        escape = (
+            "import os, socket, time\n"
+            "if os.fork(): os._exit(0)\n"
+            "os.setsid()\n"
+            "if os.fork(): os._exit(0)\n"
+            f"held = socket.create_server(({args.host!r}, {args.escape_holding}))\n"
+            "print('escaped', os.getpid(), flush=True)\n"
+            "time.sleep(3600)\n"
+        )
         subprocess.Popen([sys.executable, "-c", escape], env={})  # no marker: an empty environment
         print(f"spawned a child escaping with port {args.escape_holding}", flush=True)
 
     if args.retitled_child:
-        engine = ("import os, time, setproctitle; setproctitle.setproctitle('stand-in::engine'); "
-                  "print('retitled', os.getpid(), flush=True); time.sleep(3600)")
+        engine = (
+            "import os, time, setproctitle; setproctitle.setproctitle('stand-in::engine'); "
+            "print('retitled', os.getpid(), flush=True); time.sleep(3600)"
+        )
         child = subprocess.Popen([sys.executable, "-c", engine])
         print(f"spawned retitled child {child.pid}", flush=True)
 

@@ -48,9 +48,14 @@ class Proc:
         env.update(self.env)
         self._log = open(self.log_path, "ab")
         self.started = time.monotonic()
-        self.popen = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, env=env,
-                                      start_new_session=True)
+        self.popen = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         return self
 
     @property
@@ -87,14 +92,22 @@ class Proc:
         return self.popen.returncode
 
 
-WEATHER_MSG = [{"role": "user", "content": "Use get_weather to check the current weather in Beijing in Celsius."}]
+WEATHER_MSG = [
+    {"role": "user", "content": "Use get_weather to check the current weather in Beijing in Celsius."}
+]
 
 
-def sim_argv(engine: str, engine_args: list[str], *, ready_after: float = 0.2,
-             state_dir: str | None = None, kv_timeout: float | None = None,
-             itl: float | None = None, extra: list[str] = ()) -> list[str]:
-    argv = [sys.executable, "-m", "muse_launch.sim", "--engine", engine,
-            "--ready-after", str(ready_after)]
+def sim_argv(
+    engine: str,
+    engine_args: list[str],
+    *,
+    ready_after: float = 0.2,
+    state_dir: str | None = None,
+    kv_timeout: float | None = None,
+    itl: float | None = None,
+    extra: list[str] = (),
+) -> list[str]:
+    argv = [sys.executable, "-m", "muse_launch.sim", "--engine", engine, "--ready-after", str(ready_after)]
     if state_dir:
         argv += ["--state-dir", str(state_dir)]
     if kv_timeout is not None:
@@ -104,12 +117,13 @@ def sim_argv(engine: str, engine_args: list[str], *, ready_after: float = 0.2,
     return argv + list(extra) + ["--"] + list(engine_args)
 
 
-def http(method: str, url: str, body: Any = None, timeout: float = 30.0,
-         headers: dict[str, str] | None = None) -> tuple[int, str]:
+def http(
+    method: str, url: str, body: Any = None, timeout: float = 30.0, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json",
-                                          **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read().decode(errors="replace")
@@ -124,8 +138,7 @@ def get_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
-def wait_status(url: str, status: int = 200, timeout: float = 20.0,
-                procs: list[Proc] | None = None) -> float:
+def wait_status(url: str, status: int = 200, timeout: float = 20.0, procs: list[Proc] | None = None) -> float:
     """Poll until GET url answers `status`; returns the seconds waited. Fails early if one
     of `procs` exits."""
     t0 = time.monotonic()
@@ -135,8 +148,9 @@ def wait_status(url: str, status: int = 200, timeout: float = 20.0,
             return time.monotonic() - t0
         for p in procs or []:
             if not p.alive():
-                raise RuntimeError(f"{p.name} exited ({p.popen.returncode}) while waiting for "
-                                   f"{url}:\n{p.log()[-3000:]}")
+                raise RuntimeError(
+                    f"{p.name} exited ({p.popen.returncode}) while waiting for {url}:\n{p.log()[-3000:]}"
+                )
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer {status} within {timeout}s")
 

@@ -13,8 +13,14 @@ DEFAULT_LAUNCHER = ("toyserve",)
 DEFAULT_BOOTSTRAP_PORT = 9100
 DISTRIBUTIONS = ("toyserve",)
 MODULES = ("toyserve",)
-FACTS = replace(sglang.FACTS, name=NAME, title="ToyServe", default_launcher=DEFAULT_LAUNCHER, image_field=None,
-                bootstrap_port=DEFAULT_BOOTSTRAP_PORT)
+FACTS = replace(
+    sglang.FACTS,
+    name=NAME,
+    title="ToyServe",
+    default_launcher=DEFAULT_LAUNCHER,
+    image_field=None,
+    bootstrap_port=DEFAULT_BOOTSTRAP_PORT,
+)
 render = sglang.render
 
 

@@ -14,12 +14,32 @@ from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.run.state import RunDir, StateDamaged, planned_record, read_state, write_state
 from muse_launch.slurm.files import SlurmFiles
 
-PLAN = Plan("demo", (
-    LaunchSpec(name="worker", role="worker", kind="worker", engine="sglang", launcher=("sglang", "serve"),
-               args=(), ports={"http": 30001}),
-    LaunchSpec(name="router", role="router", kind="router", engine="sglang-router", launcher=("sglang-router",),
-               args=(), ports={"http": 8000}, probe=Probe(ProbeKind.HTTP, ("/readiness",)), depends_on=("worker",)),
-), (("worker",), ("router",)))
+PLAN = Plan(
+    "demo",
+    (
+        LaunchSpec(
+            name="worker",
+            role="worker",
+            kind="worker",
+            engine="sglang",
+            launcher=("sglang", "serve"),
+            args=(),
+            ports={"http": 30001},
+        ),
+        LaunchSpec(
+            name="router",
+            role="router",
+            kind="router",
+            engine="sglang-router",
+            launcher=("sglang-router",),
+            args=(),
+            ports={"http": 8000},
+            probe=Probe(ProbeKind.HTTP, ("/readiness",)),
+            depends_on=("worker",),
+        ),
+    ),
+    (("worker",), ("router",)),
+)
 
 
 @pytest.fixture
@@ -71,8 +91,11 @@ def test_up_on_names_a_remote_backend_only():
 @pytest.mark.parametrize("name", ["local", "slurm"])
 def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
     backend, run_dir = backends()[name], RunDir.of("demo")
-    for change, arg in ((backend.add_instance, "decode"), (backend.remove_instance, "decode-1"),
-                        (backend.restart_instance, "decode-0")):
+    for change, arg in (
+        (backend.add_instance, "decode"),
+        (backend.remove_instance, "decode-1"),
+        (backend.restart_instance, "decode-0"),
+    ):
         with pytest.raises(NotSupported) as caught:
             change(run_dir, arg)
         assert arg in str(caught.value) and caught.value.fix
@@ -80,7 +103,9 @@ def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
 
 def test_claiming_a_name_asks_every_other_backend_to_release_it(home, monkeypatch):
     released = []
-    monkeypatch.setattr("muse_launch.slurm.backend.SlurmBackend.release", lambda self, run_dir: released.append(1))
+    monkeypatch.setattr(
+        "muse_launch.slurm.backend.SlurmBackend.release", lambda self, run_dir: released.append(1)
+    )
     claim_for("local")(RunDir.of("demo"))
     assert released == [1]
 

@@ -86,9 +86,14 @@ def test_validate_json_is_machine_readable() -> None:
     assert report["ok"] is False
     finding = next(f for f in report["findings"] if f["path"] == "roles.decode.gpus")
     assert finding == {
-        "severity": "error", "file": "tests/data/bad/shared-gpus-over-budget.yaml", "line": 38,
-        "path": "roles.decode.gpus", "roles": ["prefill", "decode"], "message": finding["message"],
-        "fix": finding["fix"]}
+        "severity": "error",
+        "file": "tests/data/bad/shared-gpus-over-budget.yaml",
+        "line": 38,
+        "path": "roles.decode.gpus",
+        "roles": ["prefill", "decode"],
+        "message": finding["message"],
+        "fix": finding["fix"],
+    }
     assert finding["message"].startswith("GPU 3 is also used by prefill")
     assert finding["fix"].startswith("give decode GPUs 4-7")
 
@@ -109,6 +114,7 @@ def test_validate_json_clean_file() -> None:
 
 # ---- rules on good variants of the cookbook file (no finding expected) ----------------------------
 
+
 def findings_for(text: str, environ: dict[str, str] | None = None) -> list:
     loaded = parse_topology(text, Path("t.yaml"), environ=environ or {})
     findings, _ = run_checks(loaded)
@@ -128,17 +134,22 @@ def test_epd_has_no_findings() -> None:
 
 
 def test_prefill_sequence_parallel_with_megamoe_is_accepted() -> None:
-    text = edit(EPD.read_text(), ARGS, ARGS + ", --moe-a2a-backend, flashinfer, --enable-layernorm-sp, "
-                "--enable-megamoe-for-layernorm-sp")
+    text = edit(
+        EPD.read_text(),
+        ARGS,
+        ARGS + ", --moe-a2a-backend, flashinfer, --enable-layernorm-sp, --enable-megamoe-for-layernorm-sp",
+    )
     assert findings_for(text) == []
 
 
 def test_dflash_with_fa4_on_blackwell_is_accepted() -> None:
     text = EPD.read_text()
     decode_args = text.rindex(ARGS)
-    text = text[:decode_args] + ARGS + ", --speculative-algorithm, DFLASH, --speculative-draft-model-path, " \
-        "RadixArk/Muse-Spark-Open-DFlash2, --speculative-draft-attention-backend, fa4, " \
-        "--speculative-num-draft-tokens, 8" + text[decode_args + len(ARGS):]
+    text = (
+        text[:decode_args] + ARGS + ", --speculative-algorithm, DFLASH, --speculative-draft-model-path, "
+        "RadixArk/Muse-Spark-Open-DFlash2, --speculative-draft-attention-backend, fa4, "
+        "--speculative-num-draft-tokens, 8" + text[decode_args + len(ARGS) :]
+    )
     assert findings_for(text) == []
 
 
@@ -153,7 +164,7 @@ def test_decode_with_pd_role_switch_binds_the_bootstrap_port() -> None:
     # With --enable-pd-role-switch the decode starts a bootstrap server too: 8998 then collides.
     text = EPD.read_text()
     at = text.rindex(ARGS)
-    text = text[:at] + ARGS + ", --enable-pd-role-switch" + text[at + len(ARGS):]
+    text = text[:at] + ARGS + ", --enable-pd-role-switch" + text[at + len(ARGS) :]
     found = [f for f in findings_for(text) if f.severity is Severity.ERROR]
     assert [f.path for f in found] == [("roles", "decode", "bootstrap_port")]
     assert "KV bootstrap port 8998, already the KV bootstrap port of prefill" in found[0].message
@@ -171,51 +182,93 @@ def test_flag_in_args_counts_like_its_key() -> None:
 def test_h200_marlin_and_two_node_bf16_are_accepted() -> None:
     for name in ("trtllm-moe-on-h200", "multi-node-loopback-node"):
         text = (BAD / f"{name}.yaml").read_text()
-        text = text.replace("flashinfer_trtllm", "marlin").replace("node1: {address: 127.0.0.1}",
-                                                                   "node1: {address: 10.0.0.2}")
+        text = text.replace("flashinfer_trtllm", "marlin").replace(
+            "node1: {address: 127.0.0.1}", "node1: {address: 10.0.0.2}"
+        )
         assert findings_for(text) == [], name
 
 
 def test_vllm_pd_and_multi_node_are_accepted() -> None:
     side = (BAD / "vllm-side-channel-clash.yaml").read_text()
     at = side.rindex("side_channel_port: 5600")  # the decode's
-    assert findings_for(side[:at] + "side_channel_port: 5601" + side[at + len("side_channel_port: 5600"):]) == []
+    assert (
+        findings_for(side[:at] + "side_channel_port: 5601" + side[at + len("side_channel_port: 5600") :])
+        == []
+    )
     nodes = (BAD / "vllm-multi-node-indivisible.yaml").read_text()
-    nodes = nodes.replace("  node2: {address: 10.0.0.3}\n", "").replace("[node0, node1, node2]", "[node0, node1]")
+    nodes = nodes.replace("  node2: {address: 10.0.0.3}\n", "").replace(
+        "[node0, node1, node2]", "[node0, node1]"
+    )
     assert findings_for(nodes) == []
 
 
 def test_secret_values_never_appear_in_findings() -> None:
     text = edit(EPD.read_text(), "port: 8000", "port: 8000\n    host: ${env:ROUTER_ADDR}")
     found = findings_for(text, {"ROUTER_ADDR": "0.0.0.0"})
-    assert found and all("0.0.0.0" not in f.format(parse_topology(text, Path("t.yaml"),
-                                                                  environ={"ROUTER_ADDR": "0.0.0.0"}))
-                         for f in found)
+    assert found and all(
+        "0.0.0.0" not in f.format(parse_topology(text, Path("t.yaml"), environ={"ROUTER_ADDR": "0.0.0.0"}))
+        for f in found
+    )
 
 
 def with_decode_args(text: str, extra: str) -> str:
     at = text.rindex(ARGS)  # the decode's args line
-    return text[:at] + ARGS + extra + text[at + len(ARGS):]
+    return text[:at] + ARGS + extra + text[at + len(ARGS) :]
 
 
 EXTRA_RULES = [
     # (edit of the cookbook file, severity, path, message fragment)
-    (lambda t: edit(t, "    tp: 4\n    ep: 4\n    mem_fraction: 0.75", "    tp: 2\n    ep: 2\n    mem_fraction: 0.75"),
-     Severity.WARNING, ("roles", "decode", "gpus"), "GPUs 6-7 stay idle"),
-    (lambda t: with_decode_args(t, ", --speculative-algorithm, DFLASH, --speculative-draft-model-path, x/y"),
-     Severity.WARNING, ("roles", "decode", "args", 6), "without --speculative-draft-attention-backend"),
-    (lambda t: with_decode_args(t, ", --enable-dp-attention, --dp-size, 3"),
-     Severity.ERROR, ("roles", "decode", "args", 7), "--enable-dp-attention needs dp to divide tp"),
+    (
+        lambda t: edit(
+            t, "    tp: 4\n    ep: 4\n    mem_fraction: 0.75", "    tp: 2\n    ep: 2\n    mem_fraction: 0.75"
+        ),
+        Severity.WARNING,
+        ("roles", "decode", "gpus"),
+        "GPUs 6-7 stay idle",
+    ),
+    (
+        lambda t: with_decode_args(
+            t, ", --speculative-algorithm, DFLASH, --speculative-draft-model-path, x/y"
+        ),
+        Severity.WARNING,
+        ("roles", "decode", "args", 6),
+        "without --speculative-draft-attention-backend",
+    ),
+    (
+        lambda t: with_decode_args(t, ", --enable-dp-attention, --dp-size, 3"),
+        Severity.ERROR,
+        ("roles", "decode", "args", 7),
+        "--enable-dp-attention needs dp to divide tp",
+    ),
     # A top-level args flag counts where no role key overrides it (roles' tp: 4 win on prefill and decode).
-    (lambda t: edit(edit(t, "    tp: 2\n", ""), "args: [--quantization, modelopt_fp4]",
-                    "args: [--quantization, modelopt_fp4, --tp-size, 8]"),
-     Severity.ERROR, ("roles", "encoder", "gpus"), "tp 8 x dp 1 x pp 1 needs 8 GPUs, but encoder has 2"),
-    (lambda t: edit(t, "    tp: 2\n", ""),
-     Severity.WARNING, ("roles", "encoder", "gpus"), "uses 1 of encoder's 2 GPUs"),
-    (lambda t: edit(t, "port: 8000\n", "port: 8000\n    after: [router]\n"),
-     Severity.ERROR, ("roles", "router", "after", 0), "router refers to itself"),
-    (lambda t: edit(t, "    decode: [decode]", "    decode: [decode, decode]"),
-     Severity.ERROR, ("roles", "router", "decode", 1), "router.decode lists decode twice"),
+    (
+        lambda t: edit(
+            edit(t, "    tp: 2\n", ""),
+            "args: [--quantization, modelopt_fp4]",
+            "args: [--quantization, modelopt_fp4, --tp-size, 8]",
+        ),
+        Severity.ERROR,
+        ("roles", "encoder", "gpus"),
+        "tp 8 x dp 1 x pp 1 needs 8 GPUs, but encoder has 2",
+    ),
+    (
+        lambda t: edit(t, "    tp: 2\n", ""),
+        Severity.WARNING,
+        ("roles", "encoder", "gpus"),
+        "uses 1 of encoder's 2 GPUs",
+    ),
+    (
+        lambda t: edit(t, "port: 8000\n", "port: 8000\n    after: [router]\n"),
+        Severity.ERROR,
+        ("roles", "router", "after", 0),
+        "router refers to itself",
+    ),
+    (
+        lambda t: edit(t, "    decode: [decode]", "    decode: [decode, decode]"),
+        Severity.ERROR,
+        ("roles", "router", "decode", 1),
+        "router.decode lists decode twice",
+    ),
 ]
 
 
@@ -228,12 +281,16 @@ def test_rule_on_a_variant_of_the_cookbook_file(change, severity, path, fragment
 def test_vllm_rules() -> None:
     text = (BAD / "vllm-side-channel-clash.yaml").read_text()
     at = text.rindex("side_channel_port: 5600")
-    text = text[:at] + "side_channel_port: 5601" + text[at + len("side_channel_port: 5600"):]
-    dspark = text.replace("    transfer_backend: nixl\n    side_channel_port: 5601",
-                          "    transfer_backend: nixl\n    side_channel_port: 5601\n    args: [--speculative-config, "
-                          "'{\"method\":\"dspark\",\"model\":\"Inferact/Muse-Spark-Open-DSpark\","
-                          "\"num_speculative_tokens\":9}']")
-    assert [f.message for f in findings_for(dspark)] == ["DSpark num_speculative_tokens 9: it drafts 1 to 7 tokens"]
+    text = text[:at] + "side_channel_port: 5601" + text[at + len("side_channel_port: 5600") :]
+    dspark = text.replace(
+        "    transfer_backend: nixl\n    side_channel_port: 5601",
+        "    transfer_backend: nixl\n    side_channel_port: 5601\n    args: [--speculative-config, "
+        '\'{"method":"dspark","model":"Inferact/Muse-Spark-Open-DSpark",'
+        '"num_speculative_tokens":9}\']',
+    )
+    assert [f.message for f in findings_for(dspark)] == [
+        "DSpark num_speculative_tokens 9: it drafts 1 to 7 tokens"
+    ]
     connector = text.replace("transfer_backend: nixl", "transfer_backend: nixel")
     messages = [f.message for f in findings_for(connector)]
     assert "vLLM has no KV connector nixel" in messages

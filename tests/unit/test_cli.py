@@ -28,25 +28,28 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-@pytest.mark.parametrize("argv, code, says", [
-    (["validate"], 2, "Missing argument 'file'"),
-    (["plan", EPD, "--format", "bogus"], 2, "'bogus' is not one of"),
-    (["frobnicate"], 2, "No such command 'frobnicate'"),
-    (["validate", "does/not/exist.yaml"], 2, "error: does/not/exist.yaml: no such file"),
-    (["validate", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
-    (["up", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
-    (["down", "no-such-deployment"], 2, "no deployment named 'no-such-deployment'"),
-    (["down", "/etc"], 2, "'/etc' is neither a deployment name nor a topology file"),
-    (["status", "no-such-deployment"], 2, "no deployment named 'no-such-deployment'"),
-    (["logs", "no-such-deployment", "prefill"], 2, "no deployment named 'no-such-deployment'"),
-    (["up", "topologies/h200-bf16-2node.yaml"], 2, "spans 2 nodes"),
-    (["init", "--hardware", "tpu"], 2, "error: unknown hardware 'tpu'"),
-    (["status"], 1, "error: no deployment is running\n  fix: `muse-launch up FILE -d` starts one"),
-    (["logs"], 1, "error: no deployment is running"),
-    (["smoke"], 1, "error: no deployment is running"),
-    (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1, "; fix: give decode GPUs 4-7"),
-    (["plan", "tests/data/bad/shared-gpus-over-budget.yaml"], 1, "; fix: give decode GPUs 4-7"),
-])
+@pytest.mark.parametrize(
+    "argv, code, says",
+    [
+        (["validate"], 2, "Missing argument 'file'"),
+        (["plan", EPD, "--format", "bogus"], 2, "'bogus' is not one of"),
+        (["frobnicate"], 2, "No such command 'frobnicate'"),
+        (["validate", "does/not/exist.yaml"], 2, "error: does/not/exist.yaml: no such file"),
+        (["validate", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
+        (["up", "topologies"], 2, "topologies: cannot read the topology file: Is a directory"),
+        (["down", "no-such-deployment"], 2, "no deployment named 'no-such-deployment'"),
+        (["down", "/etc"], 2, "'/etc' is neither a deployment name nor a topology file"),
+        (["status", "no-such-deployment"], 2, "no deployment named 'no-such-deployment'"),
+        (["logs", "no-such-deployment", "prefill"], 2, "no deployment named 'no-such-deployment'"),
+        (["up", "topologies/h200-bf16-2node.yaml"], 2, "spans 2 nodes"),
+        (["init", "--hardware", "tpu"], 2, "error: unknown hardware 'tpu'"),
+        (["status"], 1, "error: no deployment is running\n  fix: `muse-launch up FILE -d` starts one"),
+        (["logs"], 1, "error: no deployment is running"),
+        (["smoke"], 1, "error: no deployment is running"),
+        (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1, "; fix: give decode GPUs 4-7"),
+        (["plan", "tests/data/bad/shared-gpus-over-budget.yaml"], 1, "; fix: give decode GPUs 4-7"),
+    ],
+)
 def test_user_errors_exit_1_or_2_with_a_message(argv: list[str], code: int, says: str) -> None:
     run = muse(*argv)
     assert run.returncode == code, run.stdout + run.stderr
@@ -65,7 +68,8 @@ def test_a_deployment_that_lost_its_state(home: Path) -> None:
     assert status.returncode == 1, status.stderr
     assert status.stderr.splitlines() == [
         f"error: deployment 'demo' has no state any more ({home}/demo/state.json is gone)",
-        "  fix: `muse-launch down demo` stops whatever of it still runs"]
+        "  fix: `muse-launch down demo` stops whatever of it still runs",
+    ]
     (home / "demo" / "state.json").write_text("{not json")
     damaged = muse("logs", "demo")
     assert damaged.returncode == 1 and f"{home}/demo/state.json is damaged (JSONDecodeError" in damaged.stderr
@@ -104,12 +108,16 @@ def test_anything_unexpected_is_one_line_and_exit_70(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(muse_launch.core, "check_file", broken)
     run = muse("validate", EPD, internal_ok=True)
     assert run.returncode == INTERNAL
-    assert run.stderr == "internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n"
+    assert (
+        run.stderr == "internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n"
+    )
     monkeypatch.setenv("MUSE_LAUNCH_DEBUG", "1")
     debug = muse("validate", EPD, internal_ok=True)
     assert debug.returncode == INTERNAL
     assert debug.stderr.startswith("Traceback (most recent call last):") and "in broken" in debug.stderr
-    assert debug.stderr.endswith("internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n")
+    assert debug.stderr.endswith(
+        "internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n"
+    )
 
 
 def test_a_missing_package_is_named_by_the_command_that_needs_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,19 +129,35 @@ def test_a_missing_package_is_named_by_the_command_that_needs_it(monkeypatch: py
     assert muse("down").returncode == 0
 
 
-@pytest.mark.parametrize("exc, code, first", [
-    (ModuleNotFoundError("No module named 'yaml'", name="yaml"), 1, "error: muse-launch validate needs yaml: "
-                                                                     "pip install 'pyyaml>=6'"),
-    (ModuleNotFoundError("No module named 'muse_launch.gone'", name="muse_launch.gone"), 70, "internal error: "),
-    (PermissionError(13, "Permission denied", "/state/demo/state.json"), 1,
-     "error: /state/demo/state.json: Permission denied"),
-    (OSError(28, "No space left on device", "/state/demo/.state.tmp"), 1,
-     "error: /state/demo/.state.tmp: No space left on device"),
-    (OSError(5, "Input/output error"), 70, "internal error: OSError: [Errno 5] Input/output error"),
-    (KeyboardInterrupt(), 130, None),
-    (BrokenPipeError(32, "Broken pipe"), 1, None),
-    (ValueError("first line\nsecond line"), 70, "internal error: ValueError: first line (run with"),
-])
+@pytest.mark.parametrize(
+    "exc, code, first",
+    [
+        (
+            ModuleNotFoundError("No module named 'yaml'", name="yaml"),
+            1,
+            "error: muse-launch validate needs yaml: pip install 'pyyaml>=6'",
+        ),
+        (
+            ModuleNotFoundError("No module named 'muse_launch.gone'", name="muse_launch.gone"),
+            70,
+            "internal error: ",
+        ),
+        (
+            PermissionError(13, "Permission denied", "/state/demo/state.json"),
+            1,
+            "error: /state/demo/state.json: Permission denied",
+        ),
+        (
+            OSError(28, "No space left on device", "/state/demo/.state.tmp"),
+            1,
+            "error: /state/demo/.state.tmp: No space left on device",
+        ),
+        (OSError(5, "Input/output error"), 70, "internal error: OSError: [Errno 5] Input/output error"),
+        (KeyboardInterrupt(), 130, None),
+        (BrokenPipeError(32, "Broken pipe"), 1, None),
+        (ValueError("first line\nsecond line"), 70, "internal error: ValueError: first line (run with"),
+    ],
+)
 def test_the_error_table(exc: BaseException, code: int, first: str | None) -> None:
     got, lines = explain(exc, "validate")
     assert got == code
@@ -146,14 +170,25 @@ SCRIPT = str(Path(sys.executable).with_name("muse-launch"))
 
 
 def script(*args: str, env: dict[str, str] | None = None, home: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([SCRIPT, *args], capture_output=True, text=True, cwd=REPO, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home), **(env or {})})
+    return subprocess.run(
+        [SCRIPT, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home), **(env or {})},
+    )
 
 
-@pytest.mark.parametrize("argv, code", [
-    (["frobnicate"], 2), (["status"], 1), (["down"], 0),
-    (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1),
-])
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        (["frobnicate"], 2),
+        (["status"], 1),
+        (["down"], 0),
+        (["validate", "tests/data/bad/shared-gpus-over-budget.yaml"], 1),
+    ],
+)
 def test_the_shell_sees_the_exit_code(argv: list[str], code: int, home: Path) -> None:
     run = script(*argv, home=home)
     assert run.returncode == code, run.stdout + run.stderr
@@ -168,20 +203,37 @@ def test_output_to_a_pipe_is_all_there_at_exit(home: Path) -> None:
 
 
 def test_an_internal_error_in_a_real_process(home: Path) -> None:
-    crash = ("import sys, muse_launch.core as core\n"
-             "core.check_file = lambda *a, **k: {}['roles']\n"
-             "from muse_launch.cli import main\nmain()\n")
-    run = subprocess.run([sys.executable, "-c", crash, "validate", EPD], capture_output=True, text=True, cwd=REPO,
-                         env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)}, timeout=60)
+    crash = (
+        "import sys, muse_launch.core as core\n"
+        "core.check_file = lambda *a, **k: {}['roles']\n"
+        "from muse_launch.cli import main\nmain()\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", crash, "validate", EPD],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)},
+        timeout=60,
+    )
     assert (run.returncode, run.stdout) == (70, "")
-    assert run.stderr == "internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n"
+    assert (
+        run.stderr == "internal error: KeyError: 'roles' (run with MUSE_LAUNCH_DEBUG=1 for the traceback)\n"
+    )
 
 
 def test_a_closed_pipe_is_quiet(home: Path) -> None:
     """`muse-launch plan ... | head -1`: no 'Exception ignored', no traceback."""
-    run = subprocess.run(f"'{SCRIPT}' plan {EPD} --format json | head -c 10; exit ${{PIPESTATUS[0]}}",
-                         shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=REPO, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)})
+    run = subprocess.run(
+        f"'{SCRIPT}' plan {EPD} --format json | head -c 10; exit ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)},
+    )
     assert run.stdout == '{\n  "name"'
     assert run.stderr == ""
     assert run.returncode in (0, 1)
@@ -192,19 +244,30 @@ def test_a_closed_pipe_is_quiet(home: Path) -> None:
 HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "jsonschema"}
 
 
-@pytest.mark.parametrize("argv, allowed", [
-    (["--help"], set()),
-    (["validate", "--help"], set()),
-    (["down"], {"psutil"}),
-    (["ls"], {"psutil", "rich"}),  # nothing running: no backend is asked, no HTTP client loaded
-    (["validate", EPD], {"pydantic", "yaml"}),
-])
+@pytest.mark.parametrize(
+    "argv, allowed",
+    [
+        (["--help"], set()),
+        (["validate", "--help"], set()),
+        (["down"], {"psutil"}),
+        (["ls"], {"psutil", "rich"}),  # nothing running: no backend is asked, no HTTP client loaded
+        (["validate", EPD], {"pydantic", "yaml"}),
+    ],
+)
 def test_each_command_imports_only_what_it_needs(argv: list[str], allowed: set[str], home: Path) -> None:
-    probe = ("import json, sys\nfrom muse_launch.cli import run\ncode = run(sys.argv[1:])\n"
-             "loaded = {m.split('.')[0] for m, v in sys.modules.items() if v is not None}\n"
-             "print(json.dumps([code, sorted(loaded)]), file=sys.stderr)\n")
-    run = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, cwd=REPO, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)})
+    probe = (
+        "import json, sys\nfrom muse_launch.cli import run\ncode = run(sys.argv[1:])\n"
+        "loaded = {m.split('.')[0] for m, v in sys.modules.items() if v is not None}\n"
+        "print(json.dumps([code, sorted(loaded)]), file=sys.stderr)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", probe, *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "MUSE_LAUNCH_HOME": str(home)},
+    )
     code, modules = json.loads(run.stderr.splitlines()[-1])
     assert code == 0, run.stdout + run.stderr
     assert HEAVY & set(modules) == allowed
@@ -212,8 +275,14 @@ def test_each_command_imports_only_what_it_needs(argv: list[str], allowed: set[s
 
 def test_shell_completion_is_on(home: Path) -> None:
     def complete(words: str) -> list[str]:
-        run = script(env={"_MUSE_LAUNCH_COMPLETE": "complete_bash", "COMP_WORDS": words,
-                          "COMP_CWORD": str(len(words.split()) - 1)}, home=home)
+        run = script(
+            env={
+                "_MUSE_LAUNCH_COMPLETE": "complete_bash",
+                "COMP_WORDS": words,
+                "COMP_CWORD": str(len(words.split()) - 1),
+            },
+            home=home,
+        )
         assert run.returncode == 0, run.stderr
         return run.stdout.split()
 
@@ -226,6 +295,7 @@ def test_shell_completion_is_on(home: Path) -> None:
 
 # ---- a damaged or missing state.json (issue 9, item 6): reported for that deployment only --------------
 
+
 @pytest.mark.faults("6. a truncated state.json: ls/status report it for that deployment, down still stops it")
 def test_a_damaged_state_is_reported_for_that_deployment_and_down_still_stops_it(home: Path) -> None:
     from muse_launch.proc.process import Marker
@@ -234,8 +304,11 @@ def test_a_damaged_state_is_reported_for_that_deployment_and_down_still_stops_it
     run_dir = RunDir(home / "broken")
     run_dir.path.mkdir(parents=True)
     run_dir.state_file.write_text('{"name": "broken", "roles": [')  # truncated by a full disk
-    role = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
-                            env={**os.environ, **Marker("broken", str(run_dir.path)).env("prefill")})
+    role = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        start_new_session=True,
+        env={**os.environ, **Marker("broken", str(run_dir.path)).env("prefill")},
+    )
     try:
         listed = muse("ls")
         assert listed.returncode == 0 and "state damaged" in listed.stdout, listed.stdout + listed.stderr

@@ -39,23 +39,38 @@ def test_engine_flags_are_written_in_their_engine_module_only():
     """A flag an engine module defines appears as a literal nowhere else in the planning core, checks,
     init and smoke: those import it (the CLI's own options and the simulated engine's parser aside)."""
     engine_flags = set().union(*(_literal_flags(p) for p in (PACKAGE / "engines").glob("*.py")))
-    readers = [*(PACKAGE / "plan").glob("*.py"), *(PACKAGE / "checks").glob("*.py"), PACKAGE / "smoke.py",
-               PACKAGE / "core.py", *(PACKAGE / "commands").glob("*.py")]
+    readers = [
+        *(PACKAGE / "plan").glob("*.py"),
+        *(PACKAGE / "checks").glob("*.py"),
+        PACKAGE / "smoke.py",
+        PACKAGE / "core.py",
+        *(PACKAGE / "commands").glob("*.py"),
+    ]
     repeated = {str(p.relative_to(REPO)): sorted(_literal_flags(p) & engine_flags) for p in readers}
     assert {p: f for p, f in repeated.items() if f} == {}
 
 
-@pytest.mark.parametrize("layer,forbidden", [
-    *((f"muse_launch.topology.{m}", ("muse_launch.plan", "muse_launch.checks", "muse_launch.run"))
-      for m in ("model", "load", "hardware", "defaults")),
-    ("muse_launch.plan.build", ("muse_launch.checks", "muse_launch.run")),
-    # the simulated engine imports these facts: no schema, no pydantic (the topology's plain defaults are fine)
-    ("muse_launch.engines", ("muse_launch.checks", "muse_launch.topology.model", "muse_launch.topology.load",
-                             "pydantic")),
-])
+@pytest.mark.parametrize(
+    "layer,forbidden",
+    [
+        *(
+            (f"muse_launch.topology.{m}", ("muse_launch.plan", "muse_launch.checks", "muse_launch.run"))
+            for m in ("model", "load", "hardware", "defaults")
+        ),
+        ("muse_launch.plan.build", ("muse_launch.checks", "muse_launch.run")),
+        # the simulated engine imports these facts: no schema, no pydantic (the topology's plain defaults are
+        # fine)
+        (
+            "muse_launch.engines",
+            ("muse_launch.checks", "muse_launch.topology.model", "muse_launch.topology.load", "pydantic"),
+        ),
+    ],
+)
 def test_layers_import_downwards_only(layer: str, forbidden: tuple[str, ...]):
-    code = (f"import sys, importlib; importlib.import_module({layer!r}); "
-            f"print(sorted(m for m in sys.modules if m.startswith({forbidden!r})))")
+    code = (
+        f"import sys, importlib; importlib.import_module({layer!r}); "
+        f"print(sorted(m for m in sys.modules if m.startswith({forbidden!r})))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -85,7 +100,9 @@ roles:
 """)
     loaded = load_plan(path, rehearse=True)
     assert [(s.name, s.host, s.bind) for s in loaded.plan.specs] == [
-        ("a", "127.0.0.1", "127.0.0.1"), ("b", "127.0.0.2", "127.0.0.2")]
+        ("a", "127.0.0.1", "127.0.0.1"),
+        ("b", "127.0.0.2", "127.0.0.2"),
+    ]
 
 
 def test_rehearsal_plan_is_checked_again(tmp_path: Path):
@@ -93,12 +110,14 @@ def test_rehearsal_plan_is_checked_again(tmp_path: Path):
     topology = load_topology(REPO / "topologies" / "vllm-multinode-dep-b200.yaml").topology
     plan = load_plan(REPO / "topologies" / "vllm-multinode-dep-b200.yaml").plan
     collapsed = {a: "127.0.0.1" for a in loopback_addresses(plan, topology)}
-    moved = replace(plan, specs=tuple(replace(s, host=collapsed[s.host], bind=collapsed[s.host])
-                                      for s in plan.specs))
+    moved = replace(
+        plan, specs=tuple(replace(s, host=collapsed[s.host], bind=collapsed[s.host]) for s in plan.specs)
+    )
     assert recheck_placement(topology, rehearsal_plan(plan, topology, sys.executable)) == []
     findings = recheck_placement(topology, moved)
     assert [f.message for f in findings] == [
-        "server@node1 binds HTTP port 8000, already the HTTP port of server@node0 on this host"]
+        "server@node1 binds HTTP port 8000, already the HTTP port of server@node0 on this host"
+    ]
 
 
 def test_a_connector_of_ones_own_passes_with_its_module_path(tmp_path: Path):
@@ -111,10 +130,15 @@ def test_a_connector_of_ones_own_passes_with_its_module_path(tmp_path: Path):
     for case, extra in (("module", '{"kv_connector_module_path": "my_pkg.kv"}'), ("bare", "{}")):
         path = tmp_path / f"{case}.yaml"
         path.write_text(base)
-        loaded = load_topology(path, [f"roles.prefill.kv_transfer_config={extra}",
-                                      f"roles.decode.kv_transfer_config={extra}",
-                                      "roles.prefill.transfer_backend=MyConnector",
-                                      "roles.decode.transfer_backend=MyConnector"])
+        loaded = load_topology(
+            path,
+            [
+                f"roles.prefill.kv_transfer_config={extra}",
+                f"roles.decode.kv_transfer_config={extra}",
+                "roles.prefill.transfer_backend=MyConnector",
+                "roles.decode.transfer_backend=MyConnector",
+            ],
+        )
         findings[case] = [f.message for f in run_checks(loaded)[0] if "KV connector" in f.message]
     assert findings["module"] == []
     assert findings["bare"] and all("vLLM has no KV connector MyConnector" in m for m in findings["bare"])

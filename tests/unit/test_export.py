@@ -27,8 +27,14 @@ UPDATE = os.environ.get("MUSE_LAUNCH_UPDATE_GOLDEN") == "1"  # regenerate the go
 
 
 def cli(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "muse_launch", *map(str, args)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.mark.parametrize("flavour", ["lws", "rbg"])
@@ -56,13 +62,19 @@ def test_golden_manifests(name: str, flavour: str, tmp_path: Path):
         shutil.copytree(out, golden)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in golden.iterdir())
     for path in golden.iterdir():
-        assert (out / path.name).read_text() == path.read_text(), f"{path} differs; if intended, regenerate with " \
-            f"MUSE_LAUNCH_UPDATE_GOLDEN=1"
+        assert (out / path.name).read_text() == path.read_text(), (
+            f"{path} differs; if intended, regenerate with MUSE_LAUNCH_UPDATE_GOLDEN=1"
+        )
     assert check_dir(golden) == []
-    # The core objects pass kubernetes-validate's own command too (it has no schema for the CRDs: ours check those).
+    # The core objects pass kubernetes-validate's own command too (it has no schema for the CRDs: ours check
+    # those).
     tool = Path(sys.executable).parent / "kubernetes-validate"
-    done = subprocess.run([tool, "--strict", "-k", "1.33.0", *sorted(golden.iterdir())], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [tool, "--strict", "-k", "1.33.0", *sorted(golden.iterdir())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "passed for resource service/" in done.stdout, done.stdout + done.stderr
 
 
@@ -93,52 +105,89 @@ def test_wiring_goes_through_dns_names_and_router_probe_is_readiness():
     (router,) = _objects(done, "Deployment")
     container = router["spec"]["template"]["spec"]["containers"][0]
     command = container["command"]
-    assert command[command.index("--prefill") + 1:command.index("--prefill") + 3] == \
-        ["http://epd-b300-prefill-0.epd-b300-prefill.serving:30001", "8998"]
+    assert command[command.index("--prefill") + 1 : command.index("--prefill") + 3] == [
+        "http://epd-b300-prefill-0.epd-b300-prefill.serving:30001",
+        "8998",
+    ]
     assert command[command.index("--decode") + 1] == "http://epd-b300-decode-0.epd-b300-decode.serving:30002"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readiness"
     assert container["image"] == "lmsysorg/sglang:dev-muse-spark-open"
-    prefill = next(o for o in _objects(done, "LeaderWorkerSet") if o["metadata"]["name"] == "epd-b300-prefill")
+    prefill = next(
+        o for o in _objects(done, "LeaderWorkerSet") if o["metadata"]["name"] == "epd-b300-prefill"
+    )
     args = prefill["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["command"]
-    assert args[args.index("--encoder-urls") + 1] == "http://epd-b300-encoder-0.epd-b300-encoder.serving:30010"
-    assert all(o["metadata"]["namespace"] == "serving" for f in done.files for o in f.objects if "metadata" in o)
+    assert (
+        args[args.index("--encoder-urls") + 1] == "http://epd-b300-encoder-0.epd-b300-encoder.serving:30010"
+    )
+    assert all(
+        o["metadata"]["namespace"] == "serving" for f in done.files for o in f.objects if "metadata" in o
+    )
 
 
 def test_rbg_roles_and_dependencies_mirror_the_waves():
     done = build(ROOT / "topologies/epd-b300.yaml", "rbg")
     (rbg,) = _objects(done, "RoleBasedGroup")
     roles = {r["name"]: r.get("dependencies", []) for r in rbg["spec"]["roles"]}
-    assert roles == {"encoder": [], "prefill": ["encoder"], "decode": ["encoder"], "router": ["prefill", "decode"]}
+    assert roles == {
+        "encoder": [],
+        "prefill": ["encoder"],
+        "decode": ["encoder"],
+        "router": ["prefill", "decode"],
+    }
 
 
 def test_amd_gpus_are_amd_resources():
     done = build(ROOT / "topologies/mi355x-mxfp4.yaml", "lws")
-    limits = [c.get("resources", {}).get("limits", {}) for o in _objects(done, "LeaderWorkerSet")
-              for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
-    assert any("amd.com/gpu" in line for line in limits) and not any("nvidia.com/gpu" in line for line in limits)
+    limits = [
+        c.get("resources", {}).get("limits", {})
+        for o in _objects(done, "LeaderWorkerSet")
+        for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
+    ]
+    assert any("amd.com/gpu" in line for line in limits) and not any(
+        "nvidia.com/gpu" in line for line in limits
+    )
 
 
 def test_secrets_are_references_never_values(tmp_path: Path):
     env = {"HF_TOKEN": "hf-very-secret", "MODEL_ALIAS": "alias-secret"}
     out = tmp_path / "out"
-    done = cli("export", "tests/data/export/pd-secrets.yaml", "-o", out, "--image", "example.org/muse:1", env=env)
+    done = cli(
+        "export", "tests/data/export/pd-secrets.yaml", "-o", out, "--image", "example.org/muse:1", env=env
+    )
     assert done.returncode == 0, done.stderr
     text = "".join(p.read_text() for p in out.iterdir())
     assert "hf-very-secret" not in text and "alias-secret" not in text
     assert "secretKeyRef" in text and "muse-$(MODEL_ALIAS)" in text
     assert "create secret generic pd-secrets-secrets" in done.stdout
     # Exporting needs no secret at all: the manifests only name them.
-    assert cli("export", "tests/data/export/pd-secrets.yaml", "-o", tmp_path / "again", "--image", "x/y:1",
-               env={"HF_TOKEN": "", "MODEL_ALIAS": ""}).returncode == 0
+    assert (
+        cli(
+            "export",
+            "tests/data/export/pd-secrets.yaml",
+            "-o",
+            tmp_path / "again",
+            "--image",
+            "x/y:1",
+            env={"HF_TOKEN": "", "MODEL_ALIAS": ""},
+        ).returncode
+        == 0
+    )
 
 
 def test_literal_dollar_parens_are_escaped(tmp_path: Path):
     path = tmp_path / "t.yaml"
-    path.write_text((ROOT / "topologies/epd-b300.yaml").read_text().replace(
-        "args: [--quantization, modelopt_fp4]", "args: [--quantization, modelopt_fp4, --chat-template, 'a$(b)']"))
+    path.write_text(
+        (ROOT / "topologies/epd-b300.yaml")
+        .read_text()
+        .replace(
+            "args: [--quantization, modelopt_fp4]",
+            "args: [--quantization, modelopt_fp4, --chat-template, 'a$(b)']",
+        )
+    )
     done = build(path, "lws")
     command = _objects(done, "LeaderWorkerSet")[0]["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"][
-        "containers"][0]["command"]
+        "containers"
+    ][0]["command"]
     assert "a$$(b)" in command and expand("a$$(b)", {"b": "x"}) == "a$(b)"
 
 
@@ -153,8 +202,14 @@ def test_kubelet_expansion():
 def test_three_nodes_share_one_worker_template(tmp_path: Path):
     path = tmp_path / "t.yaml"
     text = (ROOT / "topologies/h200-bf16-2node.yaml").read_text()
-    text = text.replace("  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}")
-    path.write_text(text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]").replace("tp: 16", "tp: 24").replace("ep: 16", "ep: 24"))
+    text = text.replace(
+        "  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}"
+    )
+    path.write_text(
+        text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]")
+        .replace("tp: 16", "tp: 24")
+        .replace("ep: 16", "ep: 24")
+    )
     plan = export_plan(path, LWS, "default")
     (group,) = plan.groups
     assert group.size == 3 and "$(LWS_WORKER_INDEX)" in group.worker.argv
@@ -163,9 +218,14 @@ def test_three_nodes_share_one_worker_template(tmp_path: Path):
 def test_refuses_what_one_worker_template_cannot_say(tmp_path: Path):
     path = tmp_path / "t.yaml"
     text = (ROOT / "topologies/vllm-multinode-dep-b200.yaml").read_text()
-    text = text.replace("  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}")
-    path.write_text(text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]").replace("dp: 16", "dp: 24")
-                    .replace("ep: 16", "ep: 24"))
+    text = text.replace(
+        "  node1: {address: 10.0.0.2}", "  node1: {address: 10.0.0.2}\n  node2: {address: 10.0.0.3}"
+    )
+    path.write_text(
+        text.replace("nodes: [node0, node1]", "nodes: [node0, node1, node2]")
+        .replace("dp: 16", "dp: 24")
+        .replace("ep: 16", "ep: 24")
+    )
     with pytest.raises(ExportError, match="one template"):
         export_plan(path, LWS, "default")
 
@@ -178,17 +238,26 @@ def test_replicas_become_one_group_each():
     assert names == ["pd-replicas-prefill-0", "pd-replicas-prefill-1", "pd-replicas-decode"]
     (router,) = _objects(done, "Deployment")
     command = router["spec"]["template"]["spec"]["containers"][0]["command"]
-    prefills = [command[i + 1:i + 3] for i, a in enumerate(command) if a == "--prefill"]
-    assert prefills == [["http://pd-replicas-prefill-0-0.pd-replicas-prefill-0.default:31001", "8998"],
-                        ["http://pd-replicas-prefill-1-0.pd-replicas-prefill-1.default:31002", "8999"]]
-    images = [c["image"] for o in _objects(build(path, "lws", images={"prefill": "p:1", "": "x:1"}), "LeaderWorkerSet")
-              for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]]
+    prefills = [command[i + 1 : i + 3] for i, a in enumerate(command) if a == "--prefill"]
+    assert prefills == [
+        ["http://pd-replicas-prefill-0-0.pd-replicas-prefill-0.default:31001", "8998"],
+        ["http://pd-replicas-prefill-1-0.pd-replicas-prefill-1.default:31002", "8999"],
+    ]
+    images = [
+        c["image"]
+        for o in _objects(build(path, "lws", images={"prefill": "p:1", "": "x:1"}), "LeaderWorkerSet")
+        for c in o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"]
+    ]
     assert images == ["p:1", "p:1", "x:1"]
     with pytest.raises(ExportError, match="no role 'prefil'"):
         build(path, "lws", images={"prefil": "p:1", "": "x:1"})
     rbg = build(path, "rbg", images={"": "example.org/muse:1"})
     (group,) = _objects(rbg, "RoleBasedGroup")
-    assert [r.get("dependencies", []) for r in group["spec"]["roles"]][-1] == ["prefill-0", "prefill-1", "decode"]
+    assert [r.get("dependencies", []) for r in group["spec"]["roles"]][-1] == [
+        "prefill-0",
+        "prefill-1",
+        "decode",
+    ]
 
 
 def test_export_refuses_to_write_invalid_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -207,9 +276,14 @@ def test_export_refuses_to_write_invalid_manifests(tmp_path: Path, monkeypatch: 
     done = export_module.export(ROOT / "topologies/epd-b300.yaml", tmp_path / "out")
     assert not (tmp_path / "out").exists()
     messages = [str(p) for p in done.problems]
-    assert any(m.startswith("encoder.yaml: LeaderWorkerSet/epd-b300-encoder: "
-                            "spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]: ") and "gpuCount" in m
-               for m in messages), messages
+    assert any(
+        m.startswith(
+            "encoder.yaml: LeaderWorkerSet/epd-b300-encoder: "
+            "spec.leaderWorkerTemplate.workerTemplate.spec.containers[0]: "
+        )
+        and "gpuCount" in m
+        for m in messages
+    ), messages
     assert any(m.endswith("containers[0].stdin: 'yes' is not of type 'boolean'") for m in messages), messages
 
 
@@ -229,8 +303,9 @@ def test_check_reports_hand_edits_by_file_object_and_path(tmp_path: Path):
         lws, service = docs
         lws["spec"]["leaderWorkerTemplate"]["size"] = "2"
         lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["gpus"] = 8
-        lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1]["name"] = \
+        lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1]["name"] = (
             "distributed-init-port"
+        )
         service["spec"]["ports"][0]["port"] = "http"
 
     _edit(out / "server.yaml", edits)
@@ -240,12 +315,18 @@ def test_check_reports_hand_edits_by_file_object_and_path(tmp_path: Path):
     lines = bad.stderr.splitlines()
     where = f"{out}/server.yaml: LeaderWorkerSet/h200-bf16-2node-server: spec.leaderWorkerTemplate."
     assert f"{where}size: '2' is not of type 'integer'" in lines, lines
-    assert any(line.startswith(f"{where}workerTemplate.spec.containers[0]: ") and "'gpus' was unexpected" in line
-               for line in lines), lines
-    assert f"{out}/server.yaml: Service/h200-bf16-2node-server: spec.ports[0].port: 'http' is not of type " \
-           f"'integer'" in lines, lines
-    assert any(line.startswith(f"{out}/kustomization.yaml: Kustomization: resources: extra.yaml is not listed")
-               for line in lines), lines
+    assert any(
+        line.startswith(f"{where}workerTemplate.spec.containers[0]: ") and "'gpus' was unexpected" in line
+        for line in lines
+    ), lines
+    assert (
+        f"{out}/server.yaml: Service/h200-bf16-2node-server: spec.ports[0].port: 'http' is not of type "
+        f"'integer'" in lines
+    ), lines
+    assert any(
+        line.startswith(f"{out}/kustomization.yaml: Kustomization: resources: extra.yaml is not listed")
+        for line in lines
+    ), lines
     assert "Traceback" not in bad.stderr
 
 
@@ -254,8 +335,9 @@ def test_check_port_names_and_names_the_api_server_would_refuse(tmp_path: Path):
     assert cli("export", "topologies/h200-bf16-2node.yaml", "-o", out).returncode == 0
 
     def edits(docs):
-        docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1]["name"] = \
-            "distributed-init-port"
+        docs[0]["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["ports"][1][
+            "name"
+        ] = "distributed-init-port"
         docs[1]["metadata"]["name"] = "9server"
 
     _edit(out / "server.yaml", edits)
@@ -270,11 +352,20 @@ spec:
 """)
     _edit(out / "kustomization.yaml", lambda docs: docs[0]["resources"].append("router.yaml"))
     lines = cli("export", "--check", out).stderr.splitlines()
-    assert any(line.endswith("router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
-                          "spec.template.metadata.labels") for line in lines), lines
-    assert any("leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in line
-               for line in lines), lines
-    assert any("Service/9server: metadata.name: '9server' is not a DNS-1035 label" in line for line in lines), lines
+    assert any(
+        line.endswith(
+            "router.yaml: Deployment/router: spec.selector.matchLabels: does not match "
+            "spec.template.metadata.labels"
+        )
+        for line in lines
+    ), lines
+    assert any(
+        "leaderTemplate.spec.containers[0].ports[1].name: 'distributed-init-port' is not a port name" in line
+        for line in lines
+    ), lines
+    assert any(
+        "Service/9server: metadata.name: '9server' is not a DNS-1035 label" in line for line in lines
+    ), lines
 
 
 def test_check_bad_yaml_and_usage_exit_2(tmp_path: Path):
@@ -283,10 +374,14 @@ def test_check_bad_yaml_and_usage_exit_2(tmp_path: Path):
     (out / "kustomization.yaml").write_text("resources: [a.yaml\n")
     bad = cli("export", "--check", out)
     assert bad.returncode == 2 and "not valid YAML" in bad.stderr and "Traceback" not in bad.stderr
-    for argv in (["export"], ["export", "--check", tmp_path / "none"], ["export", "topologies/epd-b300.yaml"],
-                 ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--to", "helm"],
-                 ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--namespace", "Not_A_Label"],
-                 ["export", tmp_path / "missing.yaml", "-o", tmp_path / "x"]):
+    for argv in (
+        ["export"],
+        ["export", "--check", tmp_path / "none"],
+        ["export", "topologies/epd-b300.yaml"],
+        ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--to", "helm"],
+        ["export", "topologies/epd-b300.yaml", "-o", tmp_path / "x", "--namespace", "Not_A_Label"],
+        ["export", tmp_path / "missing.yaml", "-o", tmp_path / "x"],
+    ):
         done = cli(*argv)
         assert done.returncode == 2, (argv, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr and done.stderr.strip(), argv
@@ -300,8 +395,10 @@ def test_export_into_a_directory_of_other_manifests_is_refused(tmp_path: Path):
         export(ROOT / "topologies/epd-b300.yaml", out)
 
 
-@pytest.mark.parametrize("name,code", [("dangling-reference", 1), ("dependency-cycle", 1), ("bad-gpus-string", 2),
-                                       ("duplicate-key", 2)])
+@pytest.mark.parametrize(
+    "name,code",
+    [("dangling-reference", 1), ("dependency-cycle", 1), ("bad-gpus-string", 2), ("duplicate-key", 2)],
+)
 def test_a_topology_that_fails_its_checks_is_not_exported(name: str, code: int, tmp_path: Path):
     done = cli("export", f"tests/data/bad/{name}.yaml", "-o", tmp_path / "out")
     assert done.returncode == code, done.stderr
@@ -353,7 +450,11 @@ def _pod_labels(objects: list[dict]) -> list[dict[str, str]]:
     for o in objects:
         if o["kind"] in ("LeaderWorkerSet", "RoleBasedGroup"):
             labels = [t["metadata"]["labels"] for _, t in pod_templates(o) if "metadata" in t]
-            extra = {"leaderworkerset.sigs.k8s.io/name": o["metadata"]["name"]} if o["kind"] == "LeaderWorkerSet" else {}
+            extra = (
+                {"leaderworkerset.sigs.k8s.io/name": o["metadata"]["name"]}
+                if o["kind"] == "LeaderWorkerSet"
+                else {}
+            )
             out += [{**lab, **extra} for lab in labels]
         elif o["kind"] == "Deployment":
             out.append(o["spec"]["template"]["metadata"]["labels"])

@@ -131,24 +131,32 @@ def flag_pairs(args: list[str] | tuple[str, ...]) -> Pairs:
 
 
 def _allowed(engine: str, pairs: Pairs) -> Pairs:
-    return Counter({p: n for p, n in pairs.items()
-                    if (engine, p[0], tuple(_canonical(v) for v in p[1])) not in
-                    {(e, f, tuple(_canonical(v) for v in vs)) for e, f, vs in ALLOWED_DEFAULTS}})
+    return Counter(
+        {
+            p: n
+            for p, n in pairs.items()
+            if (engine, p[0], tuple(_canonical(v) for v in p[1]))
+            not in {(e, f, tuple(_canonical(v) for v in vs)) for e, f, vs in ALLOWED_DEFAULTS}
+        }
+    )
 
 
 def _env_without_whole_node(env: dict[str, str], hardware: str) -> dict[str, str]:
     profile = PROFILES[hardware]
     whole = ",".join(str(g) for g in range(profile.gpus_per_node))
-    return {k: v for k, v in env.items() if not (k == profile.visible_devices_var and v == whole)
-            and profile.device_order_env.get(k) != v}
+    return {
+        k: v
+        for k, v in env.items()
+        if not (k == profile.visible_devices_var and v == whole) and profile.device_order_env.get(k) != v
+    }
 
 
 def _compare(spec: LaunchSpec, section: Section, hardware: str) -> list[str]:
     problems = []
     program = list(spec.launcher)
-    if section.argv[:len(program)] != program:
-        problems.append(f"program {section.argv[:len(program)]} != {program}")
-    want = _allowed(spec.engine, flag_pairs(section.argv[len(program):]))
+    if section.argv[: len(program)] != program:
+        problems.append(f"program {section.argv[: len(program)]} != {program}")
+    want = _allowed(spec.engine, flag_pairs(section.argv[len(program) :]))
     got = _allowed(spec.engine, flag_pairs(spec.args))
     for pair in sorted((want - got), key=str):
         problems.append(f"missing {pair}")
@@ -176,8 +184,9 @@ def test_topology_renders_its_documents_commands(path: Path) -> None:
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
 def test_topology_names_its_source(path: Path) -> None:
     first = path.read_text().splitlines()[0]
-    assert first.startswith("# ") and re.search(r"cookbook|vLLM recipe", first, re.I), \
+    assert first.startswith("# ") and re.search(r"cookbook|vLLM recipe", first, re.I), (
         f"{path.name} must start with a comment naming the document section it reproduces"
+    )
 
 
 @pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: p.stem)
@@ -206,8 +215,11 @@ def _reference_text() -> str:
     return "\n".join(parts)
 
 
-WITH_VERBATIM = [g for g in sorted(GOLDEN.glob("*.txt"))
-                 if any(s.provenance == "verbatim" for s in parse_golden(g).values())]
+WITH_VERBATIM = [
+    g
+    for g in sorted(GOLDEN.glob("*.txt"))
+    if any(s.provenance == "verbatim" for s in parse_golden(g).values())
+]
 
 
 @pytest.mark.parametrize("golden", WITH_VERBATIM, ids=lambda p: p.stem)

@@ -37,12 +37,23 @@ GIB = 1 << 30
 H200 = int(139.8 * GIB)
 
 
-def h200s(n: int, holders: dict[int, list[GpuHolder]] | None = None, name: str = "NVIDIA H200",
-          total: int = H200) -> GpuView:
+def h200s(
+    n: int, holders: dict[int, list[GpuHolder]] | None = None, name: str = "NVIDIA H200", total: int = H200
+) -> GpuView:
     holders = holders or {}
-    return GpuView("fake", tuple(
-        Gpu(i, name, total, int(0.6 * GIB) + sum(h.used_bytes or 0 for h in holders.get(i, ())),
-            tuple(holders.get(i, ()))) for i in range(n)))
+    return GpuView(
+        "fake",
+        tuple(
+            Gpu(
+                i,
+                name,
+                total,
+                int(0.6 * GIB) + sum(h.used_bytes or 0 for h in holders.get(i, ())),
+                tuple(holders.get(i, ())),
+            )
+            for i in range(n)
+        ),
+    )
 
 
 def b300s(n: int = 8, holders: dict[int, list[GpuHolder]] | None = None) -> GpuView:
@@ -67,7 +78,9 @@ def test_each_gpu_process_needs_its_mem_fraction_or_the_models_share():
     assert needs["encoder"].fraction is None and needs["encoder"].share_bytes is None  # loads no experts
     plan, topology = epd(("roles.decode.mem_fraction=null",))
     decode = next(n for n in gpu_needs(plan, topology) if n.name == "decode")
-    assert decode.fraction is None and decode.share_bytes == 640 * 10**9 // 4  # the NVFP4 checkpoint over 4 GPUs
+    assert (
+        decode.fraction is None and decode.share_bytes == 640 * 10**9 // 4
+    )  # the NVFP4 checkpoint over 4 GPUs
     assert "640 GB over 4 GPUs" in decode.why(b300s().gpu(4))
 
 
@@ -77,25 +90,34 @@ def test_the_planned_gpus_fit_a_host_that_has_them_free():
 
 def test_a_missing_gpu_names_the_hosts_count():
     [problem], _ = problems_of(b300s(4))
-    assert problem.text == ("GPU 4-7 are planned (decode on 4-7), but this host has 4 GPUs "
-                            "(0-3: 4 x NVIDIA B300 SXM6 AC)")
+    assert problem.text == (
+        "GPU 4-7 are planned (decode on 4-7), but this host has 4 GPUs (0-3: 4 x NVIDIA B300 SXM6 AC)"
+    )
     assert problem.fix == "run the file on a host with 8 GPUs, or give roles.decode.gpus GPUs of this host"
 
 
 def test_a_b300_file_on_an_h200_host_names_both_and_the_fix():
     problems, _ = problems_of(h200s(8))
     [model] = [p for p in problems if p.text.startswith("hardware:")]
-    assert model.text == ("hardware: b300: the file is written for NVIDIA B300 (8 x 288 GB), but GPU 0-7 of this "
-                          "host are 8 x NVIDIA H200")
-    assert model.fix.startswith("write the file for this host (`hardware: h200`, or `muse-launch init --hardware h200")
+    assert model.text == (
+        "hardware: b300: the file is written for NVIDIA B300 (8 x 288 GB), but GPU 0-7 of this "
+        "host are 8 x NVIDIA H200"
+    )
+    assert model.fix.startswith(
+        "write the file for this host (`hardware: h200`, or `muse-launch init --hardware h200"
+    )
 
 
 def test_a_gpu_held_by_another_process_is_named_with_its_memory_and_the_fix():
     problems, _ = problems_of(b300s(holders={0: [GpuHolder(564, int(100.6 * GIB), "python3 serve.py")]}))
     [problem] = problems
-    assert problem.text.startswith("GPU 0: 100.6 of 268.0 GiB held by pid 564 (python3 serve.py); 166.8 GiB is "
-                                   "free, and prefill needs 214.4 GiB (mem_fraction 0.8)")
-    assert problem.fix == "stop pid 564 (python3 serve.py), or lower roles.prefill.mem_fraction to 0.62 or less"
+    assert problem.text.startswith(
+        "GPU 0: 100.6 of 268.0 GiB held by pid 564 (python3 serve.py); 166.8 GiB is "
+        "free, and prefill needs 214.4 GiB (mem_fraction 0.8)"
+    )
+    assert (
+        problem.fix == "stop pid 564 (python3 serve.py), or lower roles.prefill.mem_fraction to 0.62 or less"
+    )
     assert str(problem).endswith("\n    fix: " + problem.fix)
 
 
@@ -103,34 +125,54 @@ def test_the_issues_h200_case_reads_as_the_issue_says():
     view = h200s(1, {0: [GpuHolder(564, int(100.6 * GIB), "python3 serve.py")]})
     need = GpuNeed("worker", "worker", (0,), 60 * GIB / H200)
     [problem], _ = gpu_problems([need], PROFILES["h200"], view, Owners([]))
-    assert problem.text.startswith("GPU 0: 100.6 of 139.8 GiB held by pid 564 (python3 serve.py); 38.6 GiB is free")
+    assert problem.text.startswith(
+        "GPU 0: 100.6 of 139.8 GiB held by pid 564 (python3 serve.py); 38.6 GiB is free"
+    )
 
 
 def test_a_role_without_a_budget_on_a_held_gpu_cannot_be_told_to_fit():
     # The encoder shares GPU 1 with prefill and sets no mem_fraction (the cookbook's layout).
     problems, _ = problems_of(b300s(holders={1: [GpuHolder(9, 2 * GIB, "python3 other.py")]}))
     [problem] = problems
-    assert problem.text == ("GPU 1: 2.0 of 268.0 GiB held by pid 9 (python3 other.py), and encoder sets no "
-                            "mem_fraction, so whether it fits cannot be told")
+    assert problem.text == (
+        "GPU 1: 2.0 of 268.0 GiB held by pid 9 (python3 other.py), and encoder sets no "
+        "mem_fraction, so whether it fits cannot be told"
+    )
     assert "set roles.encoder.mem_fraction" in problem.fix and "--skip-gpu-check" in problem.fix
 
 
 def test_a_holder_that_leaves_room_is_a_note(monkeypatch):
-    monkeypatch.setattr("muse_launch.run.gpus.command_of", lambda pid: None)  # pid 9 is no process visible here
+    monkeypatch.setattr(
+        "muse_launch.run.gpus.command_of", lambda pid: None
+    )  # pid 9 is no process visible here
     problems, notes = problems_of(b300s(holders={5: [GpuHolder(9, 2 * GIB, None)]}))
     assert problems == []
-    assert notes == ["GPU 5: 2.0 of 268.0 GiB held by pid 9 (not visible from here); 265.4 GiB free is enough for "
-                     "decode"]
+    assert notes == [
+        "GPU 5: 2.0 of 268.0 GiB held by pid 9 (not visible from here); 265.4 GiB free is enough for decode"
+    ]
 
 
 def sleeper(**env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **env})
 
 
-def record_with(proc: subprocess.Popen | None, name: str = "gpu-test", gpus: tuple[int, ...] = (0, 1)) -> DeploymentRecord:
+def record_with(
+    proc: subprocess.Popen | None, name: str = "gpu-test", gpus: tuple[int, ...] = (0, 1)
+) -> DeploymentRecord:
     ref = ProcessRef.of(proc.pid) if proc else None
-    role = RoleRecord("prefill", "prefill", RoleState.READY, gpus, None, {}, Probe(ProbeKind.PROCESS), "127.0.0.1",
-                      "SIGTERM", 1.0, ref)
+    role = RoleRecord(
+        "prefill",
+        "prefill",
+        RoleState.READY,
+        gpus,
+        None,
+        {},
+        Probe(ProbeKind.PROCESS),
+        "127.0.0.1",
+        "SIGTERM",
+        1.0,
+        ref,
+    )
     return DeploymentRecord(name, "gpu-test.yaml", (("prefill",),), (role,))
 
 
@@ -150,8 +192,13 @@ def test_a_roles_gpu_memory_is_found_through_its_leader_when_the_marker_is_gone(
     leader = sleeper()  # no marker: like an engine that rewrote its title; found as the role's leader
     try:
         record = record_with(leader)
-        view = h200s(2, {0: [GpuHolder(leader.pid, 60 * GIB)], 1: [GpuHolder(leader.pid, 50 * GIB),
-                                                                   GpuHolder(1, 3 * GIB)]})
+        view = h200s(
+            2,
+            {
+                0: [GpuHolder(leader.pid, 60 * GIB)],
+                1: [GpuHolder(leader.pid, 50 * GIB), GpuHolder(1, 3 * GIB)],
+            },
+        )
         assert role_gpu_memory(record, view) == {"prefill": {0: 60 * GIB, 1: 50 * GIB}}
         assert deployment_holders(record, view) == {leader.pid: "prefill"}
     finally:
@@ -174,11 +221,15 @@ def test_down_names_a_holder_that_stays_and_leaves_foreign_ones_alone():
     record = record_with(None)
     view = h200s(2, {0: [GpuHolder(4242, 60 * GIB)], 1: [GpuHolder(564, 9 * GIB, "python3 serve.py")]})
     release = await_gpu_release(record, lambda: view, {4242: "prefill"}, seconds=0.2)
-    assert release.held == ("GPU 0: 60.0 of 139.8 GiB held by pid 4242 (not visible from here) (was role prefill)",)
+    assert release.held == (
+        "GPU 0: 60.0 of 139.8 GiB held by pid 4242 (not visible from here) (was role prefill)",
+    )
     release = await_gpu_release(record, lambda: view, {}, seconds=0.2)
     assert release.held == ()
-    assert release.line.startswith("GPUs 0-1: nothing of gpu-test holds memory; also held, not by gpu-test: "
-                                   "GPU 0: 60.0 of 139.8 GiB held by pid 4242")
+    assert release.line.startswith(
+        "GPUs 0-1: nothing of gpu-test holds memory; also held, not by gpu-test: "
+        "GPU 0: 60.0 of 139.8 GiB held by pid 4242"
+    )
     assert await_gpu_release(record, lambda: GpuView("none", unavailable="no NVML"), {}).line is None
 
 
@@ -197,7 +248,9 @@ def test_preflight_says_one_line_when_it_passes_or_cannot_look():
     said: list[str] = []
     plan, check, reads = preflight(b300s())
     check.require(plan, lambda: [], said.append)
-    assert said == ["GPUs 0-7: 8 x NVIDIA B300 SXM6 AC, with the memory their roles need (fake, read in 0 ms)"]
+    assert said == [
+        "GPUs 0-7: 8 x NVIDIA B300 SXM6 AC, with the memory their roles need (fake, read in 0 ms)"
+    ]
     plan, check, reads = preflight(None, skipped="--skip-gpu-check")
     check.require(plan, lambda: [], said.append)
     assert said[-1] == "GPU check skipped: --skip-gpu-check" and reads == []
@@ -211,7 +264,9 @@ def test_preflight_fails_before_anything_starts_with_every_problem():
     with pytest.raises(RuntimeFailure) as failure:
         check.require(plan, lambda: [], print)
     text = str(failure.value)
-    assert text.startswith("epd-b300: the host's GPUs cannot run it; nothing was started:\n  GPU 1-7 are planned")
+    assert text.startswith(
+        "epd-b300: the host's GPUs cannot run it; nothing was started:\n  GPU 1-7 are planned"
+    )
     assert text.count("\n    fix: ") == 2  # the missing GPUs, the model
 
 
@@ -234,7 +289,10 @@ def test_status_json_carries_each_roles_gpu_memory_or_null():
 
     record = record_with(None)
     out = status_json(record, {"prefill": None}, gpu_memory={"prefill": {0: 60 * GIB, 1: 50 * GIB}})
-    assert out["roles"][0]["gpu_memory"] == {"total_bytes": 110 * GIB, "by_gpu": {"0": 60 * GIB, "1": 50 * GIB}}
+    assert out["roles"][0]["gpu_memory"] == {
+        "total_bytes": 110 * GIB,
+        "by_gpu": {"0": 60 * GIB, "1": 50 * GIB},
+    }
     unreadable = gpu_memory_now(record, lambda: GpuView("none", unavailable="no NVML"))
     assert unreadable is None
     assert status_json(record, {"prefill": None}, gpu_memory=unreadable)["roles"][0]["gpu_memory"] is None

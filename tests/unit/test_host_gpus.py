@@ -22,26 +22,57 @@ def test_gpus_are_named_in_ranges():
     assert index_ranges([4]) == "4" and index_ranges([]) == ""
 
 
-@pytest.mark.parametrize("profile, device, matches", [
-    ("h200", "NVIDIA H200", True), ("h200", "NVIDIA H200 NVL", True), ("h200", "NVIDIA H100 80GB HBM3", False),
-    ("b300", "NVIDIA B300 SXM6 AC", True), ("b300", "NVIDIA GB300", False), ("gb300", "NVIDIA GB300", True),
-    ("b200", "NVIDIA B300", False), ("mi355x", "AMD Instinct MI355X", True), ("mi350x", "AMD Instinct MI355X", False),
-    ("cpu", "NVIDIA H200", False),
-])
+@pytest.mark.parametrize(
+    "profile, device, matches",
+    [
+        ("h200", "NVIDIA H200", True),
+        ("h200", "NVIDIA H200 NVL", True),
+        ("h200", "NVIDIA H100 80GB HBM3", False),
+        ("b300", "NVIDIA B300 SXM6 AC", True),
+        ("b300", "NVIDIA GB300", False),
+        ("gb300", "NVIDIA GB300", True),
+        ("b200", "NVIDIA B300", False),
+        ("mi355x", "AMD Instinct MI355X", True),
+        ("mi350x", "AMD Instinct MI355X", False),
+        ("cpu", "NVIDIA H200", False),
+    ],
+)
 def test_a_profile_knows_its_gpu_by_the_drivers_name(profile, device, matches):
     assert PROFILES[profile].matches_gpu(device) is matches
 
 
 def test_a_view_survives_json_and_a_doctor_report_replays(tmp_path: Path):
-    view = GpuView("nvml", (Gpu(0, "NVIDIA H200", H200, 101 * GIB, (GpuHolder(564, 100 * GIB, "python3 serve.py"),),
-                                "GPU-0", "00000000:18:00.0"), Gpu(1, "NVIDIA H200", H200, GIB)), "580.159.04")
+    view = GpuView(
+        "nvml",
+        (
+            Gpu(
+                0,
+                "NVIDIA H200",
+                H200,
+                101 * GIB,
+                (GpuHolder(564, 100 * GIB, "python3 serve.py"),),
+                "GPU-0",
+                "00000000:18:00.0",
+            ),
+            Gpu(1, "NVIDIA H200", H200, GIB),
+        ),
+        "580.159.04",
+    )
     view.save(tmp_path / "view.json")
-    assert GpuView.load(tmp_path / "view.json") == GpuView(str(tmp_path / "view.json"), view.gpus, view.driver)
+    assert GpuView.load(tmp_path / "view.json") == GpuView(
+        str(tmp_path / "view.json"), view.gpus, view.driver
+    )
     (tmp_path / "doctor.json").write_text(json.dumps({"gpu_view": view.to_json(), "ports": []}))
     replayed = read_gpu_view({VIEW_ENV: str(tmp_path / "doctor.json")})
-    assert replayed.gpus == view.gpus and replayed.gpu(0).free_bytes == H200 - 101 * GIB and replayed.gpu(2) is None
+    assert (
+        replayed.gpus == view.gpus
+        and replayed.gpu(0).free_bytes == H200 - 101 * GIB
+        and replayed.gpu(2) is None
+    )
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(UsageError, match=f"{VIEW_ENV}=.*bad.json: not a GPU view written by `muse-launch doctor"):
+    with pytest.raises(
+        UsageError, match=f"{VIEW_ENV}=.*bad.json: not a GPU view written by `muse-launch doctor"
+    ):
         read_gpu_view({VIEW_ENV: str(tmp_path / "bad.json")})
 
 
@@ -61,7 +92,9 @@ def fake_pynvml(gpus: list[dict], init_error: str | None = None) -> types.Module
             raise NVMLError(init_error)
 
     def processes(key):
-        return lambda h: [types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpus[h].get(key, [])]
+        return lambda h: [
+            types.SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpus[h].get(key, [])
+        ]
 
     nvml.nvmlInit = init
     nvml.nvmlShutdown = lambda: calls.append("shutdown")
@@ -70,7 +103,9 @@ def fake_pynvml(gpus: list[dict], init_error: str | None = None) -> types.Module
     nvml.nvmlDeviceGetName = lambda h: gpus[h]["name"]
     nvml.nvmlDeviceGetUUID = lambda h: f"GPU-{h}"
     nvml.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=f"00000000:{h:02X}:00.0".encode())
-    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=gpus[h]["total"], used=gpus[h]["used"])
+    nvml.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(
+        total=gpus[h]["total"], used=gpus[h]["used"]
+    )
     nvml.nvmlDeviceGetComputeRunningProcesses = processes("compute")
     nvml.nvmlDeviceGetGraphicsRunningProcesses = processes("graphics")
     nvml.nvmlSystemGetDriverVersion = lambda: "580.159.04"
@@ -79,11 +114,18 @@ def fake_pynvml(gpus: list[dict], init_error: str | None = None) -> types.Module
 
 
 def test_nvml_is_read_into_a_view(monkeypatch):
-    nvml = fake_pynvml([
-        {"name": "NVIDIA H200", "total": H200, "used": 101 * GIB,
-         "compute": [(564, 100 * GIB), (777, None)], "graphics": [(564, 100 * GIB)]},
-        {"name": "NVIDIA H200", "total": H200, "used": GIB},
-    ])
+    nvml = fake_pynvml(
+        [
+            {
+                "name": "NVIDIA H200",
+                "total": H200,
+                "used": 101 * GIB,
+                "compute": [(564, 100 * GIB), (777, None)],
+                "graphics": [(564, 100 * GIB)],
+            },
+            {"name": "NVIDIA H200", "total": H200, "used": GIB},
+        ]
+    )
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     view = read_gpu_view({})
     assert view.source == "nvml" and view.driver == "580.159.04" and view.available
@@ -95,7 +137,9 @@ def test_nvml_is_read_into_a_view(monkeypatch):
 
 
 def test_a_process_list_the_driver_will_not_give_leaves_the_memory_counted(monkeypatch):
-    nvml = fake_pynvml([{"name": "NVIDIA H200", "total": H200, "used": 50 * GIB, "compute": [(564, 49 * GIB)]}])
+    nvml = fake_pynvml(
+        [{"name": "NVIDIA H200", "total": H200, "used": 50 * GIB, "compute": [(564, 49 * GIB)]}]
+    )
 
     def not_supported(handle):
         raise NVMLError("Not Supported")
@@ -111,7 +155,9 @@ def test_no_library_answering_is_a_view_with_the_reason(monkeypatch):
     monkeypatch.setitem(sys.modules, "amdsmi", None)  # import amdsmi raises ImportError
     view = read_gpu_view({})
     assert not view.available and view.gpus == ()
-    assert view.unavailable == "NVML: NVML Shared Library Not Found; AMD SMI: the amdsmi module is not installed"
+    assert (
+        view.unavailable == "NVML: NVML Shared Library Not Found; AMD SMI: the amdsmi module is not installed"
+    )
 
 
 def test_amd_smi_is_read_when_nvml_finds_no_driver(monkeypatch):
@@ -126,8 +172,9 @@ def test_amd_smi_is_read_when_nvml_finds_no_driver(monkeypatch):
     amd.amdsmi_get_gpu_memory_total = lambda h, kind: 288 * GIB
     amd.amdsmi_get_gpu_memory_usage = lambda h, kind: 200 * GIB if h == "h0" else GIB
     amd.amdsmi_get_gpu_device_bdf = lambda h: "0000:05:00.0"
-    amd.amdsmi_get_gpu_process_list = lambda h: [{"pid": 42, "memory_usage": {"vram_mem": 199 * GIB}}] \
-        if h == "h0" else []
+    amd.amdsmi_get_gpu_process_list = lambda h: (
+        [{"pid": 42, "memory_usage": {"vram_mem": 199 * GIB}}] if h == "h0" else []
+    )
     monkeypatch.setitem(sys.modules, "amdsmi", amd)
     view = read_gpu_view({})
     assert view.source == "amdsmi" and len(view.gpus) == 2

@@ -28,10 +28,22 @@ SHELL_FORMATS = ("shell", "docker", "sbatch")
 
 
 def base(**roles_extra) -> dict:
-    return {"version": 1, "name": "hostile", "hardware": "cpu", "host": "10.0.0.1",
-            "nodes": {"n0": {"address": "10.0.0.1"}, "n1": {"address": "10.0.0.2"}},
-            "roles": {"app": {"kind": "command", "command": ["sleep", "1000"], "port": 30000,
-                              "ready": {"http": "/health"}, **roles_extra}}}
+    return {
+        "version": 1,
+        "name": "hostile",
+        "hardware": "cpu",
+        "host": "10.0.0.1",
+        "nodes": {"n0": {"address": "10.0.0.1"}, "n1": {"address": "10.0.0.2"}},
+        "roles": {
+            "app": {
+                "kind": "command",
+                "command": ["sleep", "1000"],
+                "port": 30000,
+                "ready": {"http": "/health"},
+                **roles_extra,
+            }
+        },
+    }
 
 
 def write(tmp_path: Path, data: dict | str) -> Path:
@@ -61,6 +73,7 @@ def key_line(path: Path, *keys: str) -> int:
 
 # ---- 1. command injection through rendered scripts --------------------------------------------------
 
+
 def _with_host(data: dict, value: str) -> dict:
     data["host"] = value
     return data
@@ -84,24 +97,54 @@ def _role_named(data: dict, name: str) -> dict:
 
 
 HOSTILE_FILES = {
-    "env-key-substitution": (lambda d: (d["roles"]["app"].setdefault("env", {}).update({"A$(touch F)": "x"}),
-                                        d)[1],
-                             ("roles", "app", "env", "A$(touch F)"), "roles.app.env.'A$(touch F)'",
-                             "environment name"),
-    "env-key-semicolons": (lambda d: (d.setdefault("env", {}).update({"B;touch F;C": "y"}), d)[1],
-                           ("env", "B;touch F;C"), "env.'B;touch F;C'", "environment name"),
-    "host-newline": (lambda d: _with_host(d, "10.0.0.1\ntouch F"), ("host",), "host",
-                     "not an IP address or a host name"),
-    "node-name-newline": (lambda d: _node_named(d, "n1\ntouch F"), ("nodes", "n1\ntouch F"),
-                          "nodes.'n1\\ntouch F'", "node name"),
-    "node-address-newline": (lambda d: _node_address(d, "10.0.0.2\ntouch F #"), ("nodes", "n1", "address"),
-                             "nodes.n1.address", "not an IP address or a host name"),
-    "role-key-trailing-newline": (lambda d: _role_named(d, "app\n"), ("roles", "app\n"), "roles.'app\\n'",
-                                  "role name"),
-    "deployment-name-newline": (lambda d: (d.update(name="x\ntouch F"), d)[1], ("name",), "name",
-                                "deployment name"),
-    "role-bind-command": (lambda d: (d["roles"]["app"].update(bind="$(touch F)"), d)[1],
-                          ("roles", "app", "bind"), "roles.app.bind", "not an IP address or a host name"),
+    "env-key-substitution": (
+        lambda d: (d["roles"]["app"].setdefault("env", {}).update({"A$(touch F)": "x"}), d)[1],
+        ("roles", "app", "env", "A$(touch F)"),
+        "roles.app.env.'A$(touch F)'",
+        "environment name",
+    ),
+    "env-key-semicolons": (
+        lambda d: (d.setdefault("env", {}).update({"B;touch F;C": "y"}), d)[1],
+        ("env", "B;touch F;C"),
+        "env.'B;touch F;C'",
+        "environment name",
+    ),
+    "host-newline": (
+        lambda d: _with_host(d, "10.0.0.1\ntouch F"),
+        ("host",),
+        "host",
+        "not an IP address or a host name",
+    ),
+    "node-name-newline": (
+        lambda d: _node_named(d, "n1\ntouch F"),
+        ("nodes", "n1\ntouch F"),
+        "nodes.'n1\\ntouch F'",
+        "node name",
+    ),
+    "node-address-newline": (
+        lambda d: _node_address(d, "10.0.0.2\ntouch F #"),
+        ("nodes", "n1", "address"),
+        "nodes.n1.address",
+        "not an IP address or a host name",
+    ),
+    "role-key-trailing-newline": (
+        lambda d: _role_named(d, "app\n"),
+        ("roles", "app\n"),
+        "roles.'app\\n'",
+        "role name",
+    ),
+    "deployment-name-newline": (
+        lambda d: (d.update(name="x\ntouch F"), d)[1],
+        ("name",),
+        "name",
+        "deployment name",
+    ),
+    "role-bind-command": (
+        lambda d: (d["roles"]["app"].update(bind="$(touch F)"), d)[1],
+        ("roles", "app", "bind"),
+        "roles.app.bind",
+        "not an IP address or a host name",
+    ),
 }
 
 
@@ -129,8 +172,13 @@ def _run_stubbed(tmp_path: Path, script: str) -> None:
     path = tmp_path / "script.sh"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, script
-    subprocess.run(["/bin/bash", str(path)], env={"PATH": str(stubs), "BASH_ENV": str(tmp_path / "shim.sh")},
-                   cwd=tmp_path, capture_output=True, timeout=30)
+    subprocess.run(
+        ["/bin/bash", str(path)],
+        env={"PATH": str(stubs), "BASH_ENV": str(tmp_path / "shim.sh")},
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=30,
+    )
     assert not (tmp_path / "RAN").exists(), f"the payload ran:\n{script}"
 
 
@@ -143,8 +191,17 @@ def test_the_renderers_quote_what_the_loader_would_refuse(tmp_path: Path) -> Non
     topology = parse_topology(yaml.safe_dump(data), Path("t.yaml")).topology
     plan = build_plan(topology)
     evil = "x\ntouch F\n$(touch F)`touch F`"
-    specs = tuple(replace(s, name=s.name + evil, host=s.host + evil, node=(s.node or "") + evil,
-                          env={**s.env, "V": evil}, args=(*s.args, evil)) for s in plan.specs)
+    specs = tuple(
+        replace(
+            s,
+            name=s.name + evil,
+            host=s.host + evil,
+            node=(s.node or "") + evil,
+            env={**s.env, "V": evil},
+            args=(*s.args, evil),
+        )
+        for s in plan.specs
+    )
     plan = replace(plan, specs=specs, waves=(tuple(s.name for s in specs),))
     redact = lambda s: s  # noqa: E731
     for text in (plan_shell(plan, redact, topology), plan_docker(plan, redact, topology)):
@@ -172,6 +229,7 @@ def test_a_hostile_value_where_any_text_is_fine_renders_quoted(tmp_path: Path) -
 
 # ---- 2. names become paths ------------------------------------------------------------------------
 
+
 @pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
 @pytest.mark.parametrize("name", ["../../../../../x", "..", "a/b", "x\n"])
 def test_a_node_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> None:
@@ -184,8 +242,9 @@ def test_a_node_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> Non
 
 @pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
 @pytest.mark.parametrize("name", ["../x", "..", ".", "a/b", "", "x\0y"])
-def test_paths_built_from_names_stay_inside(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            name: str) -> None:
+def test_paths_built_from_names_stay_inside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
     """The second line of defence, where names become paths: one directory entry or refused."""
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     run_dir = RunDir(tmp_path / "home" / "d")
@@ -201,33 +260,46 @@ def test_paths_built_from_names_stay_inside(tmp_path: Path, monkeypatch: pytest.
 
 # ---- 3. generated names collide -------------------------------------------------------------------
 
+
 @pytest.mark.faults("18.3 generated names that collide (replicas, nodes, containers)")
-@pytest.mark.parametrize("second, other, name", [
-    ({"w": {"replicas": 2}, "w-1": {}}, "w", "w-1"),
-    ({"w": {"nodes": ["n1"]}, "w-n1": {}}, "w", "w-n1"),
-    ({"w-0": {}, "w": {"replicas": 3}}, "w-0", "w-0"),
-])
-def test_roles_whose_generated_names_meet_are_refused(tmp_path: Path, second: dict, other: str,
-                                                     name: str) -> None:
+@pytest.mark.parametrize(
+    "second, other, name",
+    [
+        ({"w": {"replicas": 2}, "w-1": {}}, "w", "w-1"),
+        ({"w": {"nodes": ["n1"]}, "w-n1": {}}, "w", "w-n1"),
+        ({"w-0": {}, "w": {"replicas": 3}}, "w-0", "w-0"),
+    ],
+)
+def test_roles_whose_generated_names_meet_are_refused(
+    tmp_path: Path, second: dict, other: str, name: str
+) -> None:
     data = base()
     data["roles"] = {}
     for i, (role, extra) in enumerate(second.items()):
-        data["roles"][role] = {"kind": "command", "command": ["sleep", "1000"], "port": 31000 + 10 * i,
-                               **extra}
+        data["roles"][role] = {
+            "kind": "command",
+            "command": ["sleep", "1000"],
+            "port": 31000 + 10 * i,
+            **extra,
+        }
     path = write(tmp_path, data)
     result = cli(tmp_path, "validate", path)
     assert result.returncode == 2, result.stdout + result.stderr
     later, earlier = list(second)[1], list(second)[0]
-    assert f"{path}:{line_of(path, f'  {later}:')}: roles.{later}: the name {name!r} is also one of " \
-           f"roles.{earlier}'s" in result.stderr, result.stderr
+    assert (
+        f"{path}:{line_of(path, f'  {later}:')}: roles.{later}: the name {name!r} is also one of "
+        f"roles.{earlier}'s" in result.stderr
+    ), result.stderr
     assert f"fix: rename roles.{later} or roles.{earlier}" in result.stderr
 
 
 def test_build_plan_never_lets_one_instance_replace_another() -> None:
     """A topology made in Python, past the loader: the plan refuses it instead of dropping one."""
     data = base()
-    data["roles"] = {"w": {"kind": "command", "command": ["a"], "port": 31000, "replicas": 2},
-                     "w-1": {"kind": "command", "command": ["b"], "port": 32000}}
+    data["roles"] = {
+        "w": {"kind": "command", "command": ["a"], "port": 31000, "replicas": 2},
+        "w-1": {"kind": "command", "command": ["b"], "port": 32000},
+    }
     with pytest.raises(PlanError, match="'w-1' is also w's"):
         build_plan(Topology.model_validate(data))
 
@@ -253,29 +325,57 @@ def test_yaml_11_text_is_kept_as_written(tmp_path: Path) -> None:
     assert cli(tmp_path, "validate", "--strict", path).returncode == 0
     ran = cli(tmp_path, "plan", path, "--format", "json", "--set", "roles.app.env.H=off")
     spec = json.loads(ran.stdout)["roles"][0]
-    assert spec["argv"] == ["sleep", "1000", "on", "0755", "1.10", "12:30", "0x10", "NO", "2024-01-01",
-                            "1_000", ".inf"]
-    assert spec["env"] == {"A": "on", "B": "0755", "C": "1.10", "D": "12:30", "E": "0x10", "F": "yes",
-                           "G": "2024-01-01", "on": "off", "H": "off"}
+    assert spec["argv"] == [
+        "sleep",
+        "1000",
+        "on",
+        "0755",
+        "1.10",
+        "12:30",
+        "0x10",
+        "NO",
+        "2024-01-01",
+        "1_000",
+        ".inf",
+    ]
+    assert spec["env"] == {
+        "A": "on",
+        "B": "0755",
+        "C": "1.10",
+        "D": "12:30",
+        "E": "0x10",
+        "F": "yes",
+        "G": "2024-01-01",
+        "on": "off",
+        "H": "off",
+    }
     assert spec["restart"]["policy"] == "no"
-    again = cli(tmp_path, "plan", path, "--format", "json",
-                "--set", "roles.app.command=[sleep, yes, 0o17, 1e3]")
+    again = cli(
+        tmp_path, "plan", path, "--format", "json", "--set", "roles.app.command=[sleep, yes, 0o17, 1e3]"
+    )
     assert json.loads(again.stdout)["roles"][0]["argv"] == ["sleep", "yes", "0o17", "1e3"]
 
 
 @pytest.mark.faults("18.8 YAML 1.1 conversions: text kept as written, numbers never from booleans")
-@pytest.mark.parametrize("old, new, key, says", [
-    ("port: 30000", "port: true", "roles.app.port", "'true' is a boolean"),
-    ("port: 30000", "port: 0x7530", "roles.app.port", "YAML 1.1 reads '0x7530' as 30000"),
-    ("port: 30000", "port: 0755", "roles.app.port", "YAML 1.1 reads '0755' as 493"),
-    ("port: 30000", "port: 500:00", "roles.app.port", "YAML 1.1 reads '500:00' as 30000"),
-    ("port: 30000", "port: 30000\n    replicas: on", "roles.app.replicas", "'on' is a boolean"),
-    ("port: 30000", "port: 30000\n    stop: {grace: yes}", "roles.app.stop.grace", "'yes' is a boolean"),
-    ("port: 30000", "port: 30000\n    ready: {tcp: 1}", "roles.app.ready.tcp",
-     "'1' is a number, not true or false"),
-    ("version: 1", "version: true", "version", "'true' is a boolean"),
-    ("D: 12:30,", "D: ~,", "roles.app.env.D", "'~' is null in YAML"),
-])
+@pytest.mark.parametrize(
+    "old, new, key, says",
+    [
+        ("port: 30000", "port: true", "roles.app.port", "'true' is a boolean"),
+        ("port: 30000", "port: 0x7530", "roles.app.port", "YAML 1.1 reads '0x7530' as 30000"),
+        ("port: 30000", "port: 0755", "roles.app.port", "YAML 1.1 reads '0755' as 493"),
+        ("port: 30000", "port: 500:00", "roles.app.port", "YAML 1.1 reads '500:00' as 30000"),
+        ("port: 30000", "port: 30000\n    replicas: on", "roles.app.replicas", "'on' is a boolean"),
+        ("port: 30000", "port: 30000\n    stop: {grace: yes}", "roles.app.stop.grace", "'yes' is a boolean"),
+        (
+            "port: 30000",
+            "port: 30000\n    ready: {tcp: 1}",
+            "roles.app.ready.tcp",
+            "'1' is a number, not true or false",
+        ),
+        ("version: 1", "version: true", "version", "'true' is a boolean"),
+        ("D: 12:30,", "D: ~,", "roles.app.env.D", "'~' is null in YAML"),
+    ],
+)
 def test_yaml_11_never_makes_a_number(tmp_path: Path, old: str, new: str, key: str, says: str) -> None:
     path = write(tmp_path, YAML11.replace(old, new))
     result = cli(tmp_path, "validate", path)
@@ -300,19 +400,25 @@ def test_the_simulated_engine_keeps_its_state_in_the_run_directory(tmp_path: Pat
     environ = {"MUSE_LAUNCH_RUN_DIR": str(tmp_path / "run"), "MUSE_LAUNCH_ROLE": role}
     with pytest.raises(ArgvError, match="cannot name a directory under the run directory"):
         default_state_dir(environ)
-    assert default_state_dir({**environ, "MUSE_LAUNCH_ROLE": "w@n1"}) == str(tmp_path / "run" / "sim" / "w@n1")
+    assert default_state_dir({**environ, "MUSE_LAUNCH_ROLE": "w@n1"}) == str(
+        tmp_path / "run" / "sim" / "w@n1"
+    )
 
 
 @pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
-def test_a_state_naming_another_directory_is_damaged_not_followed(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_state_naming_another_directory_is_damaged_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A state.json read back names its deployment `../x`: `ls` lists the others and reports it damaged."""
     from muse_launch.plan.spec import LaunchSpec, Plan
     from muse_launch.run.state import deployments, planned_record, write_state
 
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
-    plan = Plan("good", (LaunchSpec(name="app", role="app", kind="command", engine="command", launcher=("a",),
-                                    args=()),), (("app",),))
+    plan = Plan(
+        "good",
+        (LaunchSpec(name="app", role="app", kind="command", engine="command", launcher=("a",), args=()),),
+        (("app",),),
+    )
     write_state(RunDir.of("good"), planned_record(plan, "good.yaml", str))
     write_state(RunDir.of("bad"), planned_record(replace(plan, name="../x"), "bad.yaml", str))
     damaged: list = []

@@ -14,8 +14,21 @@ from cli_run import muse
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.state import RunDir, planned_record, write_state
 
-PLAN = Plan("demo", (LaunchSpec(name="server", role="server", kind="command", engine="", launcher=("server",),
-                                args=(), ports={"http": 30001}),), (("server",),))
+PLAN = Plan(
+    "demo",
+    (
+        LaunchSpec(
+            name="server",
+            role="server",
+            kind="command",
+            engine="",
+            launcher=("server",),
+            args=(),
+            ports={"http": 30001},
+        ),
+    ),
+    (("server",),),
+)
 
 
 @pytest.fixture(autouse=True)
@@ -36,14 +49,17 @@ def deployment_with_log(text: bytes) -> RunDir:
 HOSTILE = b"title \x1b]0;owned\x07 red \x1b[31mX\x1b[0m cr\rOVER nul\x00 bell\x07 c1\xc2\x9b2J\ttab\n"
 
 
-@pytest.mark.faults("18.10 logs shows a role's escape sequences and carriage returns escaped; "
-                    "--raw keeps them")
+@pytest.mark.faults(
+    "18.10 logs shows a role's escape sequences and carriage returns escaped; --raw keeps them"
+)
 def test_logs_escapes_what_would_move_the_terminal():
     deployment_with_log(HOSTILE)
     shown = muse("logs", "demo")
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout == ("server | title \\x1b]0;owned\\x07 red \\x1b[31mX\\x1b[0m cr\\rOVER nul\\x00 "
-                            "bell\\x07 c1\\x9b2J\ttab\n")
+    assert shown.stdout == (
+        "server | title \\x1b]0;owned\\x07 red \\x1b[31mX\\x1b[0m cr\\rOVER nul\\x00 "
+        "bell\\x07 c1\\x9b2J\ttab\n"
+    )
     raw = muse("logs", "demo", "--raw")
     assert raw.stdout == "server | " + HOSTILE.decode(), raw.stdout
 
@@ -52,12 +68,15 @@ FOUR_HUNDRED_DIGITS = "9" * 400
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
-@pytest.mark.parametrize("size", [f"'{FOUR_HUNDRED_DIGITS}'", f"{FOUR_HUNDRED_DIGITS}MiB",
-                                  f"'{FOUR_HUNDRED_DIGITS}.5 GB'"])
+@pytest.mark.parametrize(
+    "size", [f"'{FOUR_HUNDRED_DIGITS}'", f"{FOUR_HUNDRED_DIGITS}MiB", f"'{FOUR_HUNDRED_DIGITS}.5 GB'"]
+)
 def test_a_log_size_of_400_digits_is_a_file_error(tmp_path: Path, size: str):
     path = tmp_path / "big.yaml"
-    path.write_text(f"version: 1\nname: big\nhardware: cpu\nlogs: {{max_size: {size}}}\n"
-                    "roles:\n  s: {kind: command, command: [sleep, '9'], port: 18001}\n")
+    path.write_text(
+        f"version: 1\nname: big\nhardware: cpu\nlogs: {{max_size: {size}}}\n"
+        "roles:\n  s: {kind: command, command: [sleep, '9'], port: 18001}\n"
+    )
     run = muse("validate", path)
     assert run.returncode == 2, run.stdout + run.stderr
     assert f"{path}:4: logs.max_size:" in run.stderr and "less than or equal to" in run.stderr
@@ -68,8 +87,10 @@ def test_a_log_size_of_400_digits_is_a_file_error(tmp_path: Path, size: str):
 @pytest.mark.parametrize("command", [["ls"], ["status"], ["down"], ["up", "FILE", "-d"]])
 def test_a_state_home_that_is_no_directory_is_a_usage_error(tmp_path: Path, kind: str, command: list[str]):
     topology = tmp_path / "t.yaml"
-    topology.write_text("version: 1\nname: t\nhardware: cpu\nroles:\n"
-                        "  s: {kind: command, command: [sleep, '9'], port: 18001}\n")
+    topology.write_text(
+        "version: 1\nname: t\nhardware: cpu\nroles:\n"
+        "  s: {kind: command, command: [sleep, '9'], port: 18001}\n"
+    )
     command = [str(topology) if c == "FILE" else c for c in command]
     home = tmp_path / "home"
     if kind == "a regular file":
@@ -81,7 +102,8 @@ def test_a_state_home_that_is_no_directory_is_a_usage_error(tmp_path: Path, kind
     what = "not a directory" if kind == "a regular file" else "a link to nothing"
     assert run.stderr.splitlines() == [
         f"error: MUSE_LAUNCH_HOME={home} is {what}",
-        "  fix: point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)"], run.stderr
+        "  fix: point MUSE_LAUNCH_HOME at a directory (or at a path that does not exist yet)",
+    ], run.stderr
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
@@ -104,17 +126,22 @@ def test_a_time_zone_a_day_from_utc_is_a_usage_error(home: Path):
     state = json.loads(run_dir.state_file.read_text())
     state["roles"][0].update(state="ready", ready_at="2026-01-01T00:00:00.000+00:00")
     run_dir.state_file.write_text(json.dumps(state))
-    run = subprocess.run([sys.executable, "-m", "muse_launch", "status", "demo"], capture_output=True,
-                         text=True, timeout=60,
-                         env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "TZ": "UTC+27"})
+    run = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "status", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "MUSE_LAUNCH_HOME": str(home), "TZ": "UTC+27"},
+    )
     assert run.returncode == 2, run.stdout + run.stderr
     assert "error: the local time zone (TZ='UTC+27') is a day or more from UTC" in run.stderr
     assert "fix: set TZ to a real zone" in run.stderr
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: sizes, MUSE_LAUNCH_HOME, export -o, TZ, state types")
-@pytest.mark.parametrize("field, value", [("ready_at", 12), ("started_at", "noon"), ("url", 8000),
-                                          ("url", "gopher://x")])
+@pytest.mark.parametrize(
+    "field, value", [("ready_at", 12), ("started_at", "noon"), ("url", 8000), ("url", "gopher://x")]
+)
 @pytest.mark.parametrize("command", ["status", "logs", "smoke"])
 def test_a_state_whose_times_or_urls_have_the_wrong_type_is_damaged(home: Path, field, value, command):
     run_dir = deployment_with_log(b"")
@@ -130,14 +157,18 @@ def test_a_state_whose_times_or_urls_have_the_wrong_type_is_damaged(home: Path, 
 PLAN_SECRET = "probe-secret-Tq72"
 
 
-@pytest.mark.faults("18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
-                    "validate --json, export")
+@pytest.mark.faults(
+    "18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
+    "validate --json, export"
+)
 @pytest.mark.parametrize("fmt", ["text", "json", "shell", "docker"])
 def test_a_secret_probe_path_or_host_is_never_rendered(tmp_path: Path, fmt: str):
     path = tmp_path / "s.yaml"
-    path.write_text("version: 1\nname: s\nhardware: cpu\nroles:\n  s:\n    kind: command\n"
-                    "    command: [sleep, '9']\n    host: '${env:HOST_SECRET}'\n    port: 18031\n"
-                    "    ready: {http: '/health/${env:PROBE_SECRET}'}\n")
+    path.write_text(
+        "version: 1\nname: s\nhardware: cpu\nroles:\n  s:\n    kind: command\n"
+        "    command: [sleep, '9']\n    host: '${env:HOST_SECRET}'\n    port: 18031\n"
+        "    ready: {http: '/health/${env:PROBE_SECRET}'}\n"
+    )
     env = {**os.environ, "PROBE_SECRET": PLAN_SECRET, "HOST_SECRET": "host-secret-Zr4.example"}
     for argv in (["plan", path, "--format", fmt], ["validate", "--json", path]):
         run = muse(*argv, env=env)
@@ -148,8 +179,10 @@ def test_a_secret_probe_path_or_host_is_never_rendered(tmp_path: Path, fmt: str)
         assert "/health/***" in muse("plan", path, "--format", fmt, env=env).stdout
 
 
-@pytest.mark.faults("18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
-                    "validate --json, export")
+@pytest.mark.faults(
+    "18.6 secrets: a probe path or host from ${env:...} in plan text/json/shell/docker, "
+    "validate --json, export"
+)
 def test_export_refuses_a_secret_probe_path_writing_nothing(tmp_path: Path):
     import yaml
 
@@ -167,10 +200,29 @@ def test_export_refuses_a_secret_probe_path_writing_nothing(tmp_path: Path):
 def test_a_command_line_is_shown_without_secret_looking_flags_values():
     from muse_launch.proc.masks import command_line, no_arguments
 
-    argv = ["python", "s.py", "--api-key", "K1", "--port", "1", "--token=K2", "--max-total-tokens", "4096",
-            "--tokenizer-path", "/m", "--hf-token", "K3", "--disable-auth", "--x", "1",
-            "--control-plane-api-keys", "a:b:admin:K4"]
+    argv = [
+        "python",
+        "s.py",
+        "--api-key",
+        "K1",
+        "--port",
+        "1",
+        "--token=K2",
+        "--max-total-tokens",
+        "4096",
+        "--tokenizer-path",
+        "/m",
+        "--hf-token",
+        "K3",
+        "--disable-auth",
+        "--x",
+        "1",
+        "--control-plane-api-keys",
+        "a:b:admin:K4",
+    ]
     shown = command_line(argv)
-    assert shown == ("python s.py --api-key *** --port 1 --token=*** --max-total-tokens 4096 "
-                     "--tokenizer-path /m --hf-token *** --disable-auth --x 1 --control-plane-api-keys ***")
+    assert shown == (
+        "python s.py --api-key *** --port 1 --token=*** --max-total-tokens 4096 "
+        "--tokenizer-path /m --hf-token *** --disable-auth --x 1 --control-plane-api-keys ***"
+    )
     assert command_line(argv, no_arguments) == ""  # with the digests lost: the program's name, by the caller

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from cli_run import muse
 
-from muse_launch.core import check_file
 from muse_launch.errors import UsageError
 from muse_launch.init import ENGINES, MODES, QUANTS, render_init
 from muse_launch.plan.build import build_plan
@@ -44,13 +43,18 @@ def _strict_findings(text: str, tmp_path: Path, env: dict[str, str]) -> list[str
 def run_checks_with(path: Path, env: dict[str, str]):
     from muse_launch.checks import run_checks
 
-    loaded = load_topology(path, environ=env)  # vLLM on the CPU names the two variables vllm_cpu_setup.sh sets
+    loaded = load_topology(
+        path, environ=env
+    )  # vLLM on the CPU names the two variables vllm_cpu_setup.sh sets
     return (loaded, *run_checks(loaded))
 
 
-@pytest.mark.parametrize("hardware, mode, engine, quant", COMBINATIONS,
-                         ids=lambda v: str(v) if v is not None else "default")
-def test_every_combination_validates_or_says_what_works(hardware, mode, engine, quant, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "hardware, mode, engine, quant", COMBINATIONS, ids=lambda v: str(v) if v is not None else "default"
+)
+def test_every_combination_validates_or_says_what_works(
+    hardware, mode, engine, quant, tmp_path: Path
+) -> None:
     try:
         text = render_init(hardware, mode, engine, quant)
     except UsageError as exc:
@@ -80,12 +84,19 @@ def test_init_plans_what_the_topology_file_plans(combination, tmp_path: Path) ->
     path = tmp_path / "init.yaml"
     path.write_text(render_init(*combination))
     mine = build_plan(load_topology(path, environ={}).topology)
-    theirs = build_plan(load_topology(ROOT / "topologies" / f"{SAME_AS_FILE[combination]}.yaml",
-                                      environ={}).topology)
+    theirs = build_plan(
+        load_topology(ROOT / "topologies" / f"{SAME_AS_FILE[combination]}.yaml", environ={}).topology
+    )
     assert mine.waves == theirs.waves
     for a, b in zip(mine.specs, theirs.specs, strict=True):
-        assert (a.name, a.argv, dict(a.env), a.gpus, dict(a.ports), a.host) == \
-            (b.name, b.argv, dict(b.env), b.gpus, dict(b.ports), b.host)
+        assert (a.name, a.argv, dict(a.env), a.gpus, dict(a.ports), a.host) == (
+            b.name,
+            b.argv,
+            dict(b.env),
+            b.gpus,
+            dict(b.ports),
+            b.host,
+        )
 
 
 def test_pd_on_gb300_is_two_trays_as_the_helion_recipe_pairs_them(tmp_path: Path) -> None:
@@ -120,8 +131,14 @@ def test_vllm_on_cpu_is_the_examples_file(mode: str, tmp_path: Path) -> None:
     theirs = build_plan(load_topology(ROOT / "examples" / f"{mode}-vllm-cpu.yaml", environ=env).topology)
     assert mine.waves == theirs.waves
     for a, b in zip(mine.specs, theirs.specs, strict=True):
-        assert (a.name, a.argv, dict(a.env), dict(a.ports), a.host, a.probe) == \
-            (b.name, b.argv, dict(b.env), dict(b.ports), b.host, b.probe)
+        assert (a.name, a.argv, dict(a.env), dict(a.ports), a.host, a.probe) == (
+            b.name,
+            b.argv,
+            dict(b.env),
+            dict(b.ports),
+            b.host,
+            b.probe,
+        )
     assert muse("validate", path, "--strict", env={**os.environ, **env}).returncode == 0
 
 
@@ -131,10 +148,15 @@ def test_defaults_follow_the_hardware() -> None:
     assert "--quant nvfp4" in render_init("b300", "agg", "sglang", None)
 
 
-@pytest.mark.parametrize("args, word", [(("tpu", "agg", "sglang", None), "hardware"),
-                                        (("b300", "disagg", "sglang", None), "mode"),
-                                        (("b300", "agg", "trtllm", None), "engine"),
-                                        (("b300", "agg", "sglang", "fp8"), "quantization")])
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (("tpu", "agg", "sglang", None), "hardware"),
+        (("b300", "disagg", "sglang", None), "mode"),
+        (("b300", "agg", "trtllm", None), "engine"),
+        (("b300", "agg", "sglang", "fp8"), "quantization"),
+    ],
+)
 def test_unknown_names_are_usage_errors(args, word) -> None:
     with pytest.raises(UsageError, match=f"unknown {word}"):
         render_init(*args)

@@ -36,7 +36,8 @@ def _imported(tree: ast.AST, module: str, is_package: bool) -> set[str]:
 
 
 def _unit(module: str) -> str:
-    """The package a module belongs to: muse_launch.run.up -> muse_launch.run; top-level modules are their own."""
+    """The package a module belongs to: muse_launch.run.up -> muse_launch.run; top-level modules are their
+    own."""
     return ".".join(module.split(".")[:2])
 
 
@@ -84,8 +85,12 @@ def cycles(graph: dict[str, dict[str, set[str]]]) -> list[list[str]]:
 
 
 def _explain(graph: dict[str, dict[str, set[str]]], component: list[str]) -> str:
-    return "\n".join(f"  {a} -> {b}: imported by {', '.join(sorted(graph[a][b]))}"
-                     for a in component for b in sorted(graph[a]) if b in component)
+    return "\n".join(
+        f"  {a} -> {b}: imported by {', '.join(sorted(graph[a][b]))}"
+        for a in component
+        for b in sorted(graph[a])
+        if b in component
+    )
 
 
 def test_the_graph_sees_every_package_and_lazy_imports():
@@ -108,6 +113,11 @@ def test_no_package_imports_another_that_imports_it_back():
 
 def test_nothing_below_the_command_layer_imports_it():
     graph = package_graph()
-    upward = {f"{a} -> {b}: {', '.join(sorted(graph[a][b]))}" for a in graph if a not in TOP
-              for b in graph[a] if b in TOP}
+    upward = {
+        f"{a} -> {b}: {', '.join(sorted(graph[a][b]))}"
+        for a in graph
+        if a not in TOP
+        for b in graph[a]
+        if b in TOP
+    }
     assert not upward

@@ -36,13 +36,17 @@ def write(tmp_path: Path, text: str, name: str = "t.yaml") -> Path:
 
 # ---- ${env:...} secrets -----------------------------------------------------------------------------
 
+
 def secret_topology(tmp_path: Path) -> Path:
     text = EPD.read_text()
-    text = text.replace("args: [--quantization, modelopt_fp4]",
-                        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}")
+    text = text.replace(
+        "args: [--quantization, modelopt_fp4]",
+        'args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: "${env:MUSE_TEST_HF_TOKEN}"}',
+    )
     # decode serves a model named by a secret: the PD-pair check quotes it.
-    text = text.replace("  decode:\n    kind: decode\n",
-                        "  decode:\n    kind: decode\n    model: ${env:MUSE_TEST_MODEL}\n")
+    text = text.replace(
+        "  decode:\n    kind: decode\n", "  decode:\n    kind: decode\n    model: ${env:MUSE_TEST_MODEL}\n"
+    )
     return write(tmp_path, text, "secret.yaml")
 
 
@@ -50,22 +54,31 @@ SECRETS = {"MUSE_TEST_HF_TOKEN": SECRET_TOKEN, "MUSE_TEST_MODEL": SECRET_MODEL}
 
 
 def test_secrets_are_masked_in_plan_json(tmp_path: Path) -> None:
-    path = write(tmp_path, EPD.read_text().replace(
-        "args: [--quantization, modelopt_fp4]",
-        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}"))
+    path = write(
+        tmp_path,
+        EPD.read_text().replace(
+            "args: [--quantization, modelopt_fp4]",
+            'args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: "${env:MUSE_TEST_HF_TOKEN}"}',
+        ),
+    )
     result = cli("plan", str(path), "--format", "json", env=SECRETS)
     assert result.returncode == 0, result.stderr
     assert SECRET_TOKEN not in result.stdout + result.stderr
     plan = json.loads(result.stdout)
     assert {r["name"]: r["env"]["HF_TOKEN"] for r in plan["roles"]} == dict.fromkeys(
-        ["encoder", "prefill", "decode", "router"], "***")
+        ["encoder", "prefill", "decode", "router"], "***"
+    )
 
 
 @pytest.mark.parametrize("fmt", ["text", "shell", "docker"])
 def test_secrets_are_masked_in_every_plan_format(tmp_path: Path, fmt: str) -> None:
-    path = write(tmp_path, EPD.read_text().replace(
-        "args: [--quantization, modelopt_fp4]",
-        "args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: \"${env:MUSE_TEST_HF_TOKEN}\"}"))
+    path = write(
+        tmp_path,
+        EPD.read_text().replace(
+            "args: [--quantization, modelopt_fp4]",
+            'args: [--quantization, modelopt_fp4]\nenv: {HF_TOKEN: "${env:MUSE_TEST_HF_TOKEN}"}',
+        ),
+    )
     result = cli("plan", str(path), "--format", fmt, env=SECRETS)
     assert result.returncode == 0, result.stderr
     assert SECRET_TOKEN not in result.stdout + result.stderr
@@ -113,10 +126,12 @@ def test_unset_env_names_the_variable_and_line() -> None:
         parse_topology(text, Path("t.yaml"), environ={})
     assert caught.value.problems == [
         f"t.yaml:{line_containing(text, 'host: ${env')}: host: ${{env:NODE_ADDR}} is not set; "
-        "export NODE_ADDR=... before running muse-launch"]
+        "export NODE_ADDR=... before running muse-launch"
+    ]
 
 
 # ---- --set ------------------------------------------------------------------------------------------
+
 
 def argv_of(plan: dict, role: str) -> list[str]:
     return next(r["argv"] for r in plan["roles"] if r["name"] == role)
@@ -159,12 +174,14 @@ def test_set_value_is_checked_like_the_file() -> None:
 
 # ---- line numbers -------------------------------------------------------------------------------------
 
+
 def test_line_numbers_of_nested_keys() -> None:
     text = EPD.read_text()
     loaded = load_topology(EPD, environ={})
     assert loaded.line_of(("roles", "prefill")) == line_containing(text, "  prefill:\n")
-    assert loaded.line_of(("roles", "prefill", "env", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL")) == \
-        line_containing(text, "SGLANG_MOONCAKE_CUSTOM_MEM_POOL")
+    assert loaded.line_of(("roles", "prefill", "env", "SGLANG_MOONCAKE_CUSTOM_MEM_POOL")) == line_containing(
+        text, "SGLANG_MOONCAKE_CUSTOM_MEM_POOL"
+    )
     assert loaded.line_of(("roles", "decode", "gpus")) == line_containing(text, "gpus:", after="  decode:")
     assert loaded.line_of(("roles", "decode", "gpus", 2)) == line_containing(text, "gpus:", after="  decode:")
     assert loaded.line_of(("roles", "router", "decode", 0)) == line_containing(text, "decode: [decode]")
@@ -173,12 +190,16 @@ def test_line_numbers_of_nested_keys() -> None:
 
 
 def test_block_lists_give_each_item_its_line(tmp_path: Path) -> None:
-    text = EPD.read_text().replace("    gpus: [4, 5, 6, 7]\n",
-                                   "    gpus:\n      - 4\n      - 5\n      - 6\n      - 9\n")
+    text = EPD.read_text().replace(
+        "    gpus: [4, 5, 6, 7]\n", "    gpus:\n      - 4\n      - 5\n      - 6\n      - 9\n"
+    )
     path = write(tmp_path, text)
     result = cli("validate", str(path))
     assert result.returncode == 1
-    assert f"{path}:{line_containing(text, '- 9')}: error: roles.decode.gpus[3]: GPU 9 does not exist" in result.stderr
+    assert (
+        f"{path}:{line_containing(text, '- 9')}: error: roles.decode.gpus[3]: GPU 9 does not exist"
+        in result.stderr
+    )
 
 
 def test_schema_error_in_a_nested_key_reports_its_line(tmp_path: Path) -> None:
@@ -186,11 +207,14 @@ def test_schema_error_in_a_nested_key_reports_its_line(tmp_path: Path) -> None:
     path = write(tmp_path, text)
     result = cli("validate", str(path))
     assert result.returncode == 2
-    assert result.stderr.startswith(f"{path}:{line_containing(text, 'mem_fraction: lots')}: "
-                                    "roles.decode.mem_fraction: 'lots' is not valid here")
+    assert result.stderr.startswith(
+        f"{path}:{line_containing(text, 'mem_fraction: lots')}: "
+        "roles.decode.mem_fraction: 'lots' is not valid here"
+    )
 
 
 # ---- anchors, aliases and merge keys ------------------------------------------------------------------
+
 
 def test_cookbook_anchor_is_shared_by_decode() -> None:
     loaded = load_topology(EPD, environ={})
@@ -256,7 +280,8 @@ def test_duplicate_key_names_both_lines() -> None:
         parse_topology(text, Path("m.yaml"))
     assert caught.value.problems == [
         f"m.yaml:{line_containing(text, 'port: 30003')}: roles.decode.port: key given twice "
-        f"(first on line {line_containing(text, 'port: 30002')}); keep one"]
+        f"(first on line {line_containing(text, 'port: 30002')}); keep one"
+    ]
 
 
 def test_unknown_key_inside_an_anchor_is_reported_where_it_is_written() -> None:
@@ -264,8 +289,10 @@ def test_unknown_key_inside_an_anchor_is_reported_where_it_is_written() -> None:
     with pytest.raises(TopologyError) as caught:
         parse_topology(text, Path("m.yaml"))
     line = line_containing(text, "pagesize")
-    assert f"m.yaml:{line}: roles.decode.pagesize: unknown key 'pagesize'; did you mean 'page_size'?" in \
-        caught.value.problems
+    assert (
+        f"m.yaml:{line}: roles.decode.pagesize: unknown key 'pagesize'; did you mean 'page_size'?"
+        in caught.value.problems
+    )
 
 
 def test_set_creates_a_missing_mapping_that_the_schema_then_checks() -> None:
@@ -279,6 +306,7 @@ def test_set_creates_a_missing_mapping_that_the_schema_then_checks() -> None:
 
 # ---- files the loader must survive: exit 2 naming file:line, no traceback, no internal error -----------
 
+
 def _epd_with(tail: bytes) -> bytes:
     return EPD.read_bytes() + tail
 
@@ -286,27 +314,57 @@ def _epd_with(tail: bytes) -> bytes:
 EPD_LINES = EPD.read_bytes().count(b"\n")
 
 
-@pytest.mark.faults("11. hostile files (encodings, NUL, depth, huge ints, GPU ranges, /dev/zero, FIFO, 50 MB)")
-@pytest.mark.parametrize("content, line, says", [
-    (_epd_with("# caf\xe9\n".encode("latin-1")), EPD_LINES + 1, "not UTF-8 text (byte 0xe9)"),
-    (EPD.read_text().encode("utf-16"), 1, "not UTF-8 text (it is UTF-16)"),
-    (_epd_with(b"x: \x00\n"), EPD_LINES + 1, "not valid YAML: control character U+0000 is not allowed"),
-    (_epd_with(b"? [a, b]\n: 1\n"), EPD_LINES + 1, "not valid YAML: found unhashable key"),
-    (b"a: " + b"[" * 20000 + b"]" * 20000 + b"\n", None, "nested too deeply to be a topology file"),
-    (EPD.read_bytes().replace(b"version: 1", b"version: " + b"9" * 5000), None, "not a topology file: Exceeds"),
-    (EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '0-999999999'\n", 1), 16, "spans more than 1024 GPUs"),
-    (EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '3-0'\n", 1), 16, "GPU range '3-0' runs backwards"),
-], ids=["latin-1", "utf-16", "nul", "complex-key", "deep", "5000-digits", "huge-gpu-range", "backwards-range"])
+@pytest.mark.faults(
+    "11. hostile files (encodings, NUL, depth, huge ints, GPU ranges, /dev/zero, FIFO, 50 MB)"
+)
+@pytest.mark.parametrize(
+    "content, line, says",
+    [
+        (_epd_with("# caf\xe9\n".encode("latin-1")), EPD_LINES + 1, "not UTF-8 text (byte 0xe9)"),
+        (EPD.read_text().encode("utf-16"), 1, "not UTF-8 text (it is UTF-16)"),
+        (_epd_with(b"x: \x00\n"), EPD_LINES + 1, "not valid YAML: control character U+0000 is not allowed"),
+        (_epd_with(b"? [a, b]\n: 1\n"), EPD_LINES + 1, "not valid YAML: found unhashable key"),
+        (b"a: " + b"[" * 20000 + b"]" * 20000 + b"\n", None, "nested too deeply to be a topology file"),
+        (
+            EPD.read_bytes().replace(b"version: 1", b"version: " + b"9" * 5000),
+            None,
+            "not a topology file: Exceeds",
+        ),
+        (
+            EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '0-999999999'\n", 1),
+            16,
+            "spans more than 1024 GPUs",
+        ),
+        (
+            EPD.read_bytes().replace(b"gpus: [0, 1]\n", b"gpus: '3-0'\n", 1),
+            16,
+            "GPU range '3-0' runs backwards",
+        ),
+    ],
+    ids=[
+        "latin-1",
+        "utf-16",
+        "nul",
+        "complex-key",
+        "deep",
+        "5000-digits",
+        "huge-gpu-range",
+        "backwards-range",
+    ],
+)
 def test_a_hostile_file_is_a_bad_file(tmp_path: Path, content: bytes, line: int | None, says: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(content)
     result = cli("validate", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"{path}:{line}: " in result.stderr if line else result.stderr.startswith(f"{path}: "), result.stderr
+    assert f"{path}:{line}: " in result.stderr if line else result.stderr.startswith(f"{path}: "), (
+        result.stderr
+    )
     assert says in result.stderr, result.stderr
 
 
 # ---- values the runtime cannot use: refused by validate, exit 2 naming file:line and the key ------------
+
 
 def _router_with(extra: str) -> bytes:
     text = EPD.read_text()
@@ -319,8 +377,21 @@ ROUTER_LINE = line_containing(EPD.read_text(), "kind: router") + 1  # the line _
 
 
 @pytest.mark.faults("4. stop.signal that is not a termination signal")
-@pytest.mark.parametrize("signal", ["SIG_DFL", "SIG_IGN", "SIG_BLOCK", "SIG_SETMASK", "SIGSTOP", "SIGCONT",
-                                    "SIGCHLD", "SIGWINCH", "NSIG", "SIGRTMIN"])
+@pytest.mark.parametrize(
+    "signal",
+    [
+        "SIG_DFL",
+        "SIG_IGN",
+        "SIG_BLOCK",
+        "SIG_SETMASK",
+        "SIGSTOP",
+        "SIGCONT",
+        "SIGCHLD",
+        "SIGWINCH",
+        "NSIG",
+        "SIGRTMIN",
+    ],
+)
 def test_stop_signal_must_stop_a_process(tmp_path: Path, signal: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(_router_with(f"    stop: {{signal: {signal}}}\n"))
@@ -339,28 +410,57 @@ def test_stop_signal_accepts_termination_signals(signal: str) -> None:
 
 
 @pytest.mark.faults("12. values the runtime cannot use (ports, grace, env, argv, probe path, regex)")
-@pytest.mark.parametrize("extra, key, says", [
-    ("    port: 0\n", "roles.router.port", "greater than or equal to 1"),
-    ("    port: 65536\n", "roles.router.port", "less than or equal to 65535"),
-    ("    port: -1\n", "roles.router.port", "greater than or equal to 1"),
-    ("    metrics_port: [9000, 70000]\n", "roles.router.metrics_port", "less than or equal to 65535"),
-    ("    stop: {grace: .inf}\n", "roles.router.stop.grace", "finite number"),
-    ("    stop: {grace: 1e9}\n", "roles.router.stop.grace", "less than or equal to 3600"),
-    ("    ready: {http: /health, timeout: .inf}\n", "roles.router.ready.timeout", "finite number"),
-    ("    env: {'A=B': x}\n", "roles.router.env.'A=B'", "environment name 'A=B': a variable is named with"),
-    ("    env: {\"A\\0B\": x}\n", "roles.router.env.'A\\x00B'", "environment name 'A\\x00B': a variable"),
-    ("    env: {A: \"x\\0y\"}\n", "roles.router.env", "environment value of A holds a NUL"),
-    ("    args: [\"--x\\0y\"]\n", "roles.router.args", "holds a NUL character"),
-    ("    ready: {http: \"/health\\r\\nX-Injected: 1\"}\n", "roles.router.ready", "control character (CR, LF"),
-    ("    ready: {log: \"ready ([\"}\n", "roles.router.ready", "is not a regular expression"),
-    ("    replicas: 1000000000\n", "roles.router.replicas", "less than or equal to 256"),
-    ("    logs: {max_size: lots}\n", "roles.router.logs.max_size", "cannot read size 'lots'"),
-    ("    logs: {max_size: 1KiB}\n", "roles.router.logs.max_size", "greater than or equal to 65536"),
-    ("    logs: {keep: -1}\n", "roles.router.logs.keep", "greater than or equal to 0"),
-    ("    restart: {reset_after: .inf}\n", "roles.router.restart.reset_after", "finite number"),
-], ids=["port-0", "port-65536", "port-negative", "port-list-70000", "grace-inf", "grace-huge", "timeout-inf",
-        "env-key-equals", "env-key-nul", "env-value-nul", "argv-nul", "probe-crlf", "bad-regex", "replicas-1e9",
-        "log-size-words", "log-size-tiny", "log-keep-negative", "reset-after-inf"])
+@pytest.mark.parametrize(
+    "extra, key, says",
+    [
+        ("    port: 0\n", "roles.router.port", "greater than or equal to 1"),
+        ("    port: 65536\n", "roles.router.port", "less than or equal to 65535"),
+        ("    port: -1\n", "roles.router.port", "greater than or equal to 1"),
+        ("    metrics_port: [9000, 70000]\n", "roles.router.metrics_port", "less than or equal to 65535"),
+        ("    stop: {grace: .inf}\n", "roles.router.stop.grace", "finite number"),
+        ("    stop: {grace: 1e9}\n", "roles.router.stop.grace", "less than or equal to 3600"),
+        ("    ready: {http: /health, timeout: .inf}\n", "roles.router.ready.timeout", "finite number"),
+        (
+            "    env: {'A=B': x}\n",
+            "roles.router.env.'A=B'",
+            "environment name 'A=B': a variable is named with",
+        ),
+        ('    env: {"A\\0B": x}\n', "roles.router.env.'A\\x00B'", "environment name 'A\\x00B': a variable"),
+        ('    env: {A: "x\\0y"}\n', "roles.router.env", "environment value of A holds a NUL"),
+        ('    args: ["--x\\0y"]\n', "roles.router.args", "holds a NUL character"),
+        (
+            '    ready: {http: "/health\\r\\nX-Injected: 1"}\n',
+            "roles.router.ready",
+            "control character (CR, LF",
+        ),
+        ('    ready: {log: "ready (["}\n', "roles.router.ready", "is not a regular expression"),
+        ("    replicas: 1000000000\n", "roles.router.replicas", "less than or equal to 256"),
+        ("    logs: {max_size: lots}\n", "roles.router.logs.max_size", "cannot read size 'lots'"),
+        ("    logs: {max_size: 1KiB}\n", "roles.router.logs.max_size", "greater than or equal to 65536"),
+        ("    logs: {keep: -1}\n", "roles.router.logs.keep", "greater than or equal to 0"),
+        ("    restart: {reset_after: .inf}\n", "roles.router.restart.reset_after", "finite number"),
+    ],
+    ids=[
+        "port-0",
+        "port-65536",
+        "port-negative",
+        "port-list-70000",
+        "grace-inf",
+        "grace-huge",
+        "timeout-inf",
+        "env-key-equals",
+        "env-key-nul",
+        "env-value-nul",
+        "argv-nul",
+        "probe-crlf",
+        "bad-regex",
+        "replicas-1e9",
+        "log-size-words",
+        "log-size-tiny",
+        "log-keep-negative",
+        "reset-after-inf",
+    ],
+)
 def test_a_value_the_runtime_cannot_use_is_refused(tmp_path: Path, extra: str, key: str, says: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(_router_with(extra))
@@ -373,22 +473,30 @@ def test_a_value_the_runtime_cannot_use_is_refused(tmp_path: Path, extra: str, k
 @pytest.mark.faults("12. replica ports past 65535")
 def test_replica_ports_must_not_step_past_65535(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
-    path.write_text(EPD.read_text().replace("    kind: router\n    port: 8000\n",
-                                            "    kind: router\n    port: 65535\n    replicas: 2\n    "
-                                            "metrics_port: 9000\n"))
+    path.write_text(
+        EPD.read_text().replace(
+            "    kind: router\n    port: 8000\n",
+            "    kind: router\n    port: 65535\n    replicas: 2\n    metrics_port: 9000\n",
+        )
+    )
     result = cli("validate", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "roles.router: port 65535 steps past 65535 for 2 replicas (the last would be 65536)" in result.stderr
+    assert (
+        "roles.router: port 65535 steps past 65535 for 2 replicas (the last would be 65536)" in result.stderr
+    )
     path.write_text(EPD.read_text().replace("    port: 8000\n", "    port: 50000\n"))
     result = cli("validate", str(path))  # the router's default metrics port, 50000 + 21000, does not exist
     assert result.returncode == 2 and "set metrics_port" in result.stderr, result.stderr
 
 
 @pytest.mark.faults("12. names too long for a run directory")
-@pytest.mark.parametrize("old, new, key", [
-    ("name: epd-b300", "name: " + "a" * 300, "name"),
-    ("  router:\n", "  " + "r" * 300 + ":\n", "roles." + "r" * 300),
-])
+@pytest.mark.parametrize(
+    "old, new, key",
+    [
+        ("name: epd-b300", "name: " + "a" * 300, "name"),
+        ("  router:\n", "  " + "r" * 300 + ":\n", "roles." + "r" * 300),
+    ],
+)
 def test_names_fit_a_run_directory(tmp_path: Path, old: str, new: str, key: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(EPD.read_text().replace(old, new, 1))
@@ -399,10 +507,18 @@ def test_names_fit_a_run_directory(tmp_path: Path, old: str, new: str, key: str)
 
 
 @pytest.mark.faults("12. hostile --set values (recursive aliases, depth)")
-@pytest.mark.parametrize("value", ["&a [*a]", "&a {x: *a}", "[" * 5000 + "]" * 5000,
-                                   "[a0: &a0 [x,x,x,x,x,x,x,x,x,x]" + "".join(
-                                       f", a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)) + "]"],
-                         ids=["recursive-list", "recursive-map", "deep", "billion-laughs"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "&a [*a]",
+        "&a {x: *a}",
+        "[" * 5000 + "]" * 5000,
+        "[a0: &a0 [x,x,x,x,x,x,x,x,x,x]"
+        + "".join(f", a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9))
+        + "]",
+    ],
+    ids=["recursive-list", "recursive-map", "deep", "billion-laughs"],
+)
 def test_a_hostile_set_value_is_a_usage_error(value: str) -> None:
     result = cli("validate", str(EPD), "--set", f"roles.router.args={value}")
     assert result.returncode == 2, result.stdout + result.stderr
@@ -412,9 +528,11 @@ def test_a_hostile_set_value_is_a_usage_error(value: str) -> None:
 
 # ---- files the loader must not read whole, or at all ------------------------------------------------------
 
+
 def _billion_laughs() -> bytes:
     lol = "a0: &a0 [x,x,x,x,x,x,x,x,x,x]\n" + "".join(
-        f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+        f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)
+    )
     return EPD.read_text().replace("description:", lol + "description:", 1).encode()
 
 
@@ -427,7 +545,9 @@ def test_billion_laughs_stops_at_the_alias_limit(tmp_path: Path) -> None:
     began = time.monotonic()
     result = cli("validate", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
-    assert f"{path}:" in result.stderr and "aliases expand the file to more than 100000 values" in result.stderr
+    assert (
+        f"{path}:" in result.stderr and "aliases expand the file to more than 100000 values" in result.stderr
+    )
     assert time.monotonic() - began < 10  # today: MemoryError after 40 s
 
 
@@ -441,8 +561,11 @@ def test_only_a_regular_file_of_at_most_1_mib_is_read(tmp_path: Path) -> None:
     with big.open("wb") as out:
         out.write(EPD.read_bytes())
         out.truncate(50 * 1024 * 1024)  # 50 MB, sparse: costs no disk
-    for path, says in ((fifo, "it is a FIFO, not a regular file"), (Path("/dev/zero"), "it is a device"),
-                       (big, f"{50 * 1024 * 1024} bytes, more than the 1048576")):
+    for path, says in (
+        (fifo, "it is a FIFO, not a regular file"),
+        (Path("/dev/zero"), "it is a device"),
+        (big, f"{50 * 1024 * 1024} bytes, more than the 1048576"),
+    ):
         began = time.monotonic()
         result = cli("validate", str(path))
         assert result.returncode == 2, result.stdout + result.stderr
@@ -459,10 +582,15 @@ def test_export_reads_the_file_under_the_same_limits(tmp_path: Path) -> None:
 
 @pytest.mark.faults("14. a short secret masked as a value, not inside URLs")
 def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
-    text = EPD.read_text().replace("    kind: router\n", "    kind: router\n    env: {TOKEN: '${env:T}', "
-                                   "URL: 'http://u:${env:T}@h'}\n", 1)
+    text = EPD.read_text().replace(
+        "    kind: router\n",
+        "    kind: router\n    env: {TOKEN: '${env:T}', URL: 'http://u:${env:T}@h'}\n",
+        1,
+    )
     loaded = parse_topology(text, Path("t.yaml"), environ={"T": "1"})
-    assert loaded.redact("http://127.0.0.1:8000") == "http://127.0.0.1:8000"  # today: http://***27.0.0.***:8000
+    assert (
+        loaded.redact("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    )  # today: http://***27.0.0.***:8000
     assert loaded.redact("TOKEN=1 --api-key 1") == "TOKEN=*** --api-key ***"
     assert loaded.redact("URL=http://u:1@h") == "URL=http://u:***@h"
     long = parse_topology(text, Path("t.yaml"), environ={"T": SECRET_TOKEN})
@@ -472,8 +600,13 @@ def test_a_short_secret_is_masked_as_a_value_not_inside_urls() -> None:
 @pytest.mark.faults("14. a secret program in plan --format docker")
 def test_a_secret_program_is_not_in_the_docker_comment(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
-    path.write_text(EPD.read_text().replace("roles:\n", "roles:\n  tool:\n    kind: command\n    command: "
-                                            "['/opt/${env:TOOL_DIR}/run', --serve]\n", 1))
+    path.write_text(
+        EPD.read_text().replace(
+            "roles:\n",
+            "roles:\n  tool:\n    kind: command\n    command: ['/opt/${env:TOOL_DIR}/run', --serve]\n",
+            1,
+        )
+    )
     result = cli("plan", str(path), "--format", "docker", env={"TOOL_DIR": SECRET_TOKEN})
     assert result.returncode == 0, result.stderr
     assert "# no image ships /opt/***/run" in result.stdout and SECRET_TOKEN not in result.stdout
@@ -485,4 +618,4 @@ def test_log_caps_and_restart_reset_reach_the_plan(tmp_path: Path) -> None:
     path = tmp_path / "t.yaml"
     path.write_bytes(_router_with("    logs: {max_size: 1.5 GiB, keep: 0}\n    restart: {reset_after: 60}\n"))
     spec = load_plan(path, []).plan.specs[-1]
-    assert (spec.logs.max_size, spec.logs.keep, spec.restart.reset_after) == (int(1.5 * 1024 ** 3), 0, 60.0)
+    assert (spec.logs.max_size, spec.logs.keep, spec.restart.reset_after) == (int(1.5 * 1024**3), 0, 60.0)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 
 from cli_run import REPO, muse
 
@@ -12,14 +12,17 @@ from cli_run import REPO, muse
 def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None:
     run = muse("validate", "topologies/epd-b30.yaml")
     assert run.returncode == 2
-    assert run.stderr.splitlines() == ["error: topologies/epd-b30.yaml: no such file",
-                                       "  fix: did you mean topologies/epd-b300.yaml?"]
+    assert run.stderr.splitlines() == [
+        "error: topologies/epd-b30.yaml: no such file",
+        "  fix: did you mean topologies/epd-b300.yaml?",
+    ]
     # From the repository's root, a bare name is found in topologies/
     run = muse("up", "epd-b300.yaml", "--rehearse")
     assert run.returncode == 2 and "fix: did you mean topologies/epd-b300.yaml?" in run.stderr
     run = muse("validate", "nowhere/zzz.yaml")
-    assert run.stderr.startswith("error: nowhere/zzz.yaml: no such file\n"
-                                 "  fix: give the path of a topology file")
+    assert run.stderr.startswith(
+        "error: nowhere/zzz.yaml: no such file\n  fix: give the path of a topology file"
+    )
     as_json = json.loads(muse("validate", "topologies/epd-b30.yaml", "--json").stdout)
     assert as_json["ok"] is False and as_json["fix"] == "did you mean topologies/epd-b300.yaml?"
 
@@ -27,14 +30,23 @@ def test_a_missing_file_is_an_error_with_a_fix_naming_the_nearest_file() -> None
 def test_a_bad_set_value_is_named_as_the_set_argument_not_the_file_line() -> None:
     run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.prefill.tp=abc")
     assert run.returncode == 2
-    assert run.stderr.startswith("topologies/epd-b300.yaml: --set roles.prefill.tp=abc: roles.prefill.tp: "
-                                 "'abc' is not valid here"), run.stderr
+    assert run.stderr.startswith(
+        "topologies/epd-b300.yaml: --set roles.prefill.tp=abc: roles.prefill.tp: 'abc' is not valid here"
+    ), run.stderr
     assert "epd-b300.yaml:24" not in run.stderr
     # A check's finding on a value --set gave names the argument too; one on the file's value keeps its line.
-    run = muse("validate", "topologies/epd-b300.yaml", "--set", "roles.decode.gpus=[4,5,6,7,8]",
-               "--set", "roles.decode.tp=5")
-    assert "topologies/epd-b300.yaml: --set roles.decode.gpus=[4,5,6,7,8]: error: roles.decode.gpus[4]: " \
-        "GPU 8 does not exist" in run.stderr, run.stderr
+    run = muse(
+        "validate",
+        "topologies/epd-b300.yaml",
+        "--set",
+        "roles.decode.gpus=[4,5,6,7,8]",
+        "--set",
+        "roles.decode.tp=5",
+    )
+    assert (
+        "topologies/epd-b300.yaml: --set roles.decode.gpus=[4,5,6,7,8]: error: roles.decode.gpus[4]: "
+        "GPU 8 does not exist" in run.stderr
+    ), run.stderr
     assert "topologies/epd-b300.yaml:42: error: roles.decode.ep: ep 4 does not divide tp 5" in run.stderr
 
 
@@ -58,8 +70,10 @@ def test_plan_names_the_start_policy_and_what_starts_together() -> None:
     run = muse("plan", "topologies/epd-b300.yaml", "--rehearse")
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    assert lines[0] == ("deployment epd-b300: 4 processes in 2 waves; start: overlap "
-                        "(encoder, prefill, decode start together)")
+    assert lines[0] == (
+        "deployment epd-b300: 4 processes in 2 waves; start: overlap "
+        "(encoder, prefill, decode start together)"
+    )
     assert "wave 1: encoder, prefill, decode" in lines and "wave 2: router" in lines
     assert run.stdout.count("wired to encoder, not waiting for it") == 2
     assert "    ready: /readiness (timeout 600s)    after: prefill, decode" in lines
@@ -68,8 +82,10 @@ def test_plan_names_the_start_policy_and_what_starts_together() -> None:
     assert head.startswith("deployment epd-b300: 4 processes in 3 waves; start: waves")
     assert "after: encoder" in waves.stdout
     as_json = json.loads(muse("plan", "topologies/epd-b300.yaml", "--rehearse", "-f", "json").stdout)
-    assert as_json["start"] == {"policy": "overlap", "after": {"encoder": [], "prefill": [], "decode": [],
-                                                                "router": ["prefill", "decode"]}}
+    assert as_json["start"] == {
+        "policy": "overlap",
+        "after": {"encoder": [], "prefill": [], "decode": [], "router": ["prefill", "decode"]},
+    }
 
 
 def test_a_masked_value_in_the_engine_checks_notes_is_explained_once(tmp_path) -> None:
@@ -88,28 +104,46 @@ def test_a_masked_value_in_the_engine_checks_notes_is_explained_once(tmp_path) -
 
 
 # Documents a reader of this repository does not have: the team's spec and notes, issue numbers.
-DANGLING = re.compile(r"\bSPEC\b(?![A-Z_])|ENGINE-FACTS|DESIGN\.md|shared/reference|/work/shared"
-                      r"|\b[Ii]ssue \d+")
+DANGLING = re.compile(
+    r"\bSPEC\b(?![A-Z_])|ENGINE-FACTS|DESIGN\.md|shared/reference|/work/shared"
+    r"|\b[Ii]ssue \d+"
+)
 DOC_LINK = re.compile(r"\bdocs/[\w./-]+\.md\b")
 
 
 def _repo_text_files():
-    for path in [*REPO.glob("muse_launch/**/*.py"), *REPO.glob("scripts/*"), REPO / "pyproject.toml",
-                 *REPO.glob("topologies/*.yaml"), *REPO.glob("examples/*.yaml"), REPO / "README.md",
-                 *REPO.glob("docs/*.md")]:
+    for path in [
+        *REPO.glob("muse_launch/**/*.py"),
+        *REPO.glob("scripts/*"),
+        REPO / "pyproject.toml",
+        *REPO.glob("topologies/*.yaml"),
+        *REPO.glob("examples/*.yaml"),
+        REPO / "README.md",
+        *REPO.glob("docs/*.md"),
+    ]:
         if path.is_file():
             yield path, path.read_text(errors="replace")
 
 
 def test_no_comment_or_help_text_points_at_a_document_outside_the_repository() -> None:
-    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}" for path, text in _repo_text_files()
-             for n, line in enumerate(text.splitlines(), 1) if DANGLING.search(line)]
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path, text in _repo_text_files()
+        for n, line in enumerate(text.splitlines(), 1)
+        if DANGLING.search(line)
+    ]
     assert found == []
 
 
 def test_every_docs_file_named_exists() -> None:
-    missing = sorted({f"{path.relative_to(REPO)}: {link}" for path, text in _repo_text_files()
-                      for link in DOC_LINK.findall(text) if not (REPO / link).is_file()})
+    missing = sorted(
+        {
+            f"{path.relative_to(REPO)}: {link}"
+            for path, text in _repo_text_files()
+            for link in DOC_LINK.findall(text)
+            if not (REPO / link).is_file()
+        }
+    )
     assert missing == []
 
 
@@ -135,12 +169,15 @@ def test_faults_sh_installs_what_it_needs_first(tmp_path) -> None:
     python.parent.mkdir(parents=True)
     calls = tmp_path / "calls"
     # A stand-in python: the import check fails until pip has run, and every call is noted.
-    python.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\ncase \"$1\" in\n"
-                      f"  -c) [ -e {tmp_path}/installed ] ;;\n"
-                      f"  -m) [ \"$2\" = pip ] && touch {tmp_path}/installed; exit 0 ;;\nesac\n")
+    python.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\ncase "$1" in\n'
+        f"  -c) [ -e {tmp_path}/installed ] ;;\n"
+        f'  -m) [ "$2" = pip ] && touch {tmp_path}/installed; exit 0 ;;\nesac\n'
+    )
     python.chmod(0o755)
-    run = subprocess.run(["bash", str(tmp_path / "scripts" / "faults.sh"), "-x"], capture_output=True,
-                         text=True, timeout=60)
+    run = subprocess.run(
+        ["bash", str(tmp_path / "scripts" / "faults.sh"), "-x"], capture_output=True, text=True, timeout=60
+    )
     assert run.returncode == 0, run.stderr
     lines = calls.read_text().splitlines()
     assert lines[1] == "-m pip install -q -e .[routers,test]", lines

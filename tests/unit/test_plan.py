@@ -57,6 +57,7 @@ def argv_of(plan: Plan, name: str) -> list[str]:
 
 # ---- order -------------------------------------------------------------------------------------
 
+
 def test_epd_starts_in_three_waves() -> None:
     plan = build_plan(load_topology(EPD, environ={}).topology)
     assert plan.waves == (("encoder",), ("prefill", "decode"), ("router",))
@@ -82,8 +83,12 @@ REPLICAS = """
 def test_replicas_split_gpus_and_step_ports() -> None:
     plan = plan_of(REPLICAS)
     assert [s.name for s in plan.specs] == ["prefill-0", "prefill-1", "decode-0", "decode-1", "router"]
-    assert [plan.spec(n).gpus for n in ("prefill-0", "prefill-1", "decode-0", "decode-1")] == \
-        [(0, 1), (2, 3), (4, 5), (6, 7)]
+    assert [plan.spec(n).gpus for n in ("prefill-0", "prefill-1", "decode-0", "decode-1")] == [
+        (0, 1),
+        (2, 3),
+        (4, 5),
+        (6, 7),
+    ]
     assert plan.spec("prefill-1").ports == {"http": 30002, "bootstrap": 8999}
     assert plan.spec("decode-1").ports == {"http": 31010}  # a list gives each replica its port
     assert plan.spec("prefill-1").env["CUDA_VISIBLE_DEVICES"] == "2,3"
@@ -96,7 +101,11 @@ def test_a_reference_to_a_replicated_role_means_all_replicas() -> None:
     assert flag_pairs(router.args)[("--prefill", ("http://127.0.0.1:30001", "8998.0"))] == 1
     assert flag_pairs(router.args)[("--prefill", ("http://127.0.0.1:30002", "8999.0"))] == 1
     assert [a for a in router.args if a.startswith("http")] == [
-        "http://127.0.0.1:30001", "http://127.0.0.1:30002", "http://127.0.0.1:31000", "http://127.0.0.1:31010"]
+        "http://127.0.0.1:30001",
+        "http://127.0.0.1:30002",
+        "http://127.0.0.1:31000",
+        "http://127.0.0.1:31010",
+    ]
     assert plan.waves == (("prefill-0", "prefill-1", "decode-0", "decode-1"), ("router",))
 
 
@@ -133,31 +142,53 @@ def test_vllm_multi_node_tensor_parallel_ranks() -> None:
     plan = plan_of(NODES.replace("ENGINE", "vllm").replace("PARALLEL", "tp: 8, pp: 2, dist_init_port: 29501"))
     head, worker = plan.spec("server@node0"), plan.spec("server@node1")
     for rank, spec in enumerate((head, worker)):
-        assert [last(spec.args, f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port")] == \
-            ["2", str(rank), "10.0.0.1", "29501"]
-        assert [last(spec.args, f) for f in ("--tensor-parallel-size", "--pipeline-parallel-size")] == ["8", "2"]
+        assert [
+            last(spec.args, f) for f in ("--nnodes", "--node-rank", "--master-addr", "--master-port")
+        ] == ["2", str(rank), "10.0.0.1", "29501"]
+        assert [last(spec.args, f) for f in ("--tensor-parallel-size", "--pipeline-parallel-size")] == [
+            "8",
+            "2",
+        ]
     assert "--headless" not in head.args and head.args[-4:] == ("--host", "10.0.0.1", "--port", "30000")
-    assert "--headless" in worker.args and "--port" not in worker.args and worker.probe.kind.value == "process"
+    assert (
+        "--headless" in worker.args and "--port" not in worker.args and worker.probe.kind.value == "process"
+    )
     assert head.ports == {"http": 30000, "dist_init": 29501} and worker.ports == {}
 
 
 def test_vllm_data_parallel_across_nodes() -> None:
-    plan = plan_of(NODES.replace("ENGINE", "vllm").replace("PARALLEL", "dp: 16, ep: 16, dist_init_port: 13345"))
+    plan = plan_of(
+        NODES.replace("ENGINE", "vllm").replace("PARALLEL", "dp: 16, ep: 16, dist_init_port: 13345")
+    )
     head, worker = plan.spec("server@node0"), plan.spec("server@node1")
     for spec in (head, worker):
-        assert [last(spec.args, f) for f in ("--data-parallel-size", "--data-parallel-size-local",
-                                             "--data-parallel-address", "--data-parallel-rpc-port")] == \
-            ["16", "8", "10.0.0.1", "13345"]
+        assert [
+            last(spec.args, f)
+            for f in (
+                "--data-parallel-size",
+                "--data-parallel-size-local",
+                "--data-parallel-address",
+                "--data-parallel-rpc-port",
+            )
+        ] == ["16", "8", "10.0.0.1", "13345"]
         assert "--enable-expert-parallel" in spec.args and "--nnodes" not in spec.args
     assert "--data-parallel-start-rank" not in head.args
     assert last(worker.args, "--data-parallel-start-rank") == "8" and "--headless" in worker.args
-    hybrid = plan_of(NODES.replace("ENGINE", "vllm").replace(
-        "PARALLEL", "dp: 16, ep: 16, args: [--data-parallel-hybrid-lb]"))
+    hybrid = plan_of(
+        NODES.replace("ENGINE", "vllm").replace(
+            "PARALLEL", "dp: 16, ep: 16, args: [--data-parallel-hybrid-lb]"
+        )
+    )
     node1 = hybrid.spec("server@node1")  # hybrid load balancing: every node serves its own API
-    assert "--headless" not in node1.args and node1.ports["http"] == 30000 and node1.args[-2:] == ("--port", "30000")
+    assert (
+        "--headless" not in node1.args
+        and node1.ports["http"] == 30000
+        and node1.args[-2:] == ("--port", "30000")
+    )
 
 
 # ---- programs, placeholders, devices -----------------------------------------------------------
+
 
 def test_launcher_replaces_the_program() -> None:
     plan = plan_of("""
@@ -171,9 +202,18 @@ def test_launcher_replaces_the_program() -> None:
           other: {kind: worker, gpus: 4-7, port: 30001, tp: 4, launcher: [srun, --overlap, sglang, serve]}
           router: {kind: router, port: 8000, workers: [worker, other]}
     """)
-    assert argv_of(plan, "worker")[:4] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server", "--model-path"]
+    assert argv_of(plan, "worker")[:4] == [
+        "/opt/sglang/bin/python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+    ]
     assert argv_of(plan, "other")[:5] == ["srun", "--overlap", "sglang", "serve", "--model-path"]
-    assert argv_of(plan, "router")[:3] == ["sglang-router", "launch", "--worker-urls"]  # routers keep their own
+    assert argv_of(plan, "router")[:3] == [
+        "sglang-router",
+        "launch",
+        "--worker-urls",
+    ]  # routers keep their own
 
 
 def test_command_role_placeholders() -> None:
@@ -195,9 +235,17 @@ def test_command_role_placeholders() -> None:
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-@pytest.mark.parametrize("hardware, variable", [("b300", "CUDA_VISIBLE_DEVICES"), ("h200", "CUDA_VISIBLE_DEVICES"),
-                                                ("mi355x", "HIP_VISIBLE_DEVICES"), ("mi350x", "HIP_VISIBLE_DEVICES"),
-                                                ("xeon", None), ("cpu", None)])
+@pytest.mark.parametrize(
+    "hardware, variable",
+    [
+        ("b300", "CUDA_VISIBLE_DEVICES"),
+        ("h200", "CUDA_VISIBLE_DEVICES"),
+        ("mi355x", "HIP_VISIBLE_DEVICES"),
+        ("mi350x", "HIP_VISIBLE_DEVICES"),
+        ("xeon", None),
+        ("cpu", None),
+    ],
+)
 def test_visible_devices_variable_per_vendor(hardware: str, variable: str | None) -> None:
     plan = plan_of(f"""
         version: 1
@@ -212,6 +260,7 @@ def test_visible_devices_variable_per_vendor(hardware: str, variable: str | None
 
 
 # ---- vLLM prefill/decode wiring ----------------------------------------------------------------
+
 
 def vllm_pd(backend: str, extra: str = "", decode_extra: str = "", router: str = "vllm-router") -> str:
     return f"""
@@ -242,16 +291,29 @@ def test_vllm_nixl_side_channel_ports_default_apart_on_one_host() -> None:
           router: {kind: router, engine: vllm-router, port: 8000, prefill: [prefill, prefill2],
                    decode: [decode, decode2]}
     """)
-    env = {name: plan.spec(name).env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
-           for name in ("prefill", "decode", "prefill2-0", "prefill2-1", "decode2")}
-    assert env == {"prefill": "5600", "decode": "5602", "prefill2-0": "5603", "prefill2-1": "5604", "decode2": "7000"}
+    env = {
+        name: plan.spec(name).env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+        for name in ("prefill", "decode", "prefill2-0", "prefill2-1", "decode2")
+    }
+    assert env == {
+        "prefill": "5600",
+        "decode": "5602",
+        "prefill2-0": "5603",
+        "prefill2-1": "5604",
+        "decode2": "7000",
+    }
     assert plan.spec("prefill").ports == {"http": 8001, "side_channel": 5600, "side_channel_1": 5601}
     assert plan.spec("decode").env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     config = json.loads(last(plan.spec("prefill").args, "--kv-transfer-config"))
     assert config == {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}
     router = plan.spec("router")  # NIXL needs no bootstrap port at the router
-    assert router.args[:5] == ("--vllm-pd-disaggregation", "--prefill", "http://127.0.0.1:8001",
-                               "--prefill", "http://127.0.0.1:8101")
+    assert router.args[:5] == (
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        "http://127.0.0.1:8001",
+        "--prefill",
+        "http://127.0.0.1:8101",
+    )
     assert "--kv-connector" not in router.args
 
 
@@ -278,8 +340,12 @@ def test_vllm_side_channels_of_a_prefill_spanning_nodes() -> None:
     assert follower.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"  # vLLM adds the DP index
     assert sorted(follower.ports.values()) == list(range(5608, 5616)) and "http" not in follower.ports
     assert plan.spec("decode@node2").env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"  # another host
-    assert plan.spec("router").args[:4] == ("--vllm-pd-disaggregation", "--prefill", "http://10.0.0.1:8001",
-                                            "--decode")
+    assert plan.spec("router").args[:4] == (
+        "--vllm-pd-disaggregation",
+        "--prefill",
+        "http://10.0.0.1:8001",
+        "--decode",
+    )
 
 
 def test_vllm_mooncake_bootstrap_reaches_the_router() -> None:
@@ -299,8 +365,11 @@ def test_vllm_example_connector_and_smg_backend() -> None:
     extra = ", kv_transfer_config: {kv_connector_extra_config: {shared_storage_path: /tmp/kv}}"
     plan = plan_of(vllm_pd("example", extra, extra, router="smg"))
     config = json.loads(last(plan.spec("decode").args, "--kv-transfer-config"))
-    assert config == {"kv_connector": "ExampleConnector", "kv_role": "kv_consumer",
-                      "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}
+    assert config == {
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"},
+    }
     assert not any(k.startswith("VLLM_") for k in plan.spec("prefill").env)
     router = plan.spec("router")
     assert router.args[:4] == ("--pd-disaggregation", "--prefill", "http://127.0.0.1:8001", "none")
@@ -315,15 +384,29 @@ def test_vllm_host_and_port_come_last() -> None:
 
 # ---- plan formats ------------------------------------------------------------------------------
 
+
 def test_plan_json_shape() -> None:
     run = cli("plan", str(EPD), "--format", "json")
     assert run.returncode == 0, run.stderr
     out = json.loads(run.stdout)
     assert set(out) == {"name", "waves", "roles", "start"}
-    assert out["start"]["policy"] in ("overlap", "waves") and out["start"]["after"]["router"] == ["prefill", "decode"]
+    assert out["start"]["policy"] in ("overlap", "waves") and out["start"]["after"]["router"] == [
+        "prefill",
+        "decode",
+    ]
     assert out["name"] == "epd-b300" and out["waves"] == [["encoder"], ["prefill", "decode"], ["router"]]
-    types = {"name": str, "kind": str, "engine": str, "argv": list, "env": dict, "gpus": list, "host": str,
-             "ports": dict, "probe": dict, "depends_on": list}
+    types = {
+        "name": str,
+        "kind": str,
+        "engine": str,
+        "argv": list,
+        "env": dict,
+        "gpus": list,
+        "host": str,
+        "ports": dict,
+        "probe": dict,
+        "depends_on": list,
+    }
     for role in out["roles"]:
         assert {k: type(role[k]) for k in types} == types, role["name"]
     prefill = out["roles"][1]
@@ -358,12 +441,24 @@ def test_plan_shell_shows_the_four_cookbook_commands() -> None:
         assert got == flag_pairs(section.argv[2:]), name
 
 
-ODD_ARGS = ["--chat-template", "a template with spaces", "--json", '{"a": "b c", "d": [1, 2]}',
-            "--quote", "it's \"quoted\"", "--dollar", "$HOME `id` $(id) \\n", "--glob", "*.py"]
+ODD_ARGS = [
+    "--chat-template",
+    "a template with spaces",
+    "--json",
+    '{"a": "b c", "d": [1, 2]}',
+    "--quote",
+    'it\'s "quoted"',
+    "--dollar",
+    "$HOME `id` $(id) \\n",
+    "--glob",
+    "*.py",
+]
 
 
 def test_plan_shell_quoting_round_trips(tmp_path: Path) -> None:
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
         version: 1
         name: quoting
         hardware: b300
@@ -375,7 +470,8 @@ def test_plan_shell_quoting_round_trips(tmp_path: Path) -> None:
             gpus: [0]
             port: 30000
             args: {json.dumps(ODD_ARGS)}
-    """)
+    """,
+    )
     run = cli("plan", str(path), "--format", "shell")
     assert run.returncode == 0, run.stderr
     command = shell_blocks(run.stdout)["worker"]
@@ -383,8 +479,13 @@ def test_plan_shell_quoting_round_trips(tmp_path: Path) -> None:
     spec = plan.spec("worker")
     expected = [f"{k}={v}" for k, v in spec.env.items()] + list(spec.argv)
     assert shell_words(command) == expected
-    echoed = subprocess.run(["bash", "-c", "printf '%s\\n' " + command], capture_output=True, text=True,
-                            env={"USER": "someone", "HOME": "/home/x", "PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    echoed = subprocess.run(
+        ["bash", "-c", "printf '%s\\n' " + command],
+        capture_output=True,
+        text=True,
+        env={"USER": "someone", "HOME": "/home/x", "PATH": "/usr/bin:/bin"},
+        cwd=tmp_path,
+    )
     assert echoed.returncode == 0, echoed.stderr
     assert echoed.stdout.splitlines() == [line for word in expected for line in word.split("\n")]
 
@@ -416,4 +517,3 @@ def last(args, flag: str) -> str | None:
         if arg == flag:
             found = args[i + 1]
     return found
-

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+from cli_run import REPO, muse
+from graph_tools import HOSTILE, hostile_plan
+
 from muse_launch.plan.build import build_plan
 from muse_launch.render_graph import KV, build_graph, dot_text, mermaid_text, to_dot, to_mermaid
 from muse_launch.topology.load import load_topology
-from cli_run import REPO, muse
-from graph_tools import HOSTILE, hostile_plan
 
 
 def test_mermaid_text_leaves_nothing_that_ends_a_string_or_starts_markup():

@@ -34,7 +34,10 @@ def test_replacing_and_recreating_remove_the_link_never_its_target(home):
     outside = home.parent / "outside"
     os.symlink(outside / "victim", home / "demo" / "state.json")
     replace_file(home / "demo" / "state.json", b"{}", root=home)
-    assert not os.path.islink(home / "demo" / "state.json") and read_nofollow(home / "demo" / "state.json") == b"{}"
+    assert (
+        not os.path.islink(home / "demo" / "state.json")
+        and read_nofollow(home / "demo" / "state.json") == b"{}"
+    )
     os.rmdir(home / "demo" / "logs")
     os.symlink(outside, home / "demo" / "logs")
     os.close(open_fresh(home / "demo" / "logs" / "victim", root=home))

@@ -64,8 +64,13 @@ def probe_client(answers: dict[str, list[int]]) -> httpx.Client:
 
 
 def test_http_probe_treats_refused_and_503_as_not_yet(tmp_path):
-    check = ReadinessCheck(Probe(ProbeKind.HTTP, ("/health",)), "127.0.0.1", 1, tmp_path / "x.log",
-                           probe_client({"/health": [0, 503, 200]}))
+    check = ReadinessCheck(
+        Probe(ProbeKind.HTTP, ("/health",)),
+        "127.0.0.1",
+        1,
+        tmp_path / "x.log",
+        probe_client({"/health": [0, 503, 200]}),
+    )
     assert not check.check(0) and check.last_seen == "GET /health: connection refused"
     assert not check.check(0) and check.last_seen == "GET /health answered 503"
     assert check.check(0)
@@ -73,8 +78,9 @@ def test_http_probe_treats_refused_and_503_as_not_yet(tmp_path):
 
 def test_http_probe_asks_every_path_in_order(tmp_path):
     probe = Probe(ProbeKind.HTTP, ("/health", "/v1/models"))
-    check = ReadinessCheck(probe, "127.0.0.1", 1, tmp_path / "x.log",
-                           probe_client({"/health": [200], "/v1/models": [404, 200]}))
+    check = ReadinessCheck(
+        probe, "127.0.0.1", 1, tmp_path / "x.log", probe_client({"/health": [200], "/v1/models": [404, 200]})
+    )
     assert not check.check(0) and check.last_seen == "GET /v1/models answered 404"
     assert check.check(0)
 
@@ -82,7 +88,9 @@ def test_http_probe_asks_every_path_in_order(tmp_path):
 def test_log_and_tcp_probes(tmp_path):
     log = tmp_path / "role.log"
     log.write_text("loading\nUvicorn running on")
-    check = ReadinessCheck(Probe(ProbeKind.LOG, pattern="Uvicorn running"), "127.0.0.1", None, log, httpx.Client())
+    check = ReadinessCheck(
+        Probe(ProbeKind.LOG, pattern="Uvicorn running"), "127.0.0.1", None, log, httpx.Client()
+    )
     assert not check.check(0)  # the line is not complete yet
     with open(log, "a") as f:
         f.write(" http://0.0.0.0:8000\n")
@@ -156,9 +164,13 @@ def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
             someone = ListenerOwner(other.pid, "prefill", {"MUSE_LAUNCH_ROLE": "no-such-role"})
             seen = someone.check(port, "127.0.0.1")
             other.kill()
-        assert seen == (f"port {port} answers, but the listener is pid {os.getpid()} "
-                        f"({' '.join(psutil.Process().cmdline())[:100]}), not role prefill")
-        assert ListenerOwner(os.getpid(), "me", {}).check(free := _free_port(), "127.0.0.1") is None, free  # none: can't tell
+        assert seen == (
+            f"port {port} answers, but the listener is pid {os.getpid()} "
+            f"({' '.join(psutil.Process().cmdline())[:100]}), not role prefill"
+        )
+        assert ListenerOwner(os.getpid(), "me", {}).check(free := _free_port(), "127.0.0.1") is None, (
+            free
+        )  # none: can't tell
     finally:
         server.close()
 
@@ -171,11 +183,18 @@ def _free_port() -> int:
 def test_masks_hide_secret_arguments_by_value():
     from muse_launch.proc.masks import Masks
 
-    masks = Masks.of(["--key", "s3cret-value", "1", "--token=s3cret-value"],
-                     lambda v: v.replace("s3cret-value", "***").replace("1", "***") if v in ("s3cret-value", "1") else v)
+    masks = Masks.of(
+        ["--key", "s3cret-value", "1", "--token=s3cret-value"],
+        lambda v: v.replace("s3cret-value", "***").replace("1", "***") if v in ("s3cret-value", "1") else v,
+    )
     masks = Masks.from_json(masks.to_json())
-    assert [masks.token(a) for a in ["--key", "s3cret-value", "127.0.0.1", "1", "--api=s3cret-value"]] == \
-        ["--key", "***", "127.0.0.1", "***", "--api=***"]
+    assert [masks.token(a) for a in ["--key", "s3cret-value", "127.0.0.1", "1", "--api=s3cret-value"]] == [
+        "--key",
+        "***",
+        "127.0.0.1",
+        "***",
+        "--api=***",
+    ]
     assert "s3cret" not in str(masks.to_json())
 
 

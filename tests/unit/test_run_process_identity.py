@@ -34,7 +34,9 @@ def test_identity_does_not_depend_on_the_wall_clock(monkeypatch, sleeper):
         monkeypatch.setattr(time, "time", lambda step=step: time.monotonic() + 1e9 + step)
         monkeypatch.setattr(psutil, "boot_time", lambda step=step: 1e9 + step)
         assert ref.find() is not None and ref.is_running()
-    shifted = ProcessRef(ref.pid, ref.start_ticks, ref.boot_id, ref.create_time + 3600)  # stored before a step
+    shifted = ProcessRef(
+        ref.pid, ref.start_ticks, ref.boot_id, ref.create_time + 3600
+    )  # stored before a step
     assert shifted.find() is not None
 
 
@@ -62,7 +64,8 @@ def test_state_json_round_trip_and_legacy_refs(sleeper):
 
 
 def test_a_legacy_leader_is_stopped_but_its_session_is_never_trusted(sleeper):
-    """A state file from before start ticks: the leader by create time, its group and session not signalled."""
+    """A state file from before start ticks: the leader by create time, its group and session not
+    signalled."""
     legacy = ProcessRef(sleeper.pid, create_time=psutil.Process(sleeper.pid).create_time())
     processes, pgid = role_processes(StopTarget("r", legacy), Marker("nobody", "/nowhere"))
     assert [p.pid for p in processes] == [sleeper.pid] and pgid is None
@@ -72,7 +75,8 @@ def test_a_legacy_leader_is_stopped_but_its_session_is_never_trusted(sleeper):
 
 
 def test_a_dead_leaders_session_is_not_ours_without_a_member_of_ours(sleeper):
-    """The sleeper leads a session; as a dead leader's record with its pid (older ticks), nothing of it is ours."""
+    """The sleeper leads a session; as a dead leader's record with its pid (older ticks), nothing of it is
+    ours."""
     ticks = start_ticks(sleeper.pid)
     dead = ProcessRef(sleeper.pid, ticks - 1, identity.boot_id())  # our leader, gone; the pid reused since
     processes, pgid = role_processes(StopTarget("r", dead), Marker("nobody", "/nowhere"))
@@ -90,8 +94,14 @@ def test_the_cgroup_layout_and_what_state_json_may_name(monkeypatch):
     assert place.parent.name == cgroups.LAYOUT_DIR and place.name.startswith("d-")
     assert place != cgroups.deployment_dir("d", "/other/home/d")  # two homes, two cgroups
     assert cgroups.is_role_cgroup(place / "role")
-    for foreign in ("/sys/fs/cgroup", str(mount), str(mount / "system.slice"), "/tmp/muse-launch/d-x/role",
-                    str(mount / cgroups.LAYOUT_DIR / ".." / ".." / "x"), None):
+    for foreign in (
+        "/sys/fs/cgroup",
+        str(mount),
+        str(mount / "system.slice"),
+        "/tmp/muse-launch/d-x/role",
+        str(mount / cgroups.LAYOUT_DIR / ".." / ".." / "x"),
+        None,
+    ):
         assert not cgroups.is_role_cgroup(foreign), foreign
     assert cgroups.members(mount / "system.slice") == [] and not cgroups.kill(mount)
 
@@ -103,12 +113,19 @@ def test_a_role_cgroup_holds_what_the_role_spawns(monkeypatch, tmp_path):
         pytest.skip("no cgroup v2 here that this user may create")
     fd = os.open(path / "cgroup.procs", os.O_WRONLY)
     try:
-        proc = subprocess.Popen([sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '60']); "
-                                 "time.sleep(60)"], preexec_fn=lambda: os.write(fd, b"0"))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import subprocess, time; subprocess.Popen(['sleep', '60']); time.sleep(60)",
+            ],
+            preexec_fn=lambda: os.write(fd, b"0"),
+        )
     finally:
         os.close(fd)
     try:
         from harness import wait_for
+
         wait_for(lambda: len(cgroups.members(path)) == 2)
         assert cgroups.kill(path)
         assert proc.wait(5) == -signal.SIGKILL

@@ -38,31 +38,58 @@ def test_transitions_are_guarded():
         transition(RoleState.PENDING, RoleState.READY)
 
 
-@pytest.mark.parametrize("states, expected", [
-    ([RoleState.PENDING, RoleState.PENDING], DeploymentState.STOPPED),
-    ([RoleState.READY, RoleState.STARTING, RoleState.PENDING], DeploymentState.STARTING),
-    ([RoleState.READY, RoleState.READY], DeploymentState.READY),
-    ([RoleState.READY, RoleState.RESTARTING], DeploymentState.DEGRADED),
-    ([RoleState.READY, RoleState.FAILED], DeploymentState.DEGRADED),
-    ([RoleState.STOPPED, RoleState.FAILED], DeploymentState.STOPPED),
-    ([RoleState.READY, RoleState.STOPPING, RoleState.STOPPED], DeploymentState.STOPPING),
-])
+@pytest.mark.parametrize(
+    "states, expected",
+    [
+        ([RoleState.PENDING, RoleState.PENDING], DeploymentState.STOPPED),
+        ([RoleState.READY, RoleState.STARTING, RoleState.PENDING], DeploymentState.STARTING),
+        ([RoleState.READY, RoleState.READY], DeploymentState.READY),
+        ([RoleState.READY, RoleState.RESTARTING], DeploymentState.DEGRADED),
+        ([RoleState.READY, RoleState.FAILED], DeploymentState.DEGRADED),
+        ([RoleState.STOPPED, RoleState.FAILED], DeploymentState.STOPPED),
+        ([RoleState.READY, RoleState.STOPPING, RoleState.STOPPED], DeploymentState.STOPPING),
+    ],
+)
 def test_deployment_state_follows_its_roles(states, expected):
     assert deployment_state(states) is expected
 
 
-PLAN = Plan("demo", (
-    LaunchSpec(name="prefill", role="prefill", kind="prefill", engine="sglang", launcher=("sglang", "serve"),
-               args=(), host="10.0.0.5", bind="0.0.0.0", gpus=(0, 1), ports={"http": 30001, "bootstrap": 8998}),
-    LaunchSpec(name="router", role="router", kind="router", engine="sglang-router", launcher=("sglang-router",),
-               args=(), ports={"http": 8000}, probe=Probe(ProbeKind.HTTP, ("/readiness",)), depends_on=("prefill",)),
-), (("prefill",), ("router",)))
+PLAN = Plan(
+    "demo",
+    (
+        LaunchSpec(
+            name="prefill",
+            role="prefill",
+            kind="prefill",
+            engine="sglang",
+            launcher=("sglang", "serve"),
+            args=(),
+            host="10.0.0.5",
+            bind="0.0.0.0",
+            gpus=(0, 1),
+            ports={"http": 30001, "bootstrap": 8998},
+        ),
+        LaunchSpec(
+            name="router",
+            role="router",
+            kind="router",
+            engine="sglang-router",
+            launcher=("sglang-router",),
+            args=(),
+            ports={"http": 8000},
+            probe=Probe(ProbeKind.HTTP, ("/readiness",)),
+            depends_on=("prefill",),
+        ),
+    ),
+    (("prefill",), ("router",)),
+)
 
 
 def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     run_dir = RunDir(tmp_path / "demo")
-    record = planned_record(PLAN, "demo.yaml", lambda s: s.replace("10.0.0.5", "***"),
-                            {"sglang": "0.5.23", "sglang-router": None})
+    record = planned_record(
+        PLAN, "demo.yaml", lambda s: s.replace("10.0.0.5", "***"), {"sglang": "0.5.23", "sglang-router": None}
+    )
     write_state(run_dir, record)
     assert stat.S_IMODE(os.stat(run_dir.state_file).st_mode) == 0o600
     assert [p.name for p in run_dir.path.iterdir()] == ["state.json"]  # no temporary file left
@@ -72,14 +99,41 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
     assert again.role("prefill").probe_host == "127.0.0.1"  # bound to 0.0.0.0: reached on loopback
     assert again.stop_waves == (("router",), ("prefill",))
     assert again.versions == {"sglang": "0.5.23", "sglang-router": None}  # as `up` read them, for status
-    assert again.status_dict() == {"name": "demo", "supervisor_pid": None, "state": "stopped", "roles": [
-        {"name": "prefill", "kind": "prefill", "state": "pending", "pid": None, "pgid": None, "gpus": [0, 1],
-         "url": "http://***:30001", "ports": {"http": 30001, "bootstrap": 8998}, "restarts": 0, "restarts_reset_after": 300.0, "ready_at": None,
-         "wiring": {}},
-        {"name": "router", "kind": "router", "state": "pending", "pid": None, "pgid": None, "gpus": [],
-         "url": "http://127.0.0.1:8000", "ports": {"http": 8000}, "restarts": 0, "restarts_reset_after": 300.0, "ready_at": None,
-         "wiring": {"prefill": "0/1"}},  # the router must list its prefill
-    ]}
+    assert again.status_dict() == {
+        "name": "demo",
+        "supervisor_pid": None,
+        "state": "stopped",
+        "roles": [
+            {
+                "name": "prefill",
+                "kind": "prefill",
+                "state": "pending",
+                "pid": None,
+                "pgid": None,
+                "gpus": [0, 1],
+                "url": "http://***:30001",
+                "ports": {"http": 30001, "bootstrap": 8998},
+                "restarts": 0,
+                "restarts_reset_after": 300.0,
+                "ready_at": None,
+                "wiring": {},
+            },
+            {
+                "name": "router",
+                "kind": "router",
+                "state": "pending",
+                "pid": None,
+                "pgid": None,
+                "gpus": [],
+                "url": "http://127.0.0.1:8000",
+                "ports": {"http": 8000},
+                "restarts": 0,
+                "restarts_reset_after": 300.0,
+                "ready_at": None,
+                "wiring": {"prefill": "0/1"},
+            },  # the router must list its prefill
+        ],
+    }
 
 
 def test_a_second_lock_on_one_name_refuses_naming_the_supervisor(tmp_path, monkeypatch):
@@ -88,7 +142,9 @@ def test_a_second_lock_on_one_name_refuses_naming_the_supervisor(tmp_path, monke
     record = planned_record(PLAN, "demo.yaml", str)
     write_state(run_dir, replace(record, supervisor=ProcessRef(4242, 1)))
     held = DeploymentLock(run_dir)
-    with pytest.raises(RuntimeFailure, match=r"'demo' is already running \(supervisor pid 4242\); .*down demo"):
+    with pytest.raises(
+        RuntimeFailure, match=r"'demo' is already running \(supervisor pid 4242\); .*down demo"
+    ):
         DeploymentLock(run_dir)
     held.release()
     DeploymentLock(run_dir).release()
@@ -126,37 +182,45 @@ def _role(key, value):
 
 
 @pytest.mark.faults("18.4 a damaged state.json: every field checked, size and depth bounded before parsing")
-@pytest.mark.parametrize("change, problem", [
-    (_role("start_ticks", "x"), "roles.0.start_ticks"),
-    (_role("pid", True), "roles.0.pid"),  # not 1
-    (_role("ports", {"http": "30001"}), "roles.0.ports.http"),
-    (_role("ports", {"http": 70000}), "port 70000"),
-    (_role("stop", {"signal": "SIGCONT", "grace": 1}), "roles.0.stop.signal"),
-    (_role("stop", {"signal": "SIGTERM", "grace": 1e300}), "roles.0.stop.grace"),
-    (_role("ready_at", 17), "roles.0.ready_at"),
-    (_role("started_at", "yesterday"), "not an ISO 8601 time"),
-    (_role("url", ["http://x"]), "roles.0.url"),
-    (_role("url", "file:///etc/passwd"), "not an http(s) URL"),
-    (_role("wiring_counts", [["worker", "1", 2]]), "roles.0.wiring_counts"),
-    (_role("cgroup", "/sys/fs/cgroup/user.slice"), "not the role's own"),
-    (_role("probe", {"kind": "http", "paths": ["/x\nGET /y"], "timeout": 1, "interval": 1}),
-     "control character"),
-    (lambda d: d["stop_waves"].insert(0, ["ghost"]), "a stop wave names no role: 'ghost'"),
-    (lambda d: d["stop_waves"].pop(), "do not list every role"),
-    (lambda d: d.__setitem__("name", "other"), "names deployment 'other'"),
-    (lambda d: d.__setitem__("roles", {}), "roles"),
-    (lambda d: "[" * 100_000 + "]" * 100_000, "nested more than 16 deep"),
-    (lambda d: '"' + "x" * (9 << 20) + '"', "larger than 8 MiB"),
-    (lambda d: "[1, 2]", "a JSON list, not an object"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (_role("start_ticks", "x"), "roles.0.start_ticks"),
+        (_role("pid", True), "roles.0.pid"),  # not 1
+        (_role("ports", {"http": "30001"}), "roles.0.ports.http"),
+        (_role("ports", {"http": 70000}), "port 70000"),
+        (_role("stop", {"signal": "SIGCONT", "grace": 1}), "roles.0.stop.signal"),
+        (_role("stop", {"signal": "SIGTERM", "grace": 1e300}), "roles.0.stop.grace"),
+        (_role("ready_at", 17), "roles.0.ready_at"),
+        (_role("started_at", "yesterday"), "not an ISO 8601 time"),
+        (_role("url", ["http://x"]), "roles.0.url"),
+        (_role("url", "file:///etc/passwd"), "not an http(s) URL"),
+        (_role("wiring_counts", [["worker", "1", 2]]), "roles.0.wiring_counts"),
+        (_role("cgroup", "/sys/fs/cgroup/user.slice"), "not the role's own"),
+        (
+            _role("probe", {"kind": "http", "paths": ["/x\nGET /y"], "timeout": 1, "interval": 1}),
+            "control character",
+        ),
+        (lambda d: d["stop_waves"].insert(0, ["ghost"]), "a stop wave names no role: 'ghost'"),
+        (lambda d: d["stop_waves"].pop(), "do not list every role"),
+        (lambda d: d.__setitem__("name", "other"), "names deployment 'other'"),
+        (lambda d: d.__setitem__("roles", {}), "roles"),
+        (lambda d: "[" * 100_000 + "]" * 100_000, "nested more than 16 deep"),
+        (lambda d: '"' + "x" * (9 << 20) + '"', "larger than 8 MiB"),
+        (lambda d: "[1, 2]", "a JSON list, not an object"),
+    ],
+)
 def test_a_damaged_state_is_named_damaged_never_a_crash(tmp_path, change, problem):
     assert problem in _damaged_by(tmp_path, change)
 
 
 def test_brackets_inside_strings_do_not_count_as_depth(tmp_path):
     run_dir = RunDir(tmp_path / "demo")
-    record = planned_record(replace(PLAN, specs=(replace(PLAN.specs[0], args=("[" * 100 + '"\\"{',)),
-                                                 *PLAN.specs[1:])), "demo.yaml", str)
+    record = planned_record(
+        replace(PLAN, specs=(replace(PLAN.specs[0], args=("[" * 100 + '"\\"{',)), *PLAN.specs[1:])),
+        "demo.yaml",
+        str,
+    )
     write_state(run_dir, record)
     assert read_state(run_dir) == record
 

@@ -81,14 +81,20 @@ class FakeProcesses:
     spawned: list[tuple[float, str]] = field(default_factory=list)
     stopped: list[tuple[float, str]] = field(default_factory=list)  # when each role's stop signal went
     current: dict[str, FakeProcess] = field(default_factory=dict)
-    listed_from: dict[str, float] = field(default_factory=dict)  # a router lists this worker from then (default 0)
+    listed_from: dict[str, float] = field(
+        default_factory=dict
+    )  # a router lists this worker from then (default 0)
 
     def spawn(self, spec: LaunchSpec, restart_note: str | None) -> FakeProcess:
         count = sum(1 for _, name in self.spawned if name == spec.name)
         scripts = self.scripts.get(spec.name, [Script()])
         self.spawned.append((self.clock.now, spec.name))
-        process = FakeProcess(ProcessRef(1000 + len(self.spawned), 0.0), self.clock, self.clock.now,
-                              scripts[min(count, len(scripts) - 1)])
+        process = FakeProcess(
+            ProcessRef(1000 + len(self.spawned), 0.0),
+            self.clock,
+            self.clock.now,
+            scripts[min(count, len(scripts) - 1)],
+        )
         self.current[spec.name] = process
         return process
 
@@ -107,10 +113,18 @@ class FakeProcesses:
             if process.script.hangs:
                 raise Hang()
             if request.url.path == "/workers":  # a router's worker list: every other ready role, once listed
-                return httpx.Response(200, json={"workers": [
-                    {"url": f"http://127.0.0.1:{port}", "is_healthy": True} for port, name in ports.items()
-                    if name in self.current and self.current[name].ready()
-                    and self.clock.now >= self.listed_from.get(name, 0.0)]})
+                return httpx.Response(
+                    200,
+                    json={
+                        "workers": [
+                            {"url": f"http://127.0.0.1:{port}", "is_healthy": True}
+                            for port, name in ports.items()
+                            if name in self.current
+                            and self.current[name].ready()
+                            and self.clock.now >= self.listed_from.get(name, 0.0)
+                        ]
+                    },
+                )
             return httpx.Response(200 if process.ready() else 503)
 
         return httpx.MockTransport(answer)
@@ -132,10 +146,16 @@ class FakeStop:
             exits_at = self.sent_at + process.script.stop_after
             if process.script.dies_after_kill and process.poll() is not None:
                 exits_at = math.inf  # its main process is gone; the children it left only go with SIGKILL
-            if target.role not in self.killed and (now >= self.sent_at + target.grace or kill_now) and now < exits_at:
+            if (
+                target.role not in self.killed
+                and (now >= self.sent_at + target.grace or kill_now)
+                and now < exits_at
+            ):
                 self.killed.append(target.role)
                 self.kill_at = now
-            if now >= exits_at or (target.role in self.killed and now >= self.kill_at + process.script.dies_after_kill):
+            if now >= exits_at or (
+                target.role in self.killed and now >= self.kill_at + process.script.dies_after_kill
+            ):
                 process.stopped = True
         return StopReport(tuple(self.killed)) if all(p.stopped for _, p in self.targets) else None
 
@@ -159,16 +179,38 @@ class InlineProbes(Executor):
         return future
 
 
-def spec(name: str, port: int, *depends_on: str, timeout: float = 60.0, restart_max: int = 3,
-         policy: RestartPolicyKind = RestartPolicyKind.ON_FAILURE) -> LaunchSpec:
-    return LaunchSpec(name=name, role=name, kind="command", engine="command", launcher=("serve",), args=(),
-                      ports={"http": port}, probe=Probe(ProbeKind.HTTP, ("/health",), timeout=timeout, interval=0.1),
-                      depends_on=depends_on, restart=RestartPolicy(policy, restart_max))
+def spec(
+    name: str,
+    port: int,
+    *depends_on: str,
+    timeout: float = 60.0,
+    restart_max: int = 3,
+    policy: RestartPolicyKind = RestartPolicyKind.ON_FAILURE,
+) -> LaunchSpec:
+    return LaunchSpec(
+        name=name,
+        role=name,
+        kind="command",
+        engine="command",
+        launcher=("serve",),
+        args=(),
+        ports={"http": port},
+        probe=Probe(ProbeKind.HTTP, ("/health",), timeout=timeout, interval=0.1),
+        depends_on=depends_on,
+        restart=RestartPolicy(policy, restart_max),
+    )
 
 
-EPD = Plan("epd", (spec("encoder", 1), spec("decode", 3, "encoder"), spec("prefill", 2, "encoder"),
-                   spec("router", 4, "prefill", "decode")),
-           (("encoder",), ("decode", "prefill"), ("router",)))
+EPD = Plan(
+    "epd",
+    (
+        spec("encoder", 1),
+        spec("decode", 3, "encoder"),
+        spec("prefill", 2, "encoder"),
+        spec("router", 4, "prefill", "decode"),
+    ),
+    (("encoder",), ("decode", "prefill"), ("router",)),
+)
 
 
 @dataclass
@@ -196,20 +238,40 @@ def harness(tmp_path: Path, plan: Plan, scripts: dict[str, list[Script]]) -> Har
     processes = FakeProcesses(clock, scripts)
     client = httpx.Client(transport=processes.transport({s.ports["http"]: s.name for s in plan.specs}))
     records: list[DeploymentRecord] = []
-    supervisor = Supervisor(plan, planned_record(plan, "test.yaml", str), RunDir(tmp_path), processes, client,
-                            clock=clock, on_change=records.append, probes=InlineProbes())
+    supervisor = Supervisor(
+        plan,
+        planned_record(plan, "test.yaml", str),
+        RunDir(tmp_path),
+        processes,
+        client,
+        clock=clock,
+        on_change=records.append,
+        probes=InlineProbes(),
+    )
     return Harness(supervisor, clock, processes, records)
 
 
 def test_roles_start_as_soon_as_their_dependencies_are_ready(tmp_path):
-    h = harness(tmp_path, EPD, {"encoder": [Script(1.0)], "prefill": [Script(2.0)], "decode": [Script(1.5)],
-                                "router": [Script(0.5)]})
+    h = harness(
+        tmp_path,
+        EPD,
+        {
+            "encoder": [Script(1.0)],
+            "prefill": [Script(2.0)],
+            "decode": [Script(1.5)],
+            "router": [Script(0.5)],
+        },
+    )
     assert h.supervisor.start() is Outcome.READY
     spawned = dict((name, at) for at, name in h.processes.spawned)
     assert spawned["encoder"] == 0.0
-    assert spawned["prefill"] == spawned["decode"] == pytest.approx(1.0, abs=0.11)  # together, one probe after ready
+    assert (
+        spawned["prefill"] == spawned["decode"] == pytest.approx(1.0, abs=0.11)
+    )  # together, one probe after ready
     assert spawned["router"] == pytest.approx(3.0, abs=0.22)
-    assert h.clock.now == pytest.approx(3.5, abs=0.35)  # the critical path, plus at most one interval per wave
+    assert h.clock.now == pytest.approx(
+        3.5, abs=0.35
+    )  # the critical path, plus at most one interval per wave
     assert h.supervisor.record.state is DeploymentState.READY
 
 
@@ -231,15 +293,24 @@ def test_a_role_that_never_answers_times_out(tmp_path):
 
 
 def test_stop_goes_in_reverse_dependency_order_wave_by_wave(tmp_path):
-    h = harness(tmp_path, EPD, {"router": [Script(stop_after=1.0)], "decode": [Script(stop_after=0.5)],
-                                "prefill": [Script(stop_after=2.0)]})
+    h = harness(
+        tmp_path,
+        EPD,
+        {
+            "router": [Script(stop_after=1.0)],
+            "decode": [Script(stop_after=0.5)],
+            "prefill": [Script(stop_after=2.0)],
+        },
+    )
     assert h.supervisor.start() is Outcome.READY
     began = h.clock.now
     h.supervisor.stop()
     stopped = {name: at - began for at, name in h.processes.stopped}
     assert list(stopped) == ["router", "decode", "prefill", "encoder"]
     assert stopped["router"] == 0.0
-    assert stopped["decode"] == stopped["prefill"] == pytest.approx(1.0, abs=0.03)  # together, once router exited
+    assert (
+        stopped["decode"] == stopped["prefill"] == pytest.approx(1.0, abs=0.03)
+    )  # together, once router exited
     assert stopped["encoder"] == pytest.approx(3.0, abs=0.05)  # once the slower of the two exited
     assert h.states("prefill")[-3:] == [RoleState.READY, RoleState.STOPPING, RoleState.STOPPED]
     assert all(r.state is RoleState.STOPPED and r.process is None for r in h.supervisor.record.roles)
@@ -251,13 +322,26 @@ def test_a_role_dying_after_ready_restarts_with_backoff_then_gives_up(tmp_path):
     h = harness(tmp_path, plan, {"flaky": [Script(0.2, exit_after=1.0)]})  # every spawn dies after 1 s
     assert h.supervisor.start() is Outcome.READY
     ticks = []
-    assert h.supervisor.supervise(fail_fast=False, on_tick=lambda: ticks.append(1) if len(ticks) < 200 else
-                                  h.supervisor.request_stop()) is Outcome.INTERRUPTED
+    assert (
+        h.supervisor.supervise(
+            fail_fast=False,
+            on_tick=lambda: ticks.append(1) if len(ticks) < 200 else h.supervisor.request_stop(),
+        )
+        is Outcome.INTERRUPTED
+    )
     flaky = h.supervisor.record.role("flaky")
     assert flaky.state is RoleState.FAILED
     assert flaky.restarts == 2 and flaky.reason == "exited with code 1; gave up after 2 restarts"
-    assert h.states("flaky") == [RoleState.PENDING, RoleState.STARTING, RoleState.READY, RoleState.RESTARTING,
-                                 RoleState.READY, RoleState.RESTARTING, RoleState.READY, RoleState.FAILED]
+    assert h.states("flaky") == [
+        RoleState.PENDING,
+        RoleState.STARTING,
+        RoleState.READY,
+        RoleState.RESTARTING,
+        RoleState.READY,
+        RoleState.RESTARTING,
+        RoleState.READY,
+        RoleState.FAILED,
+    ]
     restarts = [at for at, name in h.processes.spawned if name == "flaky"]
     assert restarts[1] - restarts[0] == pytest.approx(1.0 + 1.0, abs=0.3)  # died at 1 s, 1 s backoff
     assert restarts[2] - restarts[1] == pytest.approx(1.0 + 2.0, abs=0.3)  # then 2 s
@@ -270,7 +354,9 @@ def test_a_clean_exit_after_ready_is_not_restarted(tmp_path):
     h = harness(tmp_path, plan, {"job": [Script(0.0, exit_after=0.5, code=0)]})
     assert h.supervisor.start() is Outcome.READY
     ticks = []
-    h.supervisor.supervise(False, on_tick=lambda: ticks.append(1) if len(ticks) < 20 else h.supervisor.request_stop())
+    h.supervisor.supervise(
+        False, on_tick=lambda: ticks.append(1) if len(ticks) < 20 else h.supervisor.request_stop()
+    )
     assert h.supervisor.record.role("job").state is RoleState.STOPPED
     assert [name for _, name in h.processes.spawned].count("job") == 1
 
@@ -313,10 +399,20 @@ def test_probes_that_never_answer_delay_no_other_role(tmp_path):
     """Five roles accept the probe's connection and never answer; another becomes ready and a third
     crashes meanwhile: both are seen when they happen, and each hung role has one probe in flight."""
     hung = [f"hung{i}" for i in range(5)]
-    plan = Plan("hung", tuple(spec(n, i + 10) for i, n in enumerate(hung)) + (spec("quick", 1), spec("crashing", 2)),
-                (tuple(hung) + ("quick", "crashing"),))
-    h = harness(tmp_path, plan, {**{n: [Script(hangs=True)] for n in hung}, "quick": [Script(1.0)],
-                                 "crashing": [Script(60.0, exit_after=2.0, code=3)]})
+    plan = Plan(
+        "hung",
+        tuple(spec(n, i + 10) for i, n in enumerate(hung)) + (spec("quick", 1), spec("crashing", 2)),
+        (tuple(hung) + ("quick", "crashing"),),
+    )
+    h = harness(
+        tmp_path,
+        plan,
+        {
+            **{n: [Script(hangs=True)] for n in hung},
+            "quick": [Script(1.0)],
+            "crashing": [Script(60.0, exit_after=2.0, code=3)],
+        },
+    )
     assert h.supervisor.start() is Outcome.FAILED
     assert h.supervisor.failed_role == "crashing"
     assert h.supervisor.record.role("crashing").reason == "exited with code 3 before it was ready"
@@ -332,18 +428,28 @@ def test_a_hung_probe_times_out_its_own_role_only(tmp_path):
     h = harness(tmp_path, plan, {"hung": [Script(hangs=True)], "other": [Script(0.5)]})
     assert h.supervisor.start() is Outcome.FAILED
     assert h.states("other")[-1] is RoleState.READY
-    assert h.supervisor.record.role("hung").reason.startswith("not ready after 3s (no answer to the probe sent ")
+    assert h.supervisor.record.role("hung").reason.startswith(
+        "not ready after 3s (no answer to the probe sent "
+    )
 
 
 def test_leftovers_that_take_long_to_die_delay_only_their_own_restart(tmp_path):
     """A dead role's children survive SIGKILL for 8 s (a driver call): its restart waits for them,
     while another role's crash meanwhile is handled at once."""
     plan = Plan("two", (spec("stuck", 1), spec("flaky", 2)), (("stuck", "flaky"),))
-    h = harness(tmp_path, plan, {"stuck": [Script(0.1, exit_after=1.0, dies_after_kill=8.0), Script(0.1)],
-                                 "flaky": [Script(0.1, exit_after=2.0), Script(0.1)]})
+    h = harness(
+        tmp_path,
+        plan,
+        {
+            "stuck": [Script(0.1, exit_after=1.0, dies_after_kill=8.0), Script(0.1)],
+            "flaky": [Script(0.1, exit_after=2.0), Script(0.1)],
+        },
+    )
     assert h.supervisor.start() is Outcome.READY
     ticks = []
-    h.supervisor.supervise(False, on_tick=lambda: ticks.append(1) if h.clock.now < 15 else h.supervisor.request_stop())
+    h.supervisor.supervise(
+        False, on_tick=lambda: ticks.append(1) if h.clock.now < 15 else h.supervisor.request_stop()
+    )
     spawns = {name: [at for at, n in h.processes.spawned if n == name] for name in ("stuck", "flaky")}
     assert spawns["flaky"][1] == pytest.approx(2.0 + 1.0, abs=0.3)  # died at 2 s, 1 s backoff: not held up
     assert spawns["stuck"][1] == pytest.approx(1.0 + 8.0, abs=0.3)  # not at 2 s: its leftovers were alive
@@ -377,10 +483,20 @@ def worker(name: str, port: int, kind: str) -> LaunchSpec:
     return replace(spec(name, port), kind=kind, engine="sglang")
 
 
-PD = Plan("pd", (worker("prefill-0", 2, "prefill"), worker("prefill-1", 3, "prefill"), worker("decode", 5, "decode"),
-                 replace(spec("router", 4, "prefill-0", "prefill-1", "decode", timeout=20.0), kind="router",
-                         engine="sglang-router")),
-          (("prefill-0", "prefill-1", "decode"), ("router",)))
+PD = Plan(
+    "pd",
+    (
+        worker("prefill-0", 2, "prefill"),
+        worker("prefill-1", 3, "prefill"),
+        worker("decode", 5, "decode"),
+        replace(
+            spec("router", 4, "prefill-0", "prefill-1", "decode", timeout=20.0),
+            kind="router",
+            engine="sglang-router",
+        ),
+    ),
+    (("prefill-0", "prefill-1", "decode"), ("router",)),
+)
 
 
 def test_ready_waits_until_the_router_lists_every_worker(tmp_path):
@@ -391,7 +507,9 @@ def test_ready_waits_until_the_router_lists_every_worker(tmp_path):
     wiring = [r.role("router").wiring for r in h.records]
     assert (("prefill", 1, 2), ("decode", 1, 1)) in wiring
     assert wiring[-1] == (("prefill", 2, 2), ("decode", 1, 1))
-    assert DeploymentState.STARTING in {r.state for r in h.records if r.role("router").state is RoleState.READY}
+    assert DeploymentState.STARTING in {
+        r.state for r in h.records if r.role("router").state is RoleState.READY
+    }
     assert h.supervisor.record.state is DeploymentState.READY
 
 
@@ -400,8 +518,10 @@ def test_a_worker_the_router_never_lists_fails_up_naming_both_ends(tmp_path):
     h.processes.listed_from["prefill-1"] = math.inf
     assert h.supervisor.start() is Outcome.FAILED
     router = h.supervisor.record.role("router")
-    assert router.reason == ("not wired after 20s: the router's worker list (GET http://127.0.0.1:4/workers) "
-                             "does not hold as healthy prefill prefill-1 at http://127.0.0.1:3")
+    assert router.reason == (
+        "not wired after 20s: the router's worker list (GET http://127.0.0.1:4/workers) "
+        "does not hold as healthy prefill prefill-1 at http://127.0.0.1:3"
+    )
     assert router.wiring == (("prefill", 1, 2), ("decode", 1, 1))
 
 

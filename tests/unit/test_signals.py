@@ -32,14 +32,17 @@ def sig_sets(status: str) -> dict[str, set[int]]:
 
 
 def run_under_hostile_parent(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          preexec_fn=hostile_parent)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, preexec_fn=hostile_parent
+    )
 
 
 def test_reset_unblocks_and_restores_the_stop_signals_but_sighup():
-    code = ("import os, signal\nfrom muse_launch.signals import reset_inherited\nprint(reset_inherited())\n"
-            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)\n"
-            "os.execv('/bin/cat', ['cat', '/proc/self/status'])")
+    code = (
+        "import os, signal\nfrom muse_launch.signals import reset_inherited\nprint(reset_inherited())\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)\n"
+        "os.execv('/bin/cat', ['cat', '/proc/self/status'])"
+    )
     done = run_under_hostile_parent(code)
     assert done.returncode == 0, done.stderr
     restored, int_handler, status = done.stdout.split("\n", 2)
@@ -66,8 +69,10 @@ def test_every_stop_signal_is_restored_or_left_for_a_reason():
 def test_a_slurm_step_execs_the_role_with_default_dispositions():
     """slurm/step.py is a Python process that execs the role: neither what it inherited nor what the
     interpreter itself ignores (SIGPIPE, SIGXFSZ) reaches the role."""
-    code = ("import sys\nfrom muse_launch.slurm.step import main\n"
-            "main(['--gpus', '0', '--', 'cat', '/proc/self/status'])")
+    code = (
+        "import sys\nfrom muse_launch.slurm.step import main\n"
+        "main(['--gpus', '0', '--', 'cat', '/proc/self/status'])"
+    )
     done = run_under_hostile_parent(code)
     assert done.returncode == 0, done.stderr
     sets = sig_sets(done.stdout)

@@ -21,8 +21,9 @@ def run(engine_name, argv, tmp_path, fn, ready_after=0.0):
     cfg = parse_engine_args(engine_name, argv)
 
     async def main():
-        eng = SimEngine(cfg, ready_after=ready_after, state_dir=str(tmp_path), itl=0,
-                        out=open("/dev/null", "w"))
+        eng = SimEngine(
+            cfg, ready_after=ready_after, state_dir=str(tmp_path), itl=0, out=open("/dev/null", "w")
+        )
         eng.model_dir = make_model_dir(str(tmp_path), cfg)
         eng.session = aiohttp.ClientSession()
         client = TestClient(TestServer(eng.http_app()))
@@ -36,8 +37,7 @@ def run(engine_name, argv, tmp_path, fn, ready_after=0.0):
     return asyncio.run(main())
 
 
-SGL = ["--model-path", M, "--reasoning-parser", "muse", "--tool-call-parser", "muse",
-       "--tp-size", "4"]
+SGL = ["--model-path", M, "--reasoning-parser", "muse", "--tool-call-parser", "muse", "--tp-size", "4"]
 
 
 def test_health_turns_ready_after_delay(tmp_path):
@@ -65,13 +65,16 @@ def test_info_endpoints_sglang(tmp_path):
         models = await (await c.get("/v1/models")).json()
         return si, gsi, mi, gmi, models
 
-    si, gsi, mi, gmi, models = run("sglang", SGL + ["--served-model-name", "muse"], tmp_path,
-                                   fn)
+    si, gsi, mi, gmi, models = run("sglang", SGL + ["--served-model-name", "muse"], tmp_path, fn)
     assert si == gsi or si.keys() == gsi.keys()
     assert si["model_path"] == si["tokenizer_path"] == mi["model_path"]
     assert (tmp_path / "sim-models").is_dir()
-    assert json.loads((tmp_path / "sim-models" / si["model_path"].split("/")[-1]
-                       / "tokenizer.json").read_text())["model"]["type"] == "WordLevel"
+    assert (
+        json.loads(
+            (tmp_path / "sim-models" / si["model_path"].split("/")[-1] / "tokenizer.json").read_text()
+        )["model"]["type"]
+        == "WordLevel"
+    )
     assert si["served_model_name"] == "muse" and si["tp_size"] == 4
     assert si["disaggregation_mode"] == "null" and si["sim"]["original_model_path"] == M
     assert mi["is_generation"] is True and gmi == mi
@@ -81,12 +84,23 @@ def test_info_endpoints_sglang(tmp_path):
 
 def test_chat_reasoning_and_usage(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={
-            "model": M, "messages": [{"role": "user", "content": "What is SGLang?"}],
-            "reasoning_effort": "low", "max_completion_tokens": 500})
-        r2 = await c.post("/v1/chat/completions", json={
-            "model": M, "messages": [{"role": "user", "content": "What is SGLang?"}],
-            "reasoning_effort": "xhigh"})
+        r = await c.post(
+            "/v1/chat/completions",
+            json={
+                "model": M,
+                "messages": [{"role": "user", "content": "What is SGLang?"}],
+                "reasoning_effort": "low",
+                "max_completion_tokens": 500,
+            },
+        )
+        r2 = await c.post(
+            "/v1/chat/completions",
+            json={
+                "model": M,
+                "messages": [{"role": "user", "content": "What is SGLang?"}],
+                "reasoning_effort": "xhigh",
+            },
+        )
         return r.status, await r.json(), await r2.json()
 
     status, low, xhigh = run("sglang", SGL, tmp_path, fn)
@@ -100,15 +114,15 @@ def test_chat_reasoning_and_usage(tmp_path):
     u = low["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] > 0
     # effort changes the amount of reasoning; answers are deterministic
-    assert len(xhigh["choices"][0]["message"]["reasoning_content"]) > len(
-        msg["reasoning_content"])
+    assert len(xhigh["choices"][0]["message"]["reasoning_content"]) > len(msg["reasoning_content"])
     assert xhigh["choices"][0]["message"]["content"] == msg["content"]
 
 
 def test_reasoning_effort_rejected(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG,
-                                                        "reasoning_effort": "minimal"})
+        r = await c.post(
+            "/v1/chat/completions", json={"messages": WEATHER_MSG, "reasoning_effort": "minimal"}
+        )
         return r.status, await r.json()
 
     status, body = run("sglang", SGL, tmp_path, fn)
@@ -118,8 +132,10 @@ def test_reasoning_effort_rejected(tmp_path):
 
 def test_tool_calls_with_parser(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={
-            "messages": WEATHER_MSG, "tools": [WEATHER_TOOL], "tool_choice": "auto"})
+        r = await c.post(
+            "/v1/chat/completions",
+            json={"messages": WEATHER_MSG, "tools": [WEATHER_TOOL], "tool_choice": "auto"},
+        )
         return await r.json()
 
     body = run("sglang", SGL, tmp_path, fn)
@@ -134,8 +150,7 @@ def test_tool_calls_with_parser(tmp_path):
 
 def test_tools_without_parser_are_plain_content(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={
-            "messages": WEATHER_MSG, "tools": [WEATHER_TOOL]})
+        r = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG, "tools": [WEATHER_TOOL]})
         return await r.json()
 
     body = run("sglang", ["--model-path", M], tmp_path, fn)
@@ -149,12 +164,20 @@ def test_tools_without_parser_are_plain_content(tmp_path):
 def test_tool_result_turn_answers(tmp_path):
     async def fn(c, eng):
         msgs = WEATHER_MSG + [
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "get_weather", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"}]
-        r = await c.post("/v1/chat/completions", json={"messages": msgs,
-                                                        "tools": [WEATHER_TOOL]})
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{}"},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "21 C, sunny"},
+        ]
+        r = await c.post("/v1/chat/completions", json={"messages": msgs, "tools": [WEATHER_TOOL]})
         return await r.json()
 
     body = run("sglang", SGL, tmp_path, fn)
@@ -164,9 +187,15 @@ def test_tool_result_turn_answers(tmp_path):
 
 def test_chat_streaming_shape(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={
-            "messages": WEATHER_MSG, "tools": [WEATHER_TOOL], "stream": True,
-            "stream_options": {"include_usage": True}})
+        r = await c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": WEATHER_MSG,
+                "tools": [WEATHER_TOOL],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        )
         return r.status, r.headers["Content-Type"], await r.text()
 
     status, ctype, text = run("sglang", SGL, tmp_path, fn)
@@ -176,14 +205,17 @@ def test_chat_streaming_shape(tmp_path):
     chunks = ev[:-1]
     assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    reasoning = "".join(ch["choices"][0]["delta"].get("reasoning_content", "")
-                        for ch in chunks if ch["choices"])
+    reasoning = "".join(
+        ch["choices"][0]["delta"].get("reasoning_content", "") for ch in chunks if ch["choices"]
+    )
     assert "get_weather" in reasoning
-    tcs = [ch["choices"][0]["delta"]["tool_calls"][0] for ch in chunks
-           if ch["choices"] and "tool_calls" in ch["choices"][0]["delta"]]
+    tcs = [
+        ch["choices"][0]["delta"]["tool_calls"][0]
+        for ch in chunks
+        if ch["choices"] and "tool_calls" in ch["choices"][0]["delta"]
+    ]
     assert tcs[0]["function"]["name"] == "get_weather"
-    assert json.loads("".join(t["function"].get("arguments", "") for t in tcs))["unit"] == \
-        "celsius"
+    assert json.loads("".join(t["function"].get("arguments", "") for t in tcs))["unit"] == "celsius"
     finals = [ch for ch in chunks if ch["choices"] and ch["choices"][0]["finish_reason"]]
     assert finals[0]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
@@ -191,8 +223,7 @@ def test_chat_streaming_shape(tmp_path):
 
 def test_max_tokens_truncates(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG,
-                                                        "max_tokens": 3})
+        r = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG, "max_tokens": 3})
         return await r.json()
 
     body = run("sglang", SGL, tmp_path, fn)
@@ -202,12 +233,14 @@ def test_max_tokens_truncates(tmp_path):
 
 def test_generate_native(tmp_path):
     async def fn(c, eng):
-        r = await c.post("/generate", json={"text": "The capital of France is",
-                                            "sampling_params": {"max_new_tokens": 5}})
-        b = await c.post("/generate", json={"text": ["a", "b c"],
-                                            "sampling_params": {"max_new_tokens": 2}})
-        s = await c.post("/generate", json={"input_ids": [1, 2, 3], "stream": True,
-                                            "sampling_params": {"max_new_tokens": 4}})
+        r = await c.post(
+            "/generate", json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 5}}
+        )
+        b = await c.post("/generate", json={"text": ["a", "b c"], "sampling_params": {"max_new_tokens": 2}})
+        s = await c.post(
+            "/generate",
+            json={"input_ids": [1, 2, 3], "stream": True, "sampling_params": {"max_new_tokens": 4}},
+        )
         return await r.json(), await b.json(), await s.text()
 
     one, batch, stream = run("sglang", SGL, tmp_path, fn)
@@ -226,8 +259,7 @@ def test_generate_native(tmp_path):
 def test_completions(tmp_path):
     async def fn(c, eng):
         r = await c.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 4})
-        s = await c.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 4,
-                                                   "stream": True})
+        s = await c.post("/v1/completions", json={"prompt": "Once upon", "max_tokens": 4, "stream": True})
         return await r.json(), await s.text()
 
     body, stream = run("sglang", SGL, tmp_path, fn)
@@ -256,23 +288,29 @@ def test_encoder_only_refuses_generation(tmp_path):
     assert run("sglang", ["--model-path", M, "--encoder-only"], tmp_path, fn) == (400, 400, 200)
 
 
-VLLM = [M, "--reasoning-parser", "muse", "--tool-call-parser", "muse",
-        "--enable-auto-tool-choice", "--served-model-name", "muse"]
+VLLM = [
+    M,
+    "--reasoning-parser",
+    "muse",
+    "--tool-call-parser",
+    "muse",
+    "--enable-auto-tool-choice",
+    "--served-model-name",
+    "muse",
+]
 
 
 def test_vllm_shapes(tmp_path):
     async def fn(c, eng):
         models = await (await c.get("/v1/models")).json()
-        ok = await c.post("/v1/chat/completions", json={"model": "muse",
-                                                        "messages": WEATHER_MSG,
-                                                        "tools": [WEATHER_TOOL]})
-        wrong = await c.post("/v1/chat/completions", json={"model": "nope",
-                                                           "messages": WEATHER_MSG})
+        ok = await c.post(
+            "/v1/chat/completions", json={"model": "muse", "messages": WEATHER_MSG, "tools": [WEATHER_TOOL]}
+        )
+        wrong = await c.post("/v1/chat/completions", json={"model": "nope", "messages": WEATHER_MSG})
         gen = await c.post("/generate", json={"text": "x"})
         ver = await (await c.get("/version")).json()
         metrics = await (await c.get("/metrics")).text()
-        return models, await ok.json(), wrong.status, await wrong.json(), gen.status, ver, \
-            metrics
+        return models, await ok.json(), wrong.status, await wrong.json(), gen.status, ver, metrics
 
     models, ok, wstatus, wbody, gstatus, ver, metrics = run("vllm", VLLM, tmp_path, fn)
     assert models["data"][0]["id"] == "muse" and models["data"][0]["root"] == M
@@ -290,11 +328,15 @@ def test_vllm_shapes(tmp_path):
 
 def test_vllm_auto_tool_choice_needs_flag(tmp_path):
     async def fn(c, eng):
-        auto = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG,
-                                                          "tools": [WEATHER_TOOL]})
-        named = await c.post("/v1/chat/completions", json={
-            "messages": WEATHER_MSG, "tools": [WEATHER_TOOL],
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+        auto = await c.post("/v1/chat/completions", json={"messages": WEATHER_MSG, "tools": [WEATHER_TOOL]})
+        named = await c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": WEATHER_MSG,
+                "tools": [WEATHER_TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            },
+        )
         return auto.status, await auto.json(), await named.json()
 
     status, body, named = run("vllm", [M], tmp_path, fn)
@@ -303,14 +345,30 @@ def test_vllm_auto_tool_choice_needs_flag(tmp_path):
 
 
 def test_textgen_deterministic_and_argument_filling():
-    plan = tg.plan_chat({"messages": WEATHER_MSG, "tools": [WEATHER_TOOL]}, engine="sglang",
-                        served_name="m", reasoning_parser="muse", tool_call_parser="muse",
-                        enable_auto_tool_choice=False)
+    plan = tg.plan_chat(
+        {"messages": WEATHER_MSG, "tools": [WEATHER_TOOL]},
+        engine="sglang",
+        served_name="m",
+        reasoning_parser="muse",
+        tool_call_parser="muse",
+        enable_auto_tool_choice=False,
+    )
     assert json.loads(plan.tool_args) == {"location": "Beijing", "unit": "celsius"}
     a = tg.realize(plan, None)
     b = tg.realize(plan, None)
     assert a.reasoning == b.reasoning and a.tool_call == b.tool_call
-    tool = {"function": {"name": "f", "parameters": {"type": "object", "properties": {
-        "n": {"type": "integer"}, "flag": {"type": "boolean"}, "xs": {"type": "array"}},
-        "required": ["n", "flag", "xs"]}}}
+    tool = {
+        "function": {
+            "name": "f",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "n": {"type": "integer"},
+                    "flag": {"type": "boolean"},
+                    "xs": {"type": "array"},
+                },
+                "required": ["n", "flag", "xs"],
+            },
+        }
+    }
     assert tg.tool_arguments(tool, "do it") == {"n": 1, "flag": True, "xs": []}

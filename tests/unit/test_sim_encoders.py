@@ -16,9 +16,17 @@ from muse_launch.sim.modeldir import make_model_dir
 from muse_launch.sim.server import SimEngine
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
-IMAGE_CHAT = {"messages": [{"role": "user", "content": [
-    {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
-    {"type": "text", "text": "What is in the picture?"}]}]}
+IMAGE_CHAT = {
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+                {"type": "text", "text": "What is in the picture?"},
+            ],
+        }
+    ]
+}
 
 
 def engine(tmp_path, argv, **kw) -> SimEngine:
@@ -57,13 +65,23 @@ def run(tmp_path, fn, encoders=(), encoder_model=M, language_args=()):
         enc.session = aiohttp.ClientSession()
         sessions.append(enc.session)
         flaky = Flaky()
-        names = {"ENC": await serve(enc.http_app()), "FLAKY": await serve(flaky.app),
-                 "DEAD": f"http://127.0.0.1:{free_port()}"}
+        names = {
+            "ENC": await serve(enc.http_app()),
+            "FLAKY": await serve(flaky.app),
+            "DEAD": f"http://127.0.0.1:{free_port()}",
+        }
         boot = free_port()
         urls = [names.get(u, u) for u in encoders]
-        lang = engine(tmp_path / "lang", ["--language-only", "--encoder-bootstrap-port", str(boot),
-                                          *(["--encoder-urls", *urls] if urls else []),
-                                          *language_args])
+        lang = engine(
+            tmp_path / "lang",
+            [
+                "--language-only",
+                "--encoder-bootstrap-port",
+                str(boot),
+                *(["--encoder-urls", *urls] if urls else []),
+                *language_args,
+            ],
+        )
         lang.session = aiohttp.ClientSession()
         sessions.append(lang.session)
         await serve(lang.encoders.bootstrap_app(), port=boot)
@@ -117,8 +135,10 @@ def test_three_failed_probes_evict_and_a_healthy_one_re_adds(tmp_path):
     assert seen == [[url]] * FAIL_THRESHOLD + [[], [], [url]]
     assert health == 200
     assert f"encoder {url} health probe failed (3/3): /health answered 503" in log
-    assert f"Health check evicted 1 encoder(s) after 3 consecutive failures (will re-add when " \
-           f"healthy): ['{url}']" in log
+    assert (
+        f"Health check evicted 1 encoder(s) after 3 consecutive failures (will re-add when "
+        f"healthy): ['{url}']" in log
+    )
     assert f"Health check revived 1 encoder(s): ['{url}']" in log
 
 
@@ -141,22 +161,30 @@ def test_bootstrap_server_routes_as_sglang(tmp_path):
     async def fn(c, lang, boot, names, flaky, enc):
         s = lang.session
         out = []
-        for method, path, body in (("GET", "/health", None),
-                                   ("POST", "/register_encoder_url", {"url": "http://e:1"}),
-                                   ("POST", "/register_encoder_url", {"url": "http://e:1"}),
-                                   ("GET", "/list_encoder_urls", None),
-                                   ("POST", "/register_encoder_url", {}),
-                                   ("DELETE", "/unregister_encoder_url", {"url": "http://e:1"}),
-                                   ("GET", "/list_encoder_urls", None)):
+        for method, path, body in (
+            ("GET", "/health", None),
+            ("POST", "/register_encoder_url", {"url": "http://e:1"}),
+            ("POST", "/register_encoder_url", {"url": "http://e:1"}),
+            ("GET", "/list_encoder_urls", None),
+            ("POST", "/register_encoder_url", {}),
+            ("DELETE", "/unregister_encoder_url", {"url": "http://e:1"}),
+            ("GET", "/list_encoder_urls", None),
+        ):
             async with s.request(method, f"{boot}{path}", json=body) as r:
                 out.append((r.status, await r.text()))
         gone = (await c.get("/list_encoder_urls")).status  # not on the worker's HTTP port
         return out, gone
 
     out, gone = run(tmp_path, fn)
-    assert out == [(200, "OK"), (200, "OK"), (200, "OK"), (200, '{"encoder_urls": ["http://e:1"]}'),
-                   (400, '{"error": "Missing or empty \'url\' field"}'), (200, "OK"),
-                   (200, '{"encoder_urls": []}')]
+    assert out == [
+        (200, "OK"),
+        (200, "OK"),
+        (200, "OK"),
+        (200, '{"encoder_urls": ["http://e:1"]}'),
+        (400, '{"error": "Missing or empty \'url\' field"}'),
+        (200, "OK"),
+        (200, '{"encoder_urls": []}'),
+    ]
     assert gone == 404
 
 
@@ -185,8 +213,11 @@ def test_no_encoder_listed_processes_media_locally_with_a_warning(tmp_path):
 def test_a_listed_encoder_that_is_unreachable_fails_502(tmp_path):
     async def fn(c, lang, boot, names, flaky, enc):
         r = await c.post("/v1/chat/completions", json=IMAGE_CHAT)
-        text = await (await c.post("/v1/chat/completions", json={"messages": [
-            {"role": "user", "content": "no media here"}]})).text()
+        text = await (
+            await c.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "no media here"}]}
+            )
+        ).text()
         return r.status, await r.json(), names["DEAD"], text
 
     status, body, dead, text_only = run(tmp_path, fn, encoders=["DEAD"])
@@ -208,7 +239,18 @@ def test_an_encoder_serving_another_model_fails_the_request(tmp_path):
 
 def test_probe_interval_env():
     assert probe_settings({}) == {"interval": 10.0, "timeout": 2.0, "evicted_ttl": 600.0}
-    assert probe_settings({"SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "4",
-                           "SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL": "30"})["interval"] == 4.0
-    assert probe_settings({"SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "4",
-                           "MUSE_SIM_ENCODER_PROBE_INTERVAL": "0.2"})["interval"] == 0.2
+    assert (
+        probe_settings(
+            {
+                "SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "4",
+                "SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL": "30",
+            }
+        )["interval"]
+        == 4.0
+    )
+    assert (
+        probe_settings(
+            {"SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_INTERVAL": "4", "MUSE_SIM_ENCODER_PROBE_INTERVAL": "0.2"}
+        )["interval"]
+        == 0.2
+    )

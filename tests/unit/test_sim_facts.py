@@ -26,13 +26,19 @@ def kv(connector: str, role: str = "kv_producer") -> list[str]:
 def test_default_ports_are_the_engine_modules(monkeypatch):
     for var in (vllm.NIXL_SIDE_CHANNEL_PORT_ENV, vllm.MOONCAKE_BOOTSTRAP_PORT_ENV):
         monkeypatch.delenv(var, raising=False)
-    c = parse_engine_args("sglang", ["--model-path", M, sglang.LANGUAGE_ONLY, sglang.DISAGGREGATION_MODE, "prefill"])
+    c = parse_engine_args(
+        "sglang", ["--model-path", M, sglang.LANGUAGE_ONLY, sglang.DISAGGREGATION_MODE, "prefill"]
+    )
     assert c.bootstrap_port == sglang.DEFAULT_BOOTSTRAP_PORT
     assert c.encoder_bootstrap_port == sglang.DEFAULT_ENCODER_BOOTSTRAP_PORT
-    assert parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["nixl"])]).nixl_side_channel[1] == \
-        vllm.NIXL_SIDE_CHANNEL_BASE
-    assert parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["mooncake"])]).mooncake_bootstrap[1] == \
-        vllm.MOONCAKE_BOOTSTRAP_BASE
+    assert (
+        parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["nixl"])]).nixl_side_channel[1]
+        == vllm.NIXL_SIDE_CHANNEL_BASE
+    )
+    assert (
+        parse_engine_args("vllm", [M, *kv(vllm.CONNECTORS["mooncake"])]).mooncake_bootstrap[1]
+        == vllm.MOONCAKE_BOOTSTRAP_BASE
+    )
     assert parse_engine_args("vllm", [M, vllm.NNODES, "2"]).dist_init[1] == vllm.DEFAULT_MASTER_PORT
 
 
@@ -65,15 +71,27 @@ def test_sglang_choices_are_the_engine_modules(flag):
 
 # The keys whose flags the simulator reads, with a value and the SimConfig field it lands in.
 READ_KEYS = {
-    "sglang": {"model": ("m/x", "model"), "tp": ("3", "tp_size"), "ep": ("3", "ep_size"),
-               "dp": ("3", "dp_size"), "pp": ("3", "pp_size"), "page_size": ("3", "page_size"),
-               "kv_cache_dtype": ("fp8_e4m3", "kv_cache_dtype"),
-               "transfer_backend": ("nixl", "transfer_backend"),
-               "bootstrap_port": ("3", "bootstrap_port"),
-               "encoder_bootstrap_port": ("3", "encoder_bootstrap_port"),
-               "encoder_transfer_backend": ("mooncake", "encoder_transfer_backend")},
-    "vllm": {"model": ("m/x", "model"), "tp": ("3", "tp_size"), "pp": ("3", "pp_size"), "dp": ("3", "dp_size"),
-             "page_size": ("3", "page_size"), "kv_cache_dtype": ("fp8", "kv_cache_dtype")},
+    "sglang": {
+        "model": ("m/x", "model"),
+        "tp": ("3", "tp_size"),
+        "ep": ("3", "ep_size"),
+        "dp": ("3", "dp_size"),
+        "pp": ("3", "pp_size"),
+        "page_size": ("3", "page_size"),
+        "kv_cache_dtype": ("fp8_e4m3", "kv_cache_dtype"),
+        "transfer_backend": ("nixl", "transfer_backend"),
+        "bootstrap_port": ("3", "bootstrap_port"),
+        "encoder_bootstrap_port": ("3", "encoder_bootstrap_port"),
+        "encoder_transfer_backend": ("mooncake", "encoder_transfer_backend"),
+    },
+    "vllm": {
+        "model": ("m/x", "model"),
+        "tp": ("3", "tp_size"),
+        "pp": ("3", "pp_size"),
+        "dp": ("3", "dp_size"),
+        "page_size": ("3", "page_size"),
+        "kv_cache_dtype": ("fp8", "kv_cache_dtype"),
+    },
 }
 
 
@@ -92,7 +110,11 @@ def test_the_sim_binds_the_ports_the_plan_says(path, monkeypatch):
     for spec in plan.specs:
         if "muse_launch.sim" not in spec.launcher:
             continue
-        for var in (vllm.NIXL_SIDE_CHANNEL_HOST_ENV, vllm.NIXL_SIDE_CHANNEL_PORT_ENV, vllm.MOONCAKE_BOOTSTRAP_PORT_ENV):
+        for var in (
+            vllm.NIXL_SIDE_CHANNEL_HOST_ENV,
+            vllm.NIXL_SIDE_CHANNEL_PORT_ENV,
+            vllm.MOONCAKE_BOOTSTRAP_PORT_ENV,
+        ):
             monkeypatch.delenv(var, raising=False)
         for var, value in spec.env.items():
             monkeypatch.setenv(var, value)

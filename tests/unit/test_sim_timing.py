@@ -7,6 +7,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from sim_harness import sse_events
 
 from muse_launch.sim import textgen as tg
 from muse_launch.sim import timing
@@ -14,7 +15,6 @@ from muse_launch.sim.config import parse_engine_args
 from muse_launch.sim.modeldir import make_model_dir
 from muse_launch.sim.server import SimEngine
 from muse_launch.sim.timing import Batch, Rates
-from sim_harness import sse_events
 
 M = "meta-models/Muse-Spark-Open-816B-A42B-NVFP4"
 SGL = ["--model-path", M]
@@ -25,8 +25,13 @@ def serve(engine_name, argv, tmp_path, fn, rates=None):
     cfg = parse_engine_args(engine_name, argv)
 
     async def main():
-        eng = SimEngine(cfg, ready_after=0.0, state_dir=str(tmp_path), out=open("/dev/null", "w"),
-                        rates=rates or Rates(itl_s=0.0, itl_per_running_s=0.0))
+        eng = SimEngine(
+            cfg,
+            ready_after=0.0,
+            state_dir=str(tmp_path),
+            out=open("/dev/null", "w"),
+            rates=rates or Rates(itl_s=0.0, itl_per_running_s=0.0),
+        )
         eng.model_dir = make_model_dir(str(tmp_path), cfg)
         eng.session = aiohttp.ClientSession()
         client = TestClient(TestServer(eng.http_app()))
@@ -55,13 +60,18 @@ def test_rates_shape():
 def test_ignore_eos_and_min_tokens_set_the_length(tmp_path):
     async def fn(c, eng):
         out = {}
-        for name, body in {"ignore_eos": chat(max_tokens=300, ignore_eos=True),
-                           "min_tokens": chat(max_tokens=300, min_tokens=120),
-                           "natural": chat(max_tokens=300),
-                           "capped": chat(max_tokens=5, ignore_eos=True)}.items():
+        for name, body in {
+            "ignore_eos": chat(max_tokens=300, ignore_eos=True),
+            "min_tokens": chat(max_tokens=300, min_tokens=120),
+            "natural": chat(max_tokens=300),
+            "capped": chat(max_tokens=5, ignore_eos=True),
+        }.items():
             r = await (await c.post("/v1/chat/completions", json=body)).json()
-            out[name] = (r["usage"]["completion_tokens"], r["choices"][0]["finish_reason"],
-                         len(tg.pieces(r["choices"][0]["message"]["content"])))
+            out[name] = (
+                r["usage"]["completion_tokens"],
+                r["choices"][0]["finish_reason"],
+                len(tg.pieces(r["choices"][0]["message"]["content"])),
+            )
         bad = await c.post("/v1/chat/completions", json=chat(max_tokens=10, min_tokens=20))
         return out, bad.status
 
@@ -75,10 +85,15 @@ def test_ignore_eos_and_min_tokens_set_the_length(tmp_path):
 
 def test_completions_and_generate_honour_ignore_eos(tmp_path):
     async def fn(c, eng):
-        comp = await (await c.post("/v1/completions", json={"prompt": "say", "max_tokens": 200,
-                                                             "ignore_eos": True})).json()
-        gen = await (await c.post("/generate", json={"text": "say", "sampling_params": {
-            "max_new_tokens": 150, "min_new_tokens": 90}})).json()
+        comp = await (
+            await c.post("/v1/completions", json={"prompt": "say", "max_tokens": 200, "ignore_eos": True})
+        ).json()
+        gen = await (
+            await c.post(
+                "/generate",
+                json={"text": "say", "sampling_params": {"max_new_tokens": 150, "min_new_tokens": 90}},
+            )
+        ).json()
         return comp["usage"]["completion_tokens"], gen["meta_info"]["completion_tokens"]
 
     assert serve("sglang", SGL, tmp_path, fn) == (200, 90)
@@ -87,6 +102,7 @@ def test_completions_and_generate_honour_ignore_eos(tmp_path):
 def test_in_flight_until_the_last_token(tmp_path):
     """/get_load and /metrics count a streamed request as running until its last chunk, as SGLang and
     vLLM do (a drain waits on this count)."""
+
     async def fn(c, eng):
         resp = await c.post("/v1/chat/completions", json=chat(max_tokens=40, ignore_eos=True, stream=True))
         first = await resp.content.readline()
@@ -98,7 +114,8 @@ def test_in_flight_until_the_last_token(tmp_path):
         return first, during, metrics_during, rest, after, metrics_after
 
     first, during, m_during, rest, after, m_after = serve(
-        "sglang", SGL, tmp_path, fn, Rates(itl_s=0.02, itl_per_running_s=0.0))
+        "sglang", SGL, tmp_path, fn, Rates(itl_s=0.02, itl_per_running_s=0.0)
+    )
     assert first.startswith(b"data:")
     assert during == 1 and 'sglang:num_running_reqs{model_name="' + M + '"} 1' in m_during
     assert rest.rstrip().endswith(b"data: [DONE]")
@@ -141,8 +158,10 @@ def test_clock_prefill_then_steps_growing_with_the_batch(tmp_path, monkeypatch):
     rates = Rates(prefill_tokens_per_s=1000, itl_s=0.01, itl_per_running_s=0.002)
 
     async def one(c, eng):
-        r = await c.post("/v1/chat/completions", json=chat(" ".join(["word"] * 100), max_tokens=5,
-                                                           ignore_eos=True, stream=True))
+        r = await c.post(
+            "/v1/chat/completions",
+            json=chat(" ".join(["word"] * 100), max_tokens=5, ignore_eos=True, stream=True),
+        )
         return sse_events(await r.text())
 
     events = serve("sglang", SGL, tmp_path, one, rates)
@@ -160,8 +179,20 @@ def test_clock_prefill_then_steps_growing_with_the_batch(tmp_path, monkeypatch):
 def test_rates_from_the_command_line():
     from muse_launch.sim.cli import build_parser
 
-    ns, _ = build_parser().parse_known_args(["--engine", "vllm", "--itl", "0.01", "--itl-per-running",
-                                             "0.001", "--prefill-tokens-per-s", "8000", "--max-running", "4"])
+    ns, _ = build_parser().parse_known_args(
+        [
+            "--engine",
+            "vllm",
+            "--itl",
+            "0.01",
+            "--itl-per-running",
+            "0.001",
+            "--prefill-tokens-per-s",
+            "8000",
+            "--max-running",
+            "4",
+        ]
+    )
     assert (ns.itl, ns.itl_per_running, ns.prefill_tokens_per_s, ns.max_running) == (0.01, 0.001, 8000.0, 4)
     for bad in (["--itl", "-1"], ["--prefill-tokens-per-s", "0"], ["--max-running", "0"], ["--itl", "inf"]):
         with pytest.raises(SystemExit):
@@ -175,8 +206,12 @@ def test_model_dir_tokenizer_counts_as_the_engine(tmp_path):
     from tokenizers import Tokenizer
 
     cfg = parse_engine_args("sglang", SGL)
-    tok = Tokenizer.from_file(str(__import__("pathlib").Path(make_model_dir(str(tmp_path), cfg)) / "tokenizer.json"))
-    prompt = "From fairest creatures we desire increase, that thereby beauty's rose might never die <unk> zyzzyva"
+    tok = Tokenizer.from_file(
+        str(__import__("pathlib").Path(make_model_dir(str(tmp_path), cfg)) / "tokenizer.json")
+    )
+    prompt = (
+        "From fairest creatures we desire increase, that thereby beauty's rose might never die <unk> zyzzyva"
+    )
     assert len(tok.encode(prompt).ids) == len(tg.tokenize(prompt))
     assert tok.encode("zyzzyva").tokens == ["<unk>"]
     from muse_launch.sim.vocab import filler
@@ -185,31 +220,63 @@ def test_model_dir_tokenizer_counts_as_the_engine(tmp_path):
     assert len(tok.encode(answer).ids) == 256 == len(tg.pieces(answer))
     assert "<unk>" not in tok.encode(answer).tokens
     decoded = tok.decode(tok.encode("the king and the queen").ids)
-    assert decoded == "the king and the queen" and len(json.loads((tmp_path / "sim-models").joinpath(
-        next(p.name for p in (tmp_path / "sim-models").iterdir()), "config.json").read_text())) > 0
+    assert (
+        decoded == "the king and the queen"
+        and len(
+            json.loads(
+                (tmp_path / "sim-models")
+                .joinpath(next(p.name for p in (tmp_path / "sim-models").iterdir()), "config.json")
+                .read_text()
+            )
+        )
+        > 0
+    )
 
 
 def test_rehearse_block_reaches_the_simulated_engine(tmp_path):
-    """The file's `rehearse:` rates (a role's own win) become the simulated engine's flags; bad ones exit 2."""
+    """The file's `rehearse:` rates (a role's own win) become the simulated engine's flags; bad ones exit
+    2."""
     import yaml
 
     from muse_launch.core import load_plan
     from muse_launch.errors import TopologyError
 
     path = tmp_path / "t.yaml"
-    path.write_text(yaml.safe_dump({
-        "version": 1, "name": "t", "hardware": "b300", "model": M,
-        "rehearse": {"itl_ms": 5, "prefill_tokens_per_s": 20000, "itl_ms_per_running": 0.5},
-        "roles": {"worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": 31101,
-                             "rehearse": {"itl_ms": 4, "max_running": 8}},
-                  "router": {"kind": "router", "port": 31100, "workers": ["worker"]}}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "version": 1,
+                "name": "t",
+                "hardware": "b300",
+                "model": M,
+                "rehearse": {"itl_ms": 5, "prefill_tokens_per_s": 20000, "itl_ms_per_running": 0.5},
+                "roles": {
+                    "worker": {
+                        "kind": "worker",
+                        "gpus": "0-7",
+                        "tp": 8,
+                        "port": 31101,
+                        "rehearse": {"itl_ms": 4, "max_running": 8},
+                    },
+                    "router": {"kind": "router", "port": 31100, "workers": ["worker"]},
+                },
+            }
+        )
+    )
     argv = load_plan(path, rehearse=True).plan.spec("worker").argv
-    flags = argv[argv.index("--engine"):argv.index("--")]
+    flags = argv[argv.index("--engine") : argv.index("--")]
     assert flags[flags.index("--itl") + 1] == "0.004" and flags[flags.index("--max-running") + 1] == "8"
     assert flags[flags.index("--prefill-tokens-per-s") + 1] == "20000"
     assert flags[flags.index("--itl-per-running") + 1] == "0.0005"
-    assert "--itl" not in load_plan(path).plan.spec("worker").argv  # only a rehearsal runs the simulated engine
-    for bad in ("rehearse.itl_ms=-1", "rehearse.max_running=0", "rehearse.prefill_tokens_per_s=0",
-                "rehearse.itl_ms=.inf", "rehearse.speed=3"):
+    assert (
+        "--itl" not in load_plan(path).plan.spec("worker").argv
+    )  # only a rehearsal runs the simulated engine
+    for bad in (
+        "rehearse.itl_ms=-1",
+        "rehearse.max_running=0",
+        "rehearse.prefill_tokens_per_s=0",
+        "rehearse.itl_ms=.inf",
+        "rehearse.speed=3",
+    ):
         with pytest.raises(TopologyError):
             load_plan(path, [bad], rehearse=True)

@@ -18,8 +18,11 @@ from muse_launch.slurm.script import render_script
 from muse_launch.slurm.step import narrowed
 
 REPO = Path(__file__).resolve().parents[2]
-ALLOCATION = [AllocatedNode("gpu-a", "10.9.0.11"), AllocatedNode("gpu-b", "10.9.0.12"),
-              AllocatedNode("gpu-c", "10.9.0.13")]
+ALLOCATION = [
+    AllocatedNode("gpu-a", "10.9.0.11"),
+    AllocatedNode("gpu-b", "10.9.0.12"),
+    AllocatedNode("gpu-c", "10.9.0.13"),
+]
 
 
 def checked(name: str):
@@ -35,8 +38,10 @@ def test_sglang_two_node_ranks_meet_at_the_first_allocated_node():
     assert rank0.bind == rank1.bind == "0.0.0.0"  # a real server listens on every interface of its node
     assert last_value(rank1.args, "--dist-init-addr") == "10.9.0.11:20000"
     assert last_value(rank1.args, "--node-rank") == "1" and last_value(rank1.args, "--nnodes") == "2"
-    assert {n: a.name for n, a in placement(plan, topology, ALLOCATION).items()} == \
-        {"server@node0": "gpu-a", "server@node1": "gpu-b"}
+    assert {n: a.name for n, a in placement(plan, topology, ALLOCATION).items()} == {
+        "server@node0": "gpu-a",
+        "server@node1": "gpu-b",
+    }
 
 
 def test_vllm_multi_node_master_address_moves():
@@ -60,7 +65,9 @@ def test_rehearsal_on_the_allocation_binds_each_node_address_and_simulates():
     decode = moved.spec("decode@tray1")
     assert decode.bind == decode.host == "10.9.0.12"
     assert decode.launcher[:3] == ("/venv/python", "-m", "muse_launch.sim")
-    assert not any(a.startswith("127.") for s in moved.specs for a in s.args), "a loopback address left behind"
+    assert not any(a.startswith("127.") for s in moved.specs for a in s.args), (
+        "a loopback address left behind"
+    )
 
 
 def test_a_file_without_nodes_is_one_node():
@@ -87,8 +94,13 @@ def test_each_gpu_role_its_own_gpus_the_router_none():
     cpus = cpu_shares(where, list(plan.specs), 64)
     prefill = srun_argv(plan.spec("prefill@tray0"), where["prefill@tray0"], cpus["prefill@tray0"])
     router = srun_argv(plan.spec("router"), where["router"], cpus["router"])
-    assert {"--exact", "--gres=gpu:4", "--cpus-per-task=64", "--nodelist=gpu-a", "--job-name=prefill@tray0"} \
-        <= set(prefill)
+    assert {
+        "--exact",
+        "--gres=gpu:4",
+        "--cpus-per-task=64",
+        "--nodelist=gpu-a",
+        "--job-name=prefill@tray0",
+    } <= set(prefill)
     assert {"--overlap", "--gres=none", "--job-name=router"} <= set(router)
 
 
@@ -103,11 +115,18 @@ def test_the_script_asks_for_the_shape_and_runs_the_batch_supervisor(tmp_path: P
     files = SlurmFiles(RunDir(tmp_path / "h200-bf16-2node"))
     script = render_script(topology, files, "/venv/python", rehearse=True, sets=["a=b c"])
     assert script.startswith("#!/bin/bash\n")
-    for line in ("#SBATCH --nodes=2", "#SBATCH --gres=gpu:8", "#SBATCH --exclusive",
-                 "#SBATCH --job-name=h200-bf16-2node", f"#SBATCH --output={files.batch_log}"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --gres=gpu:8",
+        "#SBATCH --exclusive",
+        "#SBATCH --job-name=h200-bf16-2node",
+        f"#SBATCH --output={files.batch_log}",
+    ):
         assert line in script.splitlines()
-    assert f"/venv/python -m muse_launch.slurm.batch --run-dir {files.run_dir.path} --rehearse --set 'a=b c' " \
-           f"{files.topology}" in script
+    assert (
+        f"/venv/python -m muse_launch.slurm.batch --run-dir {files.run_dir.path} --rehearse --set 'a=b c' "
+        f"{files.topology}" in script
+    )
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "topologies").glob("*.yaml")), ids=lambda p: p.stem)
@@ -115,9 +134,18 @@ def test_every_topology_moves_onto_an_allocation_and_passes_its_checks_again(pat
     loaded = load_plan(path)
     plan, topology = loaded.plan, loaded.loaded.topology
     count = shape(plan, topology).count
-    assert count == max(1, len({s.node for s in plan.specs if s.node}) + (
-        1 if any(s.node is None and s.host not in {n.address for n in topology.nodes.values()}
-                 for s in plan.specs) else 0))
+    assert count == max(
+        1,
+        len({s.node for s in plan.specs if s.node})
+        + (
+            1
+            if any(
+                s.node is None and s.host not in {n.address for n in topology.nodes.values()}
+                for s in plan.specs
+            )
+            else 0
+        ),
+    )
     for rehearse in (False, True):
         moved = allocated_plan(plan, topology, ALLOCATION[:count], rehearse=rehearse, python="py")
         errors = [f for f in recheck_placement(topology, moved) if f.severity is Severity.ERROR]

