@@ -1,5 +1,5 @@
 """The one seam between the commands and where a deployment runs (beside commands/, above the backends): this
-host, a SLURM job, or (next) a
+host, a SLURM job, or a
 Kubernetes cluster. The commands (muse_launch/commands/) talk to a Backend only; a capability written
 above it (status, logs, smoke, scale, rolling restart, bench) is written once for every backend.
 
@@ -14,7 +14,8 @@ A backend implements the Backend protocol below (structurally: it need not impor
   when `clean`). It must work from what the run directory holds when state.json is damaged.
 - `observe(record)`: the record corrected by what this backend sees now (a role that died unseen shows
   failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
-- `log_files(run_dir, roles)`: each role's log as this host reads it.
+- `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
+  ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
 - `add_instance`, `remove_instance`, `restart_instance`: run-time changes of a live deployment; a backend
   that cannot make one raises errors.NotSupported naming what it can do instead.
 
@@ -25,7 +26,6 @@ files are in the run directory (`owns`), else the local host.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of nothing load none of these
@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
+    from muse_launch.run.logs import RolePrinter
     from muse_launch.run.state import DeploymentRecord, RunDir
 
 
@@ -55,7 +56,9 @@ class Backend(Protocol):
 
     def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table: ...
 
-    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]: ...
+    def print_logs(
+        self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
+    ) -> None: ...
 
     def add_instance(self, run_dir: RunDir, role: str) -> None: ...
 
@@ -65,10 +68,11 @@ class Backend(Protocol):
 
 
 def backends() -> dict[str, Backend]:
+    from muse_launch.k8s.seam import K8sBackend
     from muse_launch.run.local import LocalBackend
     from muse_launch.slurm.backend import SlurmBackend
 
-    return {b.name: b for b in (LocalBackend(), SlurmBackend())}
+    return {b.name: b for b in (LocalBackend(), SlurmBackend(), K8sBackend())}
 
 
 def backend_named(name: str) -> Backend:

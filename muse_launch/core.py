@@ -79,3 +79,8 @@ class UpRequest:
     account: str | None = None
     time: str | None = None
     sbatch: tuple[str, ...] = field(default_factory=tuple)
+    # Kubernetes: lws | rbg, the kubeconfig context, the namespace, IMAGE or ROLE=IMAGE as given
+    flavour: str = "lws"
+    context: str | None = None
+    namespace: str = "default"
+    images: tuple[str, ...] = field(default_factory=tuple)

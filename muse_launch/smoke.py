@@ -301,13 +301,6 @@ def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[s
     return router.auth_headers([router.API_KEY, key]), None
 
 
-def smoke_deployment(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
-    """`muse-launch smoke`: pick the front role, run the checks, print them; the exit code."""
-    from muse_launch.run.status import observed
-
-    return smoke_record(observed(record), timeout, echo)  # roles that died unwatched show as failed
-
-
 def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
     """The checks through the record's front role, as its URLs say (on Kubernetes: the pods' addresses)."""
     from muse_launch.engines import ENGINES

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 # Start-up time is part of the interface: this module imports typer only, and each command the
 # runtime modules it needs (httpx, rich, psutil, the plan) when it runs. `down` of nothing and
 # `--help` never load them.
-FOLLOW_SECONDS = 0.2
 
 
 def _console() -> Console:
@@ -140,29 +139,6 @@ def up(
         pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)
     ):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
-    if on == "k8s":
-        from muse_launch.k8s.commands import up_on_k8s
-
-        console = _console()
-        say = lambda text: console.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
-        raise typer.Exit(
-            up_on_k8s(
-                file,
-                say,
-                loaded.redact,
-                image,
-                {"--only": only, "--keep": keep},
-                flavour=to,
-                context=context,
-                namespace=namespace,
-                sets=tuple(set_),
-                rehearse=rehearse,
-                detach=detach,
-            )
-        )
-    from muse_launch.k8s.commands import refuse_if_on_k8s
-
-    refuse_if_on_k8s(loaded.plan.name)  # one name, one deployment: on this host, SLURM or Kubernetes
     backend = backend_named(on) if on is not None else backends()["local"]
     request = UpRequest(
         detach=detach,
@@ -176,6 +152,10 @@ def up(
         account=account,
         time=time_limit,
         sbatch=tuple(sbatch),
+        flavour=to,
+        context=context,
+        namespace=namespace,
+        images=tuple(image),
     )
     raise typer.Exit(backend.bring_up(loaded, request, _console(), claim_for(backend.name)))
 
@@ -211,13 +191,6 @@ def down(
     from muse_launch.run.down import format_report
 
     run_dir = resolve_name(name)
-    from muse_launch.k8s.commands import down_on_k8s, is_k8s
-
-    if is_k8s(run_dir):
-        report = down_on_k8s(run_dir, grace, typer.echo)
-        for line in format_report(report):
-            typer.echo(line)
-        raise typer.Exit(0 if report.clean else 1)
     # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
     report = backend_of(run_dir).stop(run_dir, grace)
     for line in format_report(report):
@@ -242,7 +215,6 @@ def status(
     from rich.table import Table
 
     from muse_launch.backend import backend_of
-    from muse_launch.k8s.commands import k8s_status
 
     run_dir, _ = _deployment(name)
     console = _console()
@@ -250,8 +222,6 @@ def status(
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
 
         def render() -> str | Table:
-            if k8s := k8s_status(run_dir, as_json, watch):
-                return k8s
             return backend.status(run_dir, client, as_json, watch)
 
         def show(rendered: str | Table) -> None:
@@ -290,13 +260,11 @@ def logs(
     ),
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
-    import time
 
     from muse_launch.backend import backend_of
     from muse_launch.errors import INTERRUPTED, UsageError
-    from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-    from muse_launch.run.state import RunDir, is_locked, read_state, running_deployments
+    from muse_launch.run.logs import RolePrinter
+    from muse_launch.run.state import RunDir, running_deployments
 
     roles = list(roles or [])
     is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
@@ -304,13 +272,6 @@ def logs(
         roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
         name = None
     run_dir, record = _deployment(name)
-    from muse_launch.k8s.commands import k8s_logs
-
-    console = _console()
-    printer = RolePrinter(console.file, roles or [r.name for r in record.roles], colour=console.is_terminal)
-    if k8s_logs(run_dir, roles, lines, printer.line, follow):  # through the API server (pods/log)
-        printer.flush()
-        return
     known = [r.name for r in record.roles]
     unknown = [r for r in roles if r not in known]
     if unknown:
@@ -319,23 +280,8 @@ def logs(
     console = _console()
     # A secret the role prints is hidden as `up` hides it, by the digests state.json keeps (proc/masks.py).
     printer = RolePrinter(console.file, chosen, colour=console.is_terminal, raw=raw, mask=record.masks.text)
-    files = backend_of(run_dir).log_files(run_dir, chosen)
-    follower = LogFollower(files, from_end=True)  # before the tail: no line lost
     try:  # Ctrl-C as soon as the last lines are out ends `logs -f` as it does later: exit status 0
-        for role in chosen:
-            for text in last_lines(files[role], lines):
-                printer.line(role, text)
-        printer.flush()
-        if not follow:
-            return
-        while True:
-            if not follower.print_new(printer):
-                continue  # a backlog: read on at once
-            record = read_state(run_dir)
-            if (record is None or record.state is DeploymentState.STOPPED) and not is_locked(run_dir):
-                follower.print_new(printer)
-                return
-            time.sleep(FOLLOW_SECONDS)
+        backend_of(run_dir).print_logs(run_dir, chosen, lines, follow, printer)
     except KeyboardInterrupt:
         raise typer.Exit(0 if follow else INTERRUPTED) from None
 
@@ -348,13 +294,12 @@ def smoke(
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are
     on)."""
-    from muse_launch.k8s.commands import k8s_smoke_record
-    from muse_launch.smoke import smoke_deployment, smoke_record
+    from muse_launch.backend import backend_of
+    from muse_launch.smoke import smoke_record
 
     run_dir, record = _deployment(name)
-    if on_k8s := k8s_smoke_record(run_dir, record):
-        raise typer.Exit(smoke_record(on_k8s, timeout, typer.echo))
-    raise typer.Exit(smoke_deployment(record, timeout, typer.echo))
+    # as the backend sees it now: roles that died unwatched show as failed; on Kubernetes, at the pods
+    raise typer.Exit(smoke_record(backend_of(run_dir).observe(record), timeout, typer.echo))
 
 
 def ls(
@@ -375,7 +320,6 @@ def ls(
         typer.echo("[]" if as_json else "no deployment is running")
         return
     from muse_launch.backend import backend_of
-    from muse_launch.k8s.commands import is_k8s
 
     rows = [
         {
@@ -386,10 +330,7 @@ def ls(
             "supervisor_pid": record.supervisor.pid if record.supervisor else None,
             "file": record.source,
         }
-        # On Kubernetes: as `up` and `down` recorded it (`status NAME` asks the cluster)
-        for record in (
-            r if is_k8s(RunDir.of(r.name)) else backend_of(RunDir.of(r.name)).observe(r) for r in running
-        )
+        for record in (backend_of(RunDir.of(r.name)).observe(r) for r in running)
     ]
     rows += [
         {

@@ -1,8 +1,7 @@
 """A deployment on Kubernetes: `up` exports the topology, server-side applies it and waits for the objects'
 own readiness; `status`, `logs`, `smoke` and `down` read the cluster through the record `up` left.
 
-KubernetesBackend is the seam the runtime's commands call (up, down, status, logs, entry_url), as the
-one-host and SLURM runtimes are called."""
+The Backend the commands talk to (muse_launch/backend.py) is k8s/seam.py's K8sBackend, which calls this."""
 
 from __future__ import annotations
 
@@ -48,7 +47,7 @@ class KubernetesBackend:
     # ---- up ----
     def up(self, file: Path, options: K8sOptions, redact: Callable[[str], str]) -> int:
         from muse_launch.export.api import build
-        from muse_launch.run.state import planned_record, write_state
+        from muse_launch.run.state import K8S, planned_record, write_state
 
         if options.flavour not in FLAVOURS:
             raise UsageError(f"--to {options.flavour}: one of {', '.join(FLAVOURS)}")
@@ -72,7 +71,7 @@ class KubernetesBackend:
             self._require_secret(cluster, export)
             rec = self._record(cluster, export, done.files, options)
             started = time.monotonic()
-            write_state(run_dir, planned_record(export.plan, str(file), redact))
+            write_state(run_dir, planned_record(export.plan, str(file), redact, backend=K8S))
             records.write(run_dir, rec)
             self._apply(cluster, rec, done.files)
             # as long as the slowest role's probe may take, and a margin for scheduling and image pulls
@@ -346,18 +345,14 @@ class KubernetesBackend:
 
     def _write_stopped(self, run_dir: RunDir, rec: K8sRecord) -> None:
         from muse_launch.run.lifecycle import RoleState
-        from muse_launch.run.state import read_state, write_state
+        from muse_launch.run.state import LOCAL, read_state, write_state
 
         rec.down_at = time.time()
         records.write(run_dir, rec)
         state = read_state(run_dir)
-        if state is not None:
-            write_state(
-                run_dir,
-                replace(
-                    state, roles=tuple(replace(r, state=RoleState.STOPPED, process=None) for r in state.roles)
-                ),
-            )
+        if state is not None:  # nothing of it is left on the cluster: what remains is this run directory
+            roles = tuple(replace(r, state=RoleState.STOPPED, process=None) for r in state.roles)
+            write_state(run_dir, replace(state, roles=roles, backend=LOCAL))
 
     # ---- status, logs, entry ----
     def _read(self, run_dir: RunDir) -> K8sRecord:

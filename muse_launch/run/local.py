@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure
@@ -17,6 +16,7 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
+    from muse_launch.run.logs import RolePrinter
 
 
 class LocalBackend:
@@ -96,8 +96,13 @@ class LocalBackend:
             return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
         return status_table(record, health, versions, gpu_memory)
 
-    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]:
-        return {role: run_dir.log(role) for role in roles}
+    def print_logs(
+        self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
+    ) -> None:
+        from muse_launch.run.logs import print_files
+
+        files = {role: run_dir.log(role) for role in roles}
+        print_files(run_dir, files, lines, follow, printer)
 
     def add_instance(self, run_dir: RunDir, role: str) -> None:
         raise NotSupported(

@@ -195,3 +195,31 @@ class LogFollower:
             if not new:
                 return True
         return False
+
+
+def print_files(
+    run_dir, files: dict[str, Path], lines: int, follow: bool, printer: RolePrinter, pause: float = 0.2
+) -> None:
+    """The last `lines` of each log, then (`follow`) the new ones until the deployment has stopped and no
+    one holds its lock: the file backends' `print_logs` (muse_launch/backend.py). Ctrl-C raises
+    KeyboardInterrupt to the caller."""
+    import time
+
+    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.run.state import is_locked, read_state
+
+    follower = LogFollower(files, from_end=True)  # before the tail: no line lost
+    for role, path in files.items():
+        for text in last_lines(path, lines):
+            printer.line(role, text)
+    printer.flush()
+    if not follow:
+        return
+    while True:
+        if not follower.print_new(printer):
+            continue  # a backlog: read on at once
+        record = read_state(run_dir)
+        if (record is None or record.state is DeploymentState.STOPPED) and not is_locked(run_dir):
+            follower.print_new(printer)
+            return
+        time.sleep(pause)

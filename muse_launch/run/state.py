@@ -27,8 +27,8 @@ from muse_launch.topology.grammar import path_part
 if TYPE_CHECKING:
     import psutil
 
-LOCAL, SLURM = "local", "slurm"
-BACKEND_NAMES = (LOCAL, SLURM)  # the backends muse_launch/backend.py knows, as state.json names them
+LOCAL, SLURM, K8S = "local", "slurm", "k8s"
+BACKEND_NAMES = (LOCAL, SLURM, K8S)  # the backends muse_launch/backend.py knows, as state.json names them
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 

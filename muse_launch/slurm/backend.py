@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
@@ -21,6 +20,7 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
+    from muse_launch.run.logs import RolePrinter
 
 
 class SlurmBackend:
@@ -88,10 +88,14 @@ class SlurmBackend:
             return json.dumps(view.to_json(health), indent=None if watch else 2)
         return slurm_table(view, health)
 
-    def log_files(self, run_dir: RunDir, roles: list[str]) -> dict[str, Path]:
-        return {
-            role: run_dir.log(role) for role in roles
-        }  # each step writes its log to the shared run directory
+    def print_logs(
+        self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
+    ) -> None:
+        from muse_launch.run.logs import print_files
+
+        # each step writes its log to the shared run directory
+        files = {role: run_dir.log(role) for role in roles}
+        print_files(run_dir, files, lines, follow, printer)
 
     def add_instance(self, run_dir: RunDir, role: str) -> None:
         raise NotSupported(

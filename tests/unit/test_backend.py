@@ -82,13 +82,13 @@ def test_without_a_readable_record_the_backend_is_the_one_whose_files_are_there(
 
 
 def test_up_on_names_a_remote_backend_only():
-    assert backend_named("slurm").name == "slurm"
-    for name in ("local", "k8s"):
-        with pytest.raises(UsageError, match=f"--on {name}: unknown; one of: slurm"):
+    assert backend_named("slurm").name == "slurm" and backend_named("k8s").name == "k8s"
+    for name in ("local", "kubernetes"):
+        with pytest.raises(UsageError, match=f"--on {name}: unknown; one of: slurm, k8s"):
             backend_named(name)
 
 
-@pytest.mark.parametrize("name", ["local", "slurm"])
+@pytest.mark.parametrize("name", ["local", "slurm", "k8s"])
 def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
     backend, run_dir = backends()[name], RunDir.of("demo")
     for change, arg in (
