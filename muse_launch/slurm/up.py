@@ -140,7 +140,7 @@ def up_on_slurm(
 
             say(ready_hint(plan.name))
             return 0
-        return _follow(plan, files, console)
+        return _follow(plan, files, console, redact)
     if outcome == "interrupted":
         say(f"{plan.name}: interrupted; stopping SLURM job {job_id}")
         down_on_slurm(run_dir)
@@ -148,7 +148,7 @@ def up_on_slurm(
     if (files.read_json(files.job) or {}).get("down_at"):
         say(f"{plan.name}: stopped by `muse-launch down` before it was ready")
         return 1
-    _say_failure(say, files, final)
+    _say_failure(lambda text: say(redact(text)), files, final)  # a role's last lines may hold a secret
     cluster.cancel(job_id)
     gone = cluster.wait_gone(job_id, CANCEL_WAIT_SECONDS)
     down_on_slurm(run_dir)  # marks every role stopped, confirms no step or process is left
@@ -220,11 +220,13 @@ def _say_failure(say: Callable[[str], None], files: SlurmFiles, record) -> None:
         say(f"  batch | {line}")
 
 
-def _follow(plan: Plan, files: SlurmFiles, console: Console) -> int:
-    """Like `up` without -d: the roles' logs until Ctrl-C, then `down`."""
+def _follow(plan: Plan, files: SlurmFiles, console: Console, redact: Callable[[str], str]) -> int:
+    """Like `up` without -d: the roles' logs until Ctrl-C, then `down`; a secret a role prints hidden as
+    `up` on one host hides it."""
     say = _say(console)
     say("Ctrl-C stops it")
-    printer = RolePrinter(console.file, [s.name for s in plan.specs], colour=console.is_terminal)
+    names = [s.name for s in plan.specs]
+    printer = RolePrinter(console.file, names, colour=console.is_terminal, mask=redact)
     follower = LogFollower({s.name: files.run_dir.log(s.name) for s in plan.specs}, from_end=True)
     try:
         while not files.done.exists():

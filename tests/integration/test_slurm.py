@@ -174,17 +174,24 @@ def test_up_smoke_down_on_slurm(cluster: Path, tmp_path: Path, name: str):
         cancel_and_kill(d)
 
 
-def test_a_role_crashing_at_start_fails_up_and_leaves_nothing(cluster: Path, tmp_path: Path):
+def test_a_role_crashing_at_start_fails_up_and_leaves_nothing(cluster: Path, tmp_path: Path, monkeypatch):
+    """Its last log lines are shown, with the `${env:...}` secret it printed hidden."""
     d = Deployment(tmp_path / "home", "helion-gb300")
     d.home.mkdir()
+    monkeypatch.setenv("ROUTER_TOKEN", SECRET := "tok-4Rt7-slurm-secret")
     result = up(
-        d, PD_TWO_NODES, "--set", 'roles.router.launcher=[sh, -c, "echo router cannot start; exit 3"]'
+        d,
+        PD_TWO_NODES,
+        "--set",
+        "roles.router.env.ROUTER_TOKEN=${env:ROUTER_TOKEN}",
+        "--set",
+        'roles.router.launcher=[sh, -c, "echo router cannot start with $ROUTER_TOKEN; exit 3"]',
     )
     try:
         assert result.returncode == 1, result.stdout + result.stderr
-        assert "role router failed" in result.stdout and "router | router cannot start" in result.stdout, (
-            result.stdout
-        )
+        assert "role router failed" in result.stdout, result.stdout
+        assert "router | router cannot start with ***" in result.stdout, result.stdout
+        assert SECRET not in result.stdout + result.stderr
         assert "nothing of it is left" in result.stdout
         assert_nothing_left(d, job_id(d))
     finally:
