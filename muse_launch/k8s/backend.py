@@ -391,6 +391,53 @@ class KubernetesBackend:
         finally:
             cluster.close()
 
+    def follow_logs(
+        self, run_dir: RunDir, roles: list[str], lines: int, line: Callable[[str, str], None]
+    ) -> None:
+        """Each chosen role's last `lines`, then its new lines as the pod writes them (pods/log?follow),
+        until the deployment is taken down; a container that restarts is followed into its next one.
+        Lines come to `line(role, text)` on the calling thread, in the order they arrive; Ctrl-C raises
+        KeyboardInterrupt there. One stream per pod, each in a thread of its own."""
+        import queue
+        import threading
+
+        rec = self._read(run_dir)
+        cluster = connect_record(rec)
+        lines_in: queue.Queue[tuple[str, str] | None] = queue.Queue(maxsize=10_000)
+        done = threading.Event()
+        try:
+            view = observe(cluster, rec)
+            chosen = [r for r in view.roles if not roles or r.name in roles]
+            streams = [
+                threading.Thread(
+                    target=_stream_pod,
+                    args=(cluster, rec.namespace, role.name, pod, lines, lines_in, done),
+                    name=f"logs-{role.name}",
+                    daemon=True,
+                )
+                for role in chosen
+                if (pod := role.pod.name if role.pod else role.pod_name)
+            ]
+            for thread in streams:
+                thread.start()
+            while True:
+                try:
+                    item = lines_in.get(timeout=1.0)
+                except queue.Empty:
+                    current = records.read(run_dir)
+                    if (
+                        current is None
+                        or current.down_at is not None
+                        or not any(t.is_alive() for t in streams)
+                    ):
+                        return
+                    continue
+                if item is not None:
+                    line(*item)
+        finally:
+            done.set()
+            cluster.close()
+
     def entry_url(self, run_dir: RunDir) -> str:
         """The router's Service, reached directly at an endpoint the cluster lists for it (a pod address:
         this machine must reach the pod network, as on the local cluster's nodes)."""
@@ -441,3 +488,58 @@ def service_url(cluster: Cluster, namespace: str, service: str, port: int) -> st
         f"Service {service} (namespace {namespace}) has no ready endpoint",
         fix="check its pods with `muse-launch status`",
     )
+
+
+FOLLOW_RETRY = 1.0  # after a stream ends (its container restarted, the connection dropped)
+
+
+def _stream_pod(
+    cluster: Cluster,
+    namespace: str,
+    role: str,
+    pod: str | None,
+    tail: int,
+    out: Any,
+    done: Any,
+) -> None:
+    """One pod's log into `out` as (role, line) until `done`: its last `tail` lines first, then each new
+    one; where the stream ends while the pod is there (a restart), again from the moment it ended."""
+    from kubernetes.client.exceptions import ApiException
+
+    from muse_launch.run.logfiles import LineSplitter
+
+    since: int | None = None
+    while not done.is_set():
+        ended = time.monotonic()
+        try:
+            options: dict[str, Any] = {"follow": True, "_preload_content": False}
+            options.update({"since_seconds": since} if since else {"tail_lines": tail})
+            answer = cluster.core().read_namespaced_pod_log(pod, namespace, **options)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # gone: the deployment is being taken down
+            out.put(
+                (role, f"(its log cannot be read through the API server: HTTP {exc.status} {exc.reason})")
+            )
+            done.wait(FOLLOW_RETRY * 5)
+            since = max(1, int(time.monotonic() - ended) + 1)
+            continue
+        except Exception:  # noqa: BLE001  the connection dropped: read again
+            done.wait(FOLLOW_RETRY)
+            since = max(1, int(time.monotonic() - ended) + 1)
+            continue
+        splitter = LineSplitter()
+        try:
+            for chunk in answer.stream(4096, decode_content=True):
+                if done.is_set():
+                    return
+                for raw in splitter.feed(chunk):
+                    out.put((role, raw.decode(errors="replace")))
+        except Exception:  # noqa: BLE001  the stream broke: read again from when it did
+            pass
+        finally:
+            answer.release_conn()
+        ended = time.monotonic()
+        if done.wait(FOLLOW_RETRY):
+            return
+        since = max(1, int(time.monotonic() - ended) + 1)

@@ -159,14 +159,18 @@ class K8sBackend:
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None:
-        """The last lines of each role's pod, read through the API server (pods/log)."""
-        if follow:
-            raise UsageError(
-                "logs --follow: not yet for a deployment on Kubernetes",
-                fix="`muse-launch logs NAME` prints the last lines; `kubectl logs -f POD` follows one pod",
-            )
+        """The last lines of each role's pod, read through the API server (pods/log); with `follow`, the
+        new ones as they come until the deployment is taken down."""
         from .backend import KubernetesBackend
 
+        if follow:
+
+            def line(role: str, text: str) -> None:
+                printer.line(role, text)
+                printer.flush()
+
+            KubernetesBackend(_say).follow_logs(run_dir, roles, lines, line)
+            return
         for role, text in KubernetesBackend(_say).logs(run_dir, roles, lines):
             for one in text:
                 printer.line(role, one)

@@ -36,6 +36,7 @@ def ml(k8s_cluster, tmp_path):
             env=env,
         )
 
+    run.env = env  # for a command the test starts itself
     yield run
 
 
@@ -237,3 +238,60 @@ def test_a_crash_looping_pod_is_named_with_its_log_tail(ml, k8s_cluster):
     finally:
         ml("down", "crash-loop")
         cluster.close()
+
+
+def test_logs_follow_streams_a_pods_new_lines_until_ctrl_c(ml, k8s_cluster):
+    """`logs -f` on Kubernetes: the last lines, then each line the pod writes after (pods/log?follow), until
+    Ctrl-C (exit 0)."""
+    import contextlib
+    import queue
+    import signal
+    import threading
+
+    import httpx
+
+    from muse_launch.export.names import FLAVOURS
+    from muse_launch.export.transform import export_plan
+
+    path = "topologies/epd-b300.yaml"
+    plan = export_plan(ROOT / path, FLAVOURS["lws"], "default", rehearse="python3").plan
+    decode = next(s for s in plan.specs if s.kind == "decode")
+    try:
+        up = ml("up", path, "--on", "k8s", "--rehearse", "--to", "lws", "-d")
+        assert up.returncode == 0, up.stdout + up.stderr
+        role = next(
+            r
+            for r in json.loads(ml("status", plan.name, "--json").stdout)["roles"]
+            if r["name"] == decode.name
+        )
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "muse_launch", "logs", plan.name, decode.name, "-f", "-n", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=ml.env,
+        )
+        got: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: [got.put(x) for x in follow.stdout], daemon=True).start()
+        try:
+            first = got.get(timeout=60)
+            assert first.startswith(f"{decode.name} |"), first
+            url = f"http://{role['ip']}:{decode.ports['http']}/no-such-path"
+            seen = [first]
+            deadline = time.monotonic() + 60
+            while not any("POST /no-such-path 404" in line for line in seen) and time.monotonic() < deadline:
+                httpx.post(url, timeout=5)  # the simulated engine logs each request that is not a GET
+                with contextlib.suppress(queue.Empty):
+                    seen.append(got.get(timeout=2))
+            assert any("POST /no-such-path 404" in line for line in seen), "".join(seen)
+            follow.send_signal(signal.SIGINT)
+            assert follow.wait(timeout=30) == 0, "".join(seen)
+        finally:
+            if follow.poll() is None:
+                follow.kill()
+                follow.wait()
+        down = ml("down", plan.name)
+        assert down.returncode == 0, down.stdout + down.stderr
+    finally:
+        ml("down", plan.name)
