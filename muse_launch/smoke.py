@@ -7,6 +7,7 @@ gone (stopped, its router not answering, dying mid-check) fails with a message a
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -301,8 +302,11 @@ def front_headers(front: RoleRecord, environ: Mapping[str, str]) -> tuple[dict[s
     return router.auth_headers([router.API_KEY, key]), None
 
 
-def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str], None]) -> int:
-    """The checks through the record's front role, as its URLs say (on Kubernetes: the pods' addresses)."""
+def smoke_record(
+    record: DeploymentRecord, timeout: float, echo: Callable[[str], None], as_json: bool = False
+) -> int:
+    """The checks through the record's front role, as its URLs say (on Kubernetes: the pods' addresses);
+    `as_json`: one JSON document at the end instead of a line per check (docs/status-json.md)."""
     from muse_launch.engines import ENGINES
     from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
@@ -325,23 +329,39 @@ def smoke_record(record: DeploymentRecord, timeout: float, echo: Callable[[str],
     # argv starts with the launcher: read the flag only, not the engine's positional model
     declared = tuple(name for engine, argv in readers if (name := last_value(argv, engine.SERVED_MODEL_NAME)))
     base = front.url.replace("0.0.0.0", "127.0.0.1")
-    echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
     headers, no_key = front_headers(front, os.environ)
+    results = run_smoke(base, reasoning, tools, timeout, behind, declared, headers)
+    failures = "\n".join(r.detail for r in results if not r.ok)
+    where = explain_addresses(failures, record)  # the roles behind the addresses in the errors
+    ok = bool(results) and all(r.ok for r in results)
+    if as_json:
+        checks = [
+            {
+                "check": r.check,
+                "ok": r.ok,
+                "ttft_ms": None if r.ttft is None else round(r.ttft * 1000, 1),
+                "total_ms": round(r.total * 1000, 1),
+                "detail": one_line(r.detail)[: 160 if r.ok else SMOKE_FAILURE_CHARS],
+            }
+            for r in results
+        ]
+        doc = {"name": record.name, "through": front.name, "url": base, "ok": ok, "checks": checks}
+        echo(json.dumps({**doc, "note": no_key, "where": list(where)}, indent=2))
+        return 0 if ok else 1
+    echo(f"{record.name}: smoke through {front.name} at {base} ({front.state.value})")
     if no_key:
         echo(f"  note: {no_key}")
-    results = run_smoke(base, reasoning, tools, timeout, behind, declared, headers)
     for result in results:
         timing = f"ttft {result.ttft * 1000:.0f} ms, " if result.ttft is not None else ""
         mark = "ok  " if result.ok else "FAIL"
         detail = one_line(result.detail)
         detail = detail[:160] if result.ok else detail[:SMOKE_FAILURE_CHARS]
         echo(f"  {mark} {result.check:<10} {timing}total {result.total * 1000:.0f} ms  {detail}")
-    failures = "\n".join(r.detail for r in results if not r.ok)
-    for line in explain_addresses(failures, record):  # the roles behind the addresses in the errors
+    for line in where:
         echo(f"  where: {line}")
     if failures:
         echo(
             f"  fix: `muse-launch status {record.name}` shows each role's health; "
             f"`muse-launch logs {record.name} {front.name}` its log"
         )
-    return 0 if results and all(r.ok for r in results) else 1
+    return 0 if ok else 1

@@ -170,10 +170,12 @@ def down(
         min=0,
         help="seconds from stop signal to SIGKILL, for every role (default: each role's stop.grace)",
     ),
+    as_json: bool = typer.Option(False, "--json", help="what was stopped as one JSON document"),
 ) -> None:
     """Stop a deployment in reverse dependency order; returns when nothing of it is alive, its ports are
-    closed
-    and none of its processes holds GPU memory."""
+    closed and none of its processes holds GPU memory."""
+    import json
+
     from muse_launch.errors import UsageError
     from muse_launch.run.state import StateDamaged, resolve_name, running_deployments
 
@@ -185,15 +187,23 @@ def down(
                 f"no deployment is running whose state reads back; damaged: {names}",
                 fix=f"`muse-launch down {damaged[0].run_dir.name}` stops what carries its marker",
             )
-        typer.echo("no deployment is running; nothing to stop")
+        nothing = "no deployment is running; nothing to stop"
+        if as_json:
+            nothing = json.dumps({"name": None, "stopped": [], "clean": True, "notes": [nothing]}, indent=2)
+        typer.echo(nothing)
         return
+    import contextlib
+    import sys
+
     from muse_launch.backend import backend_of
-    from muse_launch.run.down import format_report
+    from muse_launch.run.down import format_report, report_json
 
     run_dir = resolve_name(name)
     # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
-    report = backend_of(run_dir).stop(run_dir, grace)
-    for line in format_report(report):
+    # With --json a backend's progress lines go to stderr: stdout is the one document.
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        report = backend_of(run_dir).stop(run_dir, grace)
+    for line in [report_json(report)] if as_json else format_report(report):
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
 
@@ -291,6 +301,9 @@ def smoke(
         None, help="deployment name (default: the one running)", autocompletion=_names
     ),
     timeout: float = typer.Option(600.0, "--timeout", help="seconds per request"),
+    as_json: bool = typer.Option(
+        False, "--json", help="the checks as one JSON document (docs/status-json.md)"
+    ),
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are
     on)."""
@@ -299,7 +312,7 @@ def smoke(
 
     run_dir, record = _deployment(name)
     # as the backend sees it now: roles that died unwatched show as failed; on Kubernetes, at the pods
-    raise typer.Exit(smoke_record(backend_of(run_dir).observe(record), timeout, typer.echo))
+    raise typer.Exit(smoke_record(backend_of(run_dir).observe(record), timeout, typer.echo, as_json))
 
 
 def ls(

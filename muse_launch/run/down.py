@@ -310,6 +310,15 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
     )
 
 
+def report_json(report: DownReport) -> str:
+    """`down --json` (docs/status-json.md): the report's fields, and whether it left nothing."""
+    import dataclasses
+    import json
+
+    data = {**dataclasses.asdict(report), "seconds": round(report.seconds, 3), "clean": report.clean}
+    return json.dumps(data, indent=2)
+
+
 def format_report(report: DownReport) -> list[str]:
     lines = [*report.notes]
     lines.append(

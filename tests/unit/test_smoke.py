@@ -186,6 +186,27 @@ def test_smoke_when_the_router_does_not_answer(home: Path) -> None:
     assert "fix: `muse-launch status demo`" in run.stdout
 
 
+def test_smoke_json_is_one_document_with_each_check_and_the_failure(home: Path) -> None:
+    deployment(free_port())
+    run = muse("smoke", "demo", "--timeout", "10", "--json")
+    assert run.returncode == 1, run.stdout + run.stderr
+    doc = json.loads(run.stdout)  # nothing but the document on stdout
+    assert doc["name"] == "demo" and doc["ok"] is False and doc["url"].startswith("http://127.0.0.1:")
+    assert [c["check"] for c in doc["checks"]][:1] == ["models"] and doc["checks"][0]["ok"] is False
+    assert "nothing answers at http://127.0.0.1:" in doc["checks"][0]["detail"]
+
+
+def test_down_json_with_nothing_running(home: Path) -> None:
+    run = muse("down", "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert json.loads(run.stdout) == {
+        "name": None,
+        "stopped": [],
+        "clean": True,
+        "notes": ["no deployment is running; nothing to stop"],
+    }
+
+
 def test_smoke_of_a_deployment_with_nothing_alive(home: Path) -> None:
     deployment(free_port(), supervised=False)  # no supervisor, no process: every role is gone
     run = muse("smoke", "demo")
