@@ -221,8 +221,8 @@ COMMAND_MODULES = (
     "muse_launch.commands.run",
     "muse_launch.commands.export",
     "muse_launch.commands.host",
-    "muse_launch.top.command",
-    "muse_launch.bench.command",
+    "muse_launch.commands.top",
+    "muse_launch.commands.bench",
 )
 _registered: list[str] = []
 

@@ -38,6 +38,8 @@ class SweepOptions:
     plan: BenchPlan
     out: Path
     tokenizer: str | None = None
+    on: str | None = None  # `up --on NAME`: where each combination runs (default: this host)
+    up_args: tuple[str, ...] = ()  # more of `up`'s options, as given (--up-arg=--partition=debug)
 
 
 def parse_vary(vary: tuple[str, ...]) -> list[tuple[str, list[str]]]:
@@ -122,7 +124,9 @@ def run_one(
     run.mkdir(parents=True, exist_ok=True)
     log = run / "sweep.log"
     sets = [a for s in (*opts.sets, *combo) for a in ("--set", s)]
-    up = _cli("up", str(opts.file), "-d", *sets, *(["--rehearse"] if opts.rehearse else []))
+    where = ["--on", opts.on] if opts.on else []
+    rehearse = ["--rehearse"] if opts.rehearse else []
+    up = _cli("up", str(opts.file), "-d", *sets, *rehearse, *where, *opts.up_args)
     p = opts.plan
     bench = _cli(
         "bench",

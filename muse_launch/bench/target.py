@@ -113,15 +113,18 @@ def _argv_models(roles: list[RoleRecord]) -> list[str]:
 
 
 def target_of(
-    record: DeploymentRecord, tokenizer: str | None, model: str | None, echo: Callable[[str], None]
+    record: DeploymentRecord,
+    tokenizer: str | None,
+    model: str | None,
+    echo: Callable[[str], None],
+    observe: Callable[[DeploymentRecord], DeploymentRecord],
 ) -> Target:
-    """Everything bench needs of a running deployment, read through its URLs; RuntimeFailure when it is not
-    up."""
+    """Everything bench needs of a running deployment, read through its URLs as its backend sees them now
+    (`observe`: on Kubernetes, each pod's address); RuntimeFailure when it is not up."""
     from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.status import observed
     from muse_launch.smoke import list_models
 
-    record = observed(record)
+    record = observe(record)
     if record.state is DeploymentState.STOPPED:
         raise RuntimeFailure(
             f"deployment {record.name!r} is not running", fix=f"muse-launch up {record.source} -d"

@@ -367,3 +367,27 @@ def test_up_in_the_foreground_streams_until_ctrl_c_then_leaves_nothing(cluster: 
         if up_process.poll() is None:
             up_process.kill()
         cancel_and_kill(d)
+
+
+@pytest.mark.bench
+def test_sweep_on_slurm_benches_each_combination_as_a_job(cluster: Path, tmp_path: Path):
+    """`sweep --on slurm`: each combination is one SLURM job, benched through its router with the real aiperf
+    and taken down; nothing of any of them is left."""
+    d = Deployment(tmp_path / "home", "helion-gb300")
+    d.home.mkdir()
+    out = tmp_path / "sweep"
+    args = ["sweep", PD_TWO_NODES, "--rehearse", "--on", "slurm", "--set", READY_AFTER]
+    args += ["--vary", "rehearse.itl_ms=1,4", "--concurrency", "2", "--requests", "6"]
+    args += ["--isl", "64", "--osl", "16", "--duration", "60", "--out", out]
+    try:
+        r = d.cli(*args, timeout=900)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sweep = json.loads((out / "sweep.json").read_text())
+        assert [x["state"] for x in sweep["results"]] == ["valid", "valid"], sweep
+        for itl in (1, 4):
+            summary = json.loads((out / f"itl_ms={itl}" / "summary.json").read_text())
+            assert summary["valid"] and summary["points"][0]["requests_ok"] == 6, summary
+        assert (out / "compare" / "report.html").is_file()
+        assert_nothing_left(d, job_id(d))
+    finally:
+        cancel_and_kill(d)

@@ -62,7 +62,7 @@ def bench(
     """Measure a deployment through its router with aiperf, judge the run valid, and record it
     (docs/bench.md)."""
     if name == "compare":
-        from .compare import compare_runs
+        from muse_launch.bench.compare import compare_runs
 
         raise typer.Exit(compare_runs(list(runs or []), out, typer.echo))
     if runs:
@@ -72,17 +72,19 @@ def bench(
             f"bench takes one deployment; {' '.join(map(str, runs))} is more",
             fix="`muse-launch bench compare RUN RUN...` compares recorded runs",
         )
-    from .target import target_of
+    from muse_launch.backend import backend_of
+    from muse_launch.bench.target import target_of
 
     record, run_dir = _deployment(name)
-    target = target_of(record, str(tokenizer) if tokenizer else None, model, typer.echo)
+    tokenizer_dir = str(tokenizer) if tokenizer else None
+    target = target_of(record, tokenizer_dir, model, typer.echo, backend_of(run_dir).observe)
     if check_equivalence is not None:
-        from .equivalence import check_against
+        from muse_launch.bench.equivalence import check_against
 
-        ref_record, _ = _deployment(check_equivalence)
-        reference = target_of(ref_record, str(tokenizer) if tokenizer else None, model, typer.echo)
+        ref_record, ref_dir = _deployment(check_equivalence)
+        reference = target_of(ref_record, tokenizer_dir, model, typer.echo, backend_of(ref_dir).observe)
         raise typer.Exit(check_against(target, reference, prompts, osl, typer.echo))
-    from .measure import BenchPlan, run_bench
+    from muse_launch.bench.measure import BenchPlan, run_bench
 
     plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration, seed)
     summary = run_bench(target, plan, out or default_out(run_dir), typer.echo)
@@ -128,10 +130,16 @@ def sweep(
         None, "--out", "-o", help="sweep directory (default: ./sweep-<file name>)"
     ),
     tokenizer: Path | None = typer.Option(None, "--tokenizer"),
+    on: str | None = typer.Option(
+        None, "--on", help="where each combination runs: slurm | k8s (as `up --on`)"
+    ),
+    up_arg: list[str] = typer.Option(
+        [], "--up-arg", help="one more option for each `up`, e.g. --up-arg=--partition=debug"
+    ),
 ) -> None:
     """Every combination of the --vary values: up -> bench -> down, then one comparison (docs/bench.md)."""
-    from .measure import BenchPlan
-    from .sweep import SweepOptions, run_sweep
+    from muse_launch.bench.measure import BenchPlan
+    from muse_launch.bench.sweep import SweepOptions, run_sweep
 
     plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration)
     options = SweepOptions(
@@ -143,6 +151,8 @@ def sweep(
         plan,
         out or Path(f"sweep-{file.stem}"),
         str(tokenizer) if tokenizer else None,
+        on,
+        tuple(up_arg),
     )
     raise typer.Exit(run_sweep(options, typer.echo))
 

@@ -56,8 +56,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
     from muse_launch.run.status import health_now, local_owners, observed
     from muse_launch.slurm.files import SlurmFiles
     from muse_launch.slurm.status import slurm_view
-
-    from .collect import read_all, snapshot
+    from muse_launch.top.collect import read_all, snapshot
 
     on_slurm = SlurmFiles(run_dir).exists()
     before = None
@@ -89,7 +88,7 @@ def _print(snap: dict, as_json: bool) -> None:
         return
     from rich.console import Console
 
-    from .view import render
+    from muse_launch.top.view import render
 
     Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
 
@@ -98,7 +97,7 @@ def _live(snap: dict, frames: Iterator[dict]) -> None:
     """Full screen, redrawn at each snapshot; the terminal as it was once it ends."""
     from rich.live import Live
 
-    from .view import render
+    from muse_launch.top.view import render
 
     with Live(render(snap), screen=True, auto_refresh=False) as live:
         for snap in frames:
