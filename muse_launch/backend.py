@@ -14,6 +14,8 @@ A backend implements the Backend protocol below (structurally: it need not impor
   when `clean`). It must work from what the run directory holds when state.json is damaged.
 - `observe(record)`: the record corrected by what this backend sees now (a role that died unseen shows
   failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
+- `listener_owners(record, run_dir)`: for each role, the process whose listener must answer its port (this
+  host sees its roles' processes); None where the roles run elsewhere (SLURM's nodes, Kubernetes' pods).
 - `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
   ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
 - `add_instance`, `remove_instance`, `restart_instance`: run-time changes of a live deployment; a backend
@@ -37,6 +39,7 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
     from muse_launch.run.state import DeploymentRecord, RunDir
+    from muse_launch.run.status import OwnerOf
 
 
 class Backend(Protocol):
@@ -55,6 +58,8 @@ class Backend(Protocol):
     def observe(self, record: DeploymentRecord) -> DeploymentRecord: ...
 
     def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table: ...
+
+    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf: ...
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter

@@ -51,14 +51,13 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     import httpx
 
+    from muse_launch.backend import backend_of
     from muse_launch.errors import RuntimeFailure
     from muse_launch.run.state import read_state
-    from muse_launch.run.status import health_now, local_owners, observed
-    from muse_launch.slurm.files import SlurmFiles
-    from muse_launch.slurm.status import slurm_view
+    from muse_launch.run.status import health_now
     from muse_launch.top.collect import read_all, snapshot
 
-    on_slurm = SlurmFiles(run_dir).exists()
+    backend = backend_of(run_dir)
     before = None
     with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
         while True:
@@ -69,12 +68,9 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
                     f"deployment {run_dir.name!r} has no state any more ({run_dir.state_file} is gone)",
                     fix=f"`muse-launch down {run_dir.name}` stops whatever of it still runs",
                 )
-            # on SLURM: its roles as SLURM sees them
-            record = slurm_view(run_dir, record).record if on_slurm else observed(record)
+            record = backend.observe(record)  # its roles as the backend sees them now
             readings = read_all(record, client, pool)
-            # On SLURM no pids here to look at: no listener owner to check
-            owners = (lambda role: None) if on_slurm else local_owners(record, run_dir)
-            health = health_now(record, run_dir, client, owners)
+            health = health_now(record, run_dir, client, backend.listener_owners(record, run_dir))
             yield snapshot(record, readings, before, health, interval)
             before = readings
             time.sleep(max(0.0, interval - (time.monotonic() - started)))

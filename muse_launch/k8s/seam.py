@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
+    from muse_launch.run.status import OwnerOf
 
 
 def _say(text: str) -> None:
@@ -155,6 +156,9 @@ class K8sBackend:
                 (pod.reason if pod and r.state != "ready" else None) or "",
             )
         return table
+
+    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
+        return lambda role: None  # the roles run in pods: no pid here to look at
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
+    from muse_launch.run.status import OwnerOf
 
 
 class LocalBackend:
@@ -95,6 +96,11 @@ class LocalBackend:
         if as_json:  # --watch: JSON lines
             return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
         return status_table(record, health, versions, gpu_memory)
+
+    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
+        from muse_launch.run.status import local_owners
+
+        return local_owners(record, run_dir)
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter

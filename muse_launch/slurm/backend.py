@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
+    from muse_launch.run.status import OwnerOf
 
 
 class SlurmBackend:
@@ -87,6 +88,9 @@ class SlurmBackend:
         if as_json:
             return json.dumps(view.to_json(health), indent=None if watch else 2)
         return slurm_table(view, health)
+
+    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
+        return lambda role: None  # the roles run on other nodes: no pid here to look at
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
