@@ -295,3 +295,46 @@ def test_logs_follow_streams_a_pods_new_lines_until_ctrl_c(ml, k8s_cluster):
         assert down.returncode == 0, down.stdout + down.stderr
     finally:
         ml("down", plan.name)
+
+
+def test_up_in_the_foreground_stays_until_ctrl_c_then_deletes_everything(ml, k8s_cluster):
+    """`up --on k8s` without -d: ready, then it waits; Ctrl-C deletes what it applied and waits until no pod
+    of it is left (exit 0)."""
+    import queue
+    import signal
+    import threading
+
+    path = "topologies/epd-b300.yaml"
+    name = "epd-b300"
+    cluster = core(k8s_cluster)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "up", path, "--on", "k8s", "--rehearse"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=ml.env,
+    )
+    got: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [got.put(x) for x in up.stdout], daemon=True).start()
+    seen: list[str] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not any("Ctrl-C deletes it" in line for line in seen) and time.monotonic() < deadline:
+            try:
+                seen.append(got.get(timeout=5))
+            except queue.Empty:
+                assert up.poll() is None, "".join(seen)
+        assert any(f"{name}: ready in" in line for line in seen), "".join(seen)
+        assert [p for p in pods(cluster) if p.startswith(name)], "no pod while it is up"
+        up.send_signal(signal.SIGINT)
+        assert up.wait(timeout=180) == 0, "".join(seen)
+        assert not [p for p in pods(cluster) if p.startswith(name)], "pods left after Ctrl-C"
+        assert agent_children(k8s_cluster) == [], "processes left after Ctrl-C"
+        assert "no deployment is running" in ml("ls").stdout
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        ml("down", name)
+        cluster.close()
