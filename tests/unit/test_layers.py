@@ -147,3 +147,31 @@ def test_every_import_names_a_module_that_exists():
                 if name.startswith("muse_launch") and importlib.util.find_spec(name) is None:
                     missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {name}")
     assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_every_name_imported_from_the_package_is_there():
+    """As above, one level down: `from muse_launch.x import name` where x no longer has `name`."""
+    import importlib
+    import importlib.util
+
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module, is_package = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                here = module.split(".") if is_package else module.split(".")[:-1]
+                here = here[: len(here) - node.level + 1]
+                base = ".".join([*here, *([node.module] if node.module else [])])
+            if not base.startswith("muse_launch") or importlib.util.find_spec(base) is None:
+                continue
+            target = importlib.import_module(base)
+            for alias in node.names:
+                if (
+                    not hasattr(target, alias.name)
+                    and importlib.util.find_spec(f"{base}.{alias.name}") is None
+                ):
+                    missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {base}.{alias.name}")
+    assert not missing, "names imported that their module does not have:\n" + "\n".join(missing)
