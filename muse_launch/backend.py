@@ -16,8 +16,15 @@ A backend implements the Backend protocol below (structurally: it need not impor
   failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
 - `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
   ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
-- `add_instance`, `remove_instance`, `restart_instance`: run-time changes of a live deployment; a backend
-  that cannot make one raises errors.NotSupported naming what it can do instead.
+- `add_instance(run_dir, role, say, why)`: one more instance of a worker role, placed by the file's rules,
+  ready, wired and registered with its routers before it returns its name.
+  `remove_instance(run_dir, instance, say, why, drain_timeout)`: out of its routers, drained (its own
+  in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured (`drain_s`, ...).
+  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout)`: replaced by a fresh process
+  of the same spec (its generation + 1) with no failed request where capacity allows (another instance
+  serves, or a surge instance does meanwhile); else refused unless `allow_downtime`. Each is one change,
+  serialized with the others; `say` gets its progress lines, `why` names the larger change it is part of
+  (`scale decode 1 -> 3`). A backend that cannot make one raises errors.NotSupported naming what to do.
 
 A deployment's backend is the one its record names; where state.json cannot be read, the one whose own
 files are in the run directory (`owns`), else the local host.
@@ -37,6 +44,9 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
     from muse_launch.run.state import DeploymentRecord, RunDir
+
+
+Say = Callable[[str], None]
 
 
 class Backend(Protocol):
@@ -60,11 +70,26 @@ class Backend(Protocol):
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None: ...
 
-    def add_instance(self, run_dir: RunDir, role: str) -> None: ...
+    def add_instance(self, run_dir: RunDir, role: str, say: Say = print, why: str = "") -> str: ...
 
-    def remove_instance(self, run_dir: RunDir, instance: str) -> None: ...
+    def remove_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+    ) -> dict: ...
 
-    def restart_instance(self, run_dir: RunDir, instance: str) -> None: ...
+    def restart_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        drain_timeout: float | None = None,
+    ) -> dict: ...
 
 
 def backends() -> dict[str, Backend]:

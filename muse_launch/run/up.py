@@ -10,7 +10,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from muse_launch.proc import cgroups
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.proc.programs import program_path
+from muse_launch.run.changes import Changes, Placement
+from muse_launch.run.control import ControlServer
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
@@ -61,6 +64,7 @@ class UpOptions:
     start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
     secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
+    placement: Placement | None = None  # how `scale` places a new instance (None: `--only`, none placed)
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -339,12 +343,30 @@ def _foreground(
                     )
                     follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
                     out.follow(lambda: follower.print_new(printer))
-                    outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
+                    with _control(sup, run_dir, client, options, saying(quiet)):
+                        outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
                 return _finish(sup, outcome, options, received, quiet, run_dir)
             finally:
                 sup.close()
     finally:
         out.close()
+
+
+@contextmanager
+def _control(
+    sup: Supervisor, run_dir: RunDir, client: httpx.Client, options: UpOptions, say: Callable[[str], None]
+) -> Iterator[None]:
+    """Once ready: `scale` and `restart` reach this supervisor through its control socket (run/control.py)."""
+    try:
+        server = ControlServer(run_dir, Changes(sup, options.placement, client).handle)
+    except OSError as exc:  # supervising goes on; changes are refused for want of a socket
+        say(f"warning: no control socket ({exc}): `scale` and `restart` cannot reach this supervisor")
+        server = None
+    try:
+        yield
+    finally:
+        if server:
+            server.close()
 
 
 def _finish(
@@ -510,7 +532,8 @@ def _run_detached(
                 if pipe >= 0:
                     os.close(pipe)
                     pipe = -1
-                outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
+                with _control(sup, run_dir, client, options, saying(console)):
+                    outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
             elif outcome is Outcome.RELEASED:
                 pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)
