@@ -1,0 +1,192 @@
+"""`scale` and `restart` on a running rehearsal (the simulated engine behind the real sglang-router), each
+under a steady load of 4 concurrent streaming chats through the router, every answer checked
+(tests/stand_ins/steady_load.py): no request may fail, and nothing may be left alive after `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import httpx
+import pytest
+from harness import free_ports, wait_for
+from steady_load import SteadyLoad
+
+from muse_launch.engines.metrics import SGLANG
+
+pytestmark = [pytest.mark.integration, pytest.mark.rehearsal]
+
+MODEL = "Qwen/Qwen3-0.6B"
+# ~25 ms a token: a 24-token stream lasts ~0.6 s, so a drain has streams to wait for.
+REHEARSE = {"ready_after": 0.5, "itl_ms": 25}
+
+
+def pd_topology(d, ports: list[int], replicas: int = 1):
+    prefill, decode, router, boot, metrics = ports[:5]
+    probe = {"http": "/health", "interval": 0.1, "timeout": 120}
+    return d.write(
+        {
+            "prefill": {
+                "kind": "prefill",
+                "port": prefill,
+                "bootstrap_port": boot,
+                "replicas": replicas,
+                "ready": probe,
+            },
+            "decode": {"kind": "decode", "port": decode, "replicas": replicas, "ready": probe},
+            "router": {
+                "kind": "router",
+                "port": router,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+                "metrics_port": metrics,
+            },
+        },
+        engine="sglang",
+        model=MODEL,
+        rehearse=REHEARSE,
+    )
+
+
+def up(d, path) -> None:
+    result = d.cli("up", path, "--rehearse", "-d", timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def change(d, *args) -> str:
+    result = d.cli(*args, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+def listed(router_url: str) -> dict[str, dict]:
+    answer = httpx.get(f"{router_url}/workers", timeout=5).json()
+    return {w["url"]: w for w in answer["workers"]}
+
+
+def generated(url: str) -> float:
+    """Tokens the worker generated so far, by its own counter."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(
+        float(line.split()[-1]) for line in text.splitlines() if line.startswith(SGLANG.generation_tokens)
+    )
+
+
+def down_clean(d) -> None:
+    result = d.cli("down", d.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert d.alive() == []
+    assert not (d.run_dir / "control.sock").exists()
+
+
+def test_scale_decode_1_2_1_under_load_fails_no_request(deployment):
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports))
+    router_url = f"http://127.0.0.1:{ports[2]}"
+    with SteadyLoad(router_url, MODEL) as load:
+        load.wait_for(4)
+        out = change(d, "scale", d.name, "decode", "2")
+        assert "decode: 1 -> 2 instances" in out and "registered decode-1 (decode)" in out, out
+        new_url = f"http://127.0.0.1:{ports[1] + 1}"  # replica 1: the role's port + 1
+        assert listed(router_url)[new_url]["worker_type"] == "decode"
+        assert d.role("decode-1")["state"] == "ready" and d.status()["state"] == "ready"
+        wait_for(lambda: generated(new_url) > 0, timeout=60)  # it takes traffic
+        load.wait_for(8)
+        out = change(d, "scale", d.name, "decode", "1")
+        assert "router: removed decode-1" in out and "decode-1: drained in" in out, out
+        assert new_url not in listed(router_url)
+        assert sorted(r["name"] for r in d.status()["roles"]) == ["decode", "prefill", "router"]
+        load.wait_for(4)
+    assert load.failures == [] and load.ok >= 16, load.failures
+    down_clean(d)
+
+
+def test_rolling_restart_of_prefill_and_decode_with_two_each_fails_no_request(deployment):
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports, replicas=2))
+    router_url = f"http://127.0.0.1:{ports[2]}"
+    before = {r["name"]: r["pid"] for r in d.status()["roles"]}
+    with SteadyLoad(router_url, MODEL) as load:
+        load.wait_for(4)
+        out = change(d, "restart", d.name, "prefill", "--rolling")
+        assert "prefill: 2 restarted" in out, out
+        load.wait_for(4)
+        out = change(d, "restart", d.name, "decode", "--rolling")
+        assert "decode: 2 restarted" in out, out
+        load.wait_for(4)
+    assert load.failures == [] and load.ok >= 12, load.failures
+    roles = {r["name"]: r for r in d.status()["roles"]}
+    for name in ("prefill-0", "prefill-1", "decode-0", "decode-1"):
+        assert roles[name]["generation"] == 1 and roles[name]["pid"] != before[name]
+        assert roles[name]["state"] == "ready"
+    assert roles["router"]["generation"] == 0 and roles["router"]["pid"] == before["router"]
+    workers = listed(router_url)
+    assert len(workers) == 4 and all(w["is_healthy"] for w in workers.values())
+    prefill = [w for w in workers.values() if w["worker_type"] == "prefill"]
+    assert sorted(w["bootstrap_port"] for w in prefill) == [ports[3], ports[3] + 1]
+    down_clean(d)
+
+
+def test_a_router_sigkilled_after_a_scale_up_comes_back_with_every_worker(deployment):
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports))
+    router_url = f"http://127.0.0.1:{ports[2]}"
+    with SteadyLoad(router_url, MODEL) as load:
+        load.wait_for(4)
+        change(d, "scale", d.name, "decode", "2")
+        load.wait_for(4)
+    assert load.failures == [], load.failures
+    router = d.role("router")
+    os.kill(router["pid"], signal.SIGKILL)  # it knows only its command-line workers when it comes back
+
+    def back() -> bool:
+        role = d.role("router")
+        return (
+            role["restarts"] >= 1
+            and role["state"] == "ready"
+            and role["wiring"]
+            == {
+                "prefill": "1/1",
+                "decode": "2/2",
+            }
+        )
+
+    wait_for(back, timeout=90)
+    workers = listed(router_url)
+    want = {
+        f"http://127.0.0.1:{ports[0]}",
+        f"http://127.0.0.1:{ports[1]}",
+        f"http://127.0.0.1:{ports[1] + 1}",
+    }
+    assert set(workers) == want and all(w["is_healthy"] for w in workers.values()), workers
+    assert d.status()["state"] == "ready"
+    with SteadyLoad(router_url, MODEL) as load:  # served again, by both decodes
+        before = generated(f"http://127.0.0.1:{ports[1] + 1}")
+        load.wait_for(8)
+    assert load.failures == [], load.failures
+    assert generated(f"http://127.0.0.1:{ports[1] + 1}") > before
+    down_clean(d)
+
+
+def test_restarting_the_only_instance_with_no_room_for_a_surge_is_refused_saying_the_cost(deployment):
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports))
+    blocker = socket.create_server(("127.0.0.1", ports[1] + 1))  # where a surge decode-1 would listen
+    try:
+        result = d.cli("restart", d.name, "decode", timeout=120)
+    finally:
+        blocker.close()
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no room for a surge instance" in result.stderr and "--allow-downtime" in result.stderr
+    assert "requests in flight on it and sent meanwhile fail" in result.stderr
+    status = d.status()
+    assert sorted(r["name"] for r in status["roles"]) == ["decode", "prefill", "router"]
+    assert status["state"] == "ready" and status["change"] is None
+    assert json.loads(d.cli("ls", "--json").stdout)[0]["state"] == "ready"
+    down_clean(d)
