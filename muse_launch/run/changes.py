@@ -326,7 +326,7 @@ class Changes:
             surge = self.place(spec.role, say)
         except (RuntimeFailure, NotSupported) as exc:
             if not allow_downtime:
-                raise self._downtime(spec, f"no room for a surge instance: {exc}") from None
+                raise self._downtime(spec, f"no room for a surge instance: {exc}", exc.fix) from None
             say(f"{spec.name}: no room for a surge instance ({exc}); --allow-downtime: replacing it in place")
             return self._replace(spec, wiring, generation, drain_timeout, say)
         say(f"{spec.name}: its only instance; {surge.name} carries its traffic while it is replaced")
@@ -357,15 +357,21 @@ class Changes:
 
         self.sup.call(recheck)
 
-    def _downtime(self, spec: LaunchSpec, why: str) -> RuntimeFailure:
+    def _downtime(self, spec: LaunchSpec, why: str, room: str | None = None) -> RuntimeFailure:
         record = self.sup.record.role(spec.name)
         took = _seconds_between(record.started_at, record.ready_at)
         cost = f"about {took:.0f}s, its last start" if took is not None else "its whole start"
         return RuntimeFailure(
             f"restarting {spec.name} would stop what it serves: {why}. Nothing serves {spec.role} for "
             f"{cost}; requests in flight on it and sent meanwhile fail",
-            fix=f"add --allow-downtime to accept that, or `muse-launch scale {self.sup.record.name} "
-            f"{spec.role} 2` first (then restart rolls with no failed request)",
+            fix="add --allow-downtime to accept that, or make room for one more instance"
+            + (f" ({room})" if room else "")
+            + (
+                f", or `muse-launch scale {self.sup.record.name} {spec.role} 2` first (then restart rolls "
+                "with no failed request)"
+                if spec.kind in SCALABLE_KINDS
+                else ""
+            ),
         )
 
 
