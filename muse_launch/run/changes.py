@@ -82,6 +82,10 @@ class Changes:
             if op == "remove":
                 return self.remove(target, float(drain), say)
             return self.restart(target, args.get("allow_downtime") is True, float(drain), say)
+        except httpx.HTTPError as exc:
+            raise RuntimeFailure(
+                f"{op} {target}: a router did not answer: {type(exc).__name__}: {exc}"
+            ) from None
         finally:
             self.sup.call(lambda: self.sup.set_change(None))
 
@@ -170,13 +174,16 @@ class Changes:
                 f"{spec.role}: {spec.kind} instances are not added or removed while it runs ({what})",
                 fix=f"change roles.{spec.role} in the file, then `down` and `up` it",
             )
-        for name in self._routers(spec.role):
+        self._refuse_static_routers(spec.role)
+
+    def _refuse_static_routers(self, role: str) -> None:
+        for name in self._routers(role):
             engine = self._specs()[name].engine
             if not adds_workers(engine):
                 raise NotSupported(
                     f"{name} ({engine}) takes its workers on its command line only: in PD mode it refuses a "
                     "worker added while it runs, and one removed cannot come back without a router restart",
-                    fix=f"change roles.{spec.role}.replicas in the file and `down` and `up` it, or route "
+                    fix=f"change roles.{role} in the file and `down` and `up` it, or route "
                     "with sglang-router or smg, which take workers at run time",
                 )
 
@@ -193,10 +200,13 @@ class Changes:
         ready = time.monotonic() - began
         say(f"{spec.name}: ready in {ready:.2f}s")
         wire = Wire(spec.name, spec.kind, spec.url or "", spec.ports.get("bootstrap"))
-        for name, check in self._routers(spec.role).items():
-            if any(w.peer == spec.name for w in check.wires):
-                continue
-            self._enrol(name, check, wire, say)
+        try:
+            for name, check in self._routers(spec.role).items():
+                if not any(w.peer == spec.name for w in check.wires):
+                    self._enrol(name, check, wire, say)
+        except (RuntimeFailure, httpx.HTTPError):
+            self._withdraw(spec)  # not counted: out of every router again, and stopped
+            raise
         return {
             "instance": spec.name,
             "ready_s": round(ready, 3),
@@ -211,6 +221,16 @@ class Changes:
         self._await(lambda: self.sup.runs[name].wired, lambda: self.sup.runs[name].wiring_failed, name)
         what = f"{wire.kind}" + (f", bootstrap port {wire.bootstrap_port}" if wire.bootstrap_port else "")
         say(f"{name}: registered {wire.peer} ({what}); listed healthy in {time.monotonic() - posted:.2f}s")
+
+    def _withdraw(self, spec: LaunchSpec) -> None:
+        for name, check in self._routers(spec.role).items():
+            wires = tuple(w for w in check.wires if w.peer != spec.name)
+            self.sup.call(lambda n=name, w=wires: self.sup.rewire(n, w))
+            try:
+                deregister(self.client, check, spec.url or "")
+            except (RuntimeFailure, httpx.HTTPError):
+                pass  # the supervisor's reconcile removes it once the router answers
+        self._forget(spec.name)
 
     def _pid(self, name: str) -> str:
         process = self.sup.record.role(name).process
@@ -311,6 +331,8 @@ class Changes:
 
     def restart(self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say) -> dict:
         spec = self._spec_of(instance)
+        if spec.kind in SCALABLE_KINDS:
+            self._refuse_static_routers(spec.role)  # what leaves vllm-router cannot come back
         wiring = self.sup.call(lambda: self.sup.runs[instance].wiring)
         generation = self.sup.record.role(instance).generation + 1
         serving = [

@@ -18,11 +18,12 @@ import httpx
 from muse_launch.bounded_json import load_answer
 from muse_launch.engines import ENGINES, router
 from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
+from muse_launch.errors import RuntimeFailure
 from muse_launch.run.probe import HTTP_TIMEOUT
 from muse_launch.run.wiring import Wire, WiringCheck
 
 
-class RouterRefused(Exception):
+class RouterRefused(RuntimeFailure):
     """The router answered a change of its worker set with something else than success."""
 
 
@@ -45,7 +46,7 @@ def register(client: httpx.Client, check: WiringCheck, wire: Wire) -> None:
     """Add one worker to the router, as the worker type it serves and with its bootstrap port."""
     body = router.worker_entry(wire.kind, wire.url, wire.bootstrap_port)
     answer = client.post(_api(check), json=body, headers=check.headers, timeout=HTTP_TIMEOUT)
-    if answer.status_code not in (200, 201, 202):
+    if answer.status_code not in (200, 201, 202, 409):  # 409: smg already holds (or drains) it
         raise RouterRefused(f"POST {_api(check)} ({wire.peer}) answered {answer.status_code}")
 
 

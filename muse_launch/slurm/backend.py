@@ -103,7 +103,8 @@ class SlurmBackend:
 
     def add_instance(self, run_dir: RunDir, role: str, say: Say = print, why: str = "") -> str:
         raise NotSupported(
-            f"adding an instance of {role} to a running SLURM job is not supported yet",
+            f"adding an instance of {role} to a running SLURM job is not supported yet (muse-launch "
+            "starts no new step in a running allocation)",
             fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
             "and `up --on slurm` it again",
         )

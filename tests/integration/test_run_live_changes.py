@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -61,6 +63,23 @@ def change(d, *args) -> str:
     return result.stdout
 
 
+def scale_watching_the_change(d, role: str, n: str, what: str) -> str:
+    """`scale`, and state.json read meanwhile: the change in progress is recorded, then cleared."""
+    scaler = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "scale", d.name, role, n],
+        env=d.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = wait_for(lambda: (d.state_file().get("change") or {}).get("what"), timeout=60, interval=0.02)
+    out = scaler.communicate(timeout=300)[0]
+    assert scaler.returncode == 0, out
+    assert seen == what
+    assert d.state_file()["change"] is None and d.status()["change"] is None
+    return out
+
+
 def listed(router_url: str) -> dict[str, dict]:
     answer = httpx.get(f"{router_url}/workers", timeout=5).json()
     return {w["url"]: w for w in answer["workers"]}
@@ -88,7 +107,7 @@ def test_scale_decode_1_2_1_under_load_fails_no_request(deployment):
     router_url = f"http://127.0.0.1:{ports[2]}"
     with SteadyLoad(router_url, MODEL) as load:
         load.wait_for(4)
-        out = change(d, "scale", d.name, "decode", "2")
+        out = scale_watching_the_change(d, "decode", "2", "add decode (scale decode 1 -> 2)")
         assert "decode: 1 -> 2 instances" in out and "registered decode-1 (decode)" in out, out
         new_url = f"http://127.0.0.1:{ports[1] + 1}"  # replica 1: the role's port + 1
         assert listed(router_url)[new_url]["worker_type"] == "decode"

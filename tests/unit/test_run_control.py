@@ -209,3 +209,26 @@ def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
     ):
         with pytest.raises(Damaged):
             check_state(bad, "demo", "/x/demo")
+
+
+def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_status():
+    from dataclasses import replace
+
+    from muse_launch.plan.spec import LaunchSpec, Plan
+    from muse_launch.run.lifecycle import RoleState
+    from muse_launch.run.state import Change, planned_record
+    from muse_launch.run.status import status_table
+
+    spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
+    record = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str)
+    record = record.with_role(replace(record.roles[0], state=RoleState.READY, generation=3))
+    assert record.shown_state == "ready"
+    changing = replace(
+        record, change=Change("add decode-1 (scale decode 1 -> 2)", "2026-12-02T00:00:00+00:00")
+    )
+    assert changing.shown_state == "changing"
+    table = status_table(changing, {"decode": "ok"})
+    assert "changing" in str(table.title) and "add decode-1 (scale decode 1 -> 2)" in str(table.title)
+    assert [c.header for c in table.columns][-2] == "gen" and list(table.columns[-2].cells) == ["3"]
+    stopped = replace(changing, roles=(replace(changing.roles[0], state=RoleState.STOPPED),))
+    assert stopped.shown_state == "stopped"  # nothing runs: no change shown
