@@ -98,18 +98,40 @@ def running_in(text: str, metric: str) -> int | None:
 
 
 def in_flight(client: httpx.Client, engine: str, url: str) -> int | None:
-    """Requests the worker itself counts as running (until their last token); None where it does not say
-    (no metrics endpoint: SGLang without --enable-metrics)."""
+    """Requests the worker itself counts as in flight (running until their last token, or waiting); None
+    where it does not say: its /metrics (SGLang serves them only with --enable-metrics), else its load
+    endpoint (SGLang's /get_load)."""
     metrics = ENGINE_METRICS.get(engine)
     if metrics is None:
         return None
     try:
         answer = client.get(url.rstrip("/") + METRICS_PATH, timeout=HTTP_TIMEOUT)
-    except httpx.HTTPError:
+        if answer.status_code == 200 and len(answer.content) <= 8 << 20:
+            running = running_in(answer.text, metrics.running)
+            waiting = running_in(answer.text, metrics.queued)
+            if running is not None:
+                return running + (waiting or 0)
+        if metrics.load_path:
+            answer = client.get(url.rstrip("/") + metrics.load_path, timeout=HTTP_TIMEOUT)
+            return load_in(load_answer(answer.content)) if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
         return None
-    if answer.status_code != 200 or len(answer.content) > 8 << 20:
-        return None
-    return running_in(answer.text, metrics.running)
+    return None
+
+
+def load_in(answer: object) -> int | None:
+    """`num_reqs` plus `num_waiting_reqs` over SGLang's /get_load entries; None for anything else."""
+    entries = answer if isinstance(answer, list) else [answer]
+    total, seen = 0, False
+    for entry in entries[:1024]:
+        if not isinstance(entry, dict):
+            return None
+        for key in ("num_reqs", "num_waiting_reqs"):
+            value = entry.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30:
+                total += value
+                seen = seen or key == "num_reqs"
+    return total if seen else None
 
 
 def routers_of(checks: Iterable[WiringCheck], role: str, roles: dict[str, str]) -> list[WiringCheck]:

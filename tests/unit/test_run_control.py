@@ -16,7 +16,7 @@ from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.run.control import SOCKET_NAME, ControlServer, parse_request, request
 from muse_launch.run.state import RunDir
 from muse_launch.run.state_schema import check_state
-from muse_launch.run.workers import running_in
+from muse_launch.run.workers import load_in, running_in
 
 
 @pytest.fixture
@@ -164,6 +164,9 @@ def test_the_workers_in_flight_count_is_read_from_its_own_gauge_and_nonsense_is_
     )
     assert running_in(text, "sglang:num_running_reqs") == 3
     assert running_in("nothing here", "sglang:num_running_reqs") is None
+    assert load_in([{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1}, {"num_reqs": 1}]) == 4
+    for hostile in ({"num_reqs": "2"}, [1], [{"num_reqs": True}], "x"):
+        assert load_in(hostile) is None
 
 
 def test_a_router_list_gives_ids_that_are_safe_in_a_url():
