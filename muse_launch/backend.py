@@ -16,15 +16,17 @@ A backend implements the Backend protocol below (structurally: it need not impor
   failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
 - `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
   ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
-- `add_instance(run_dir, role, say, why)`: one more instance of a worker role, placed by the file's rules,
-  ready, wired and registered with its routers before it returns its name.
-  `remove_instance(run_dir, instance, say, why, drain_timeout)`: out of its routers, drained (its own
-  in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured (`drain_s`, ...).
-  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout)`: replaced by a fresh process
-  of the same spec (its generation + 1) with no failed request where capacity allows (another instance
-  serves, or a surge instance does meanwhile); else refused unless `allow_downtime`. Each is one change,
-  serialized with the others; `say` gets its progress lines, `why` names the larger change it is part of
-  (`scale decode 1 -> 3`). A backend that cannot make one raises errors.NotSupported naming what to do.
+- `add_instance(run_dir, role, say, why, allow_downtime)`: one more instance of a worker role, placed by
+  the file's rules, ready, wired and registered with its routers before it returns its name.
+  `remove_instance(run_dir, instance, say, why, drain_timeout, allow_downtime)`: out of its routers, drained
+  (its own in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured.
+  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout)`: replaced by a fresh
+  process of the same spec (its generation + 1) with no failed request where capacity allows (another
+  instance serves, or a surge instance does meanwhile); else refused unless `allow_downtime`.
+  Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
+  change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
+  cannot avoid them (a router that takes workers on its command line only is restarted with its new
+  set). A backend that cannot make one raises errors.NotSupported naming what to do instead.
 
 A deployment's backend is the one its record names; where state.json cannot be read, the one whose own
 files are in the run directory (`owns`), else the local host.
@@ -70,7 +72,9 @@ class Backend(Protocol):
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None: ...
 
-    def add_instance(self, run_dir: RunDir, role: str, say: Say = print, why: str = "") -> str: ...
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str: ...
 
     def remove_instance(
         self,
@@ -79,6 +83,7 @@ class Backend(Protocol):
         say: Say = print,
         why: str = "",
         drain_timeout: float | None = None,
+        allow_downtime: bool = False,
     ) -> dict: ...
 
     def restart_instance(

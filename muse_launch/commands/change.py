@@ -41,6 +41,11 @@ def scale(
     drain_timeout: float = typer.Option(
         120.0, "--drain-timeout", help="seconds an instance taken out may finish its requests"
     ),
+    allow_downtime: bool = typer.Option(
+        False,
+        "--allow-downtime",
+        help="accept failed requests where the change cannot avoid them (vllm-router is restarted)",
+    ),
 ) -> None:
     """More or fewer instances of a worker role of a running deployment, with no failed request."""
     from muse_launch.backend import backend_of
@@ -60,13 +65,13 @@ def scale(
         typer.echo(f"{role}: already {replicas} instance{'s' * (replicas > 1)} ({', '.join(instances)})")
         return
     for _ in range(replicas - len(instances)):
-        added = backend.add_instance(run_dir, role, _say, why)
+        added = backend.add_instance(run_dir, role, _say, why, allow_downtime)
         _say(f"{added}: serving")
     leaving = sorted(instances, key=lambda n: index_of(n, role) or 0, reverse=True)[
         : len(instances) - replicas
     ]
     for instance in leaving:
-        backend.remove_instance(run_dir, instance, _say, why, drain_timeout)
+        backend.remove_instance(run_dir, instance, _say, why, drain_timeout, allow_downtime)
     _, after = _deployment(name)
     now = _instances(after, role)
     typer.echo(

@@ -176,7 +176,9 @@ class K8sBackend:
                 printer.line(role, one)
         printer.flush()
 
-    def add_instance(self, run_dir: RunDir, role: str, say: Say = print, why: str = "") -> str:
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str:
         raise NotSupported(
             f"adding an instance of {role} on Kubernetes is not supported by muse-launch yet",
             fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
@@ -190,6 +192,7 @@ class K8sBackend:
         say: Say = print,
         why: str = "",
         drain_timeout: float | None = None,
+        allow_downtime: bool = False,
     ) -> dict:
         raise NotSupported(
             f"removing {instance} on Kubernetes is not supported by muse-launch yet",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ class Placement:
     """What placing a new instance needs from `up`: the file's plan with N replicas of a role, and the
     pre-flight of a part of it (ports, GPUs; raises RuntimeFailure)."""
 
-    replan: Callable[[str, int], Plan]
+    replan: Callable[[Mapping[str, int]], Plan]  # role -> its replicas (the others as the file has them)
     preflight: Callable[[Plan, Say], None]
     gpus_checked: bool = True  # False in a rehearsal or with --skip-gpu-check, as `up` did
 
@@ -66,12 +66,14 @@ class Changes:
         self.sup = sup
         self.placement = placement
         self.client = client
+        self.allow_downtime = False  # the change's own --allow-downtime
 
     def handle(self, op: str, args: dict[str, Any], say: Say) -> dict[str, Any]:
         why = args.get("why") if isinstance(args.get("why"), str) else None
         drain = args.get("drain_timeout", DRAIN_TIMEOUT)
         if not isinstance(drain, int | float) or isinstance(drain, bool) or not 0 <= drain <= 86400:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
+        self.allow_downtime = args.get("allow_downtime") is True
         target = args.get("role" if op == "add" else "instance")
         if not isinstance(target, str):
             raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
@@ -97,8 +99,9 @@ class Changes:
     def _instances(self, role: str) -> list[LaunchSpec]:
         return [s for s in self._specs().values() if s.role == role]
 
-    def _routers(self, role: str) -> dict[str, WiringCheck]:
-        """Each router that routes `role`, and its wiring check (the set it must list)."""
+    def _routers(self, role: str, static: bool = False) -> dict[str, WiringCheck]:
+        """Each router that routes `role` and takes workers at run time (`static`: each that takes them on
+        its command line only), and its wiring check (the set it must list)."""
 
         def read() -> dict[str, WiringCheck]:
             runs = self.sup.runs
@@ -106,11 +109,36 @@ class Changes:
                 n: r.wiring
                 for n, r in runs.items()
                 if r.spec.engine in ROUTER_ENGINES
+                and adds_workers(r.spec.engine) is not static
                 and r.wiring
                 and any(runs[w.peer].spec.role == role for w in r.wiring.wires if w.peer in runs)
             }
 
         return self.sup.call(read)
+
+    def _counts(self, role: str, change: int) -> dict[str, int]:
+        """Each replicated role's instances now, `role`'s changed by `change`: the plan to render from."""
+        counts: dict[str, int] = {}
+        for spec in self._specs().values():
+            if not spec.node:
+                counts[spec.role] = counts.get(spec.role, 0) + 1
+        counts[role] += change
+        return counts
+
+    def _restart_routers(self, role: str, counts: dict[str, int], say: Say) -> None:
+        """A router that takes its workers on its command line only (vllm-router in PD mode) gets its new
+        set by a restart on the file's plan with these replicas; it is ready and wired again after."""
+        static = self._routers(role, static=True)
+        if not static:
+            return
+        plan = self.placement.replan(counts)
+        checks = wiring_checks(plan)
+        for name in static:
+            spec = replace(plan.spec(name), role=self._specs()[name].role)
+            generation = self.sup.record.role(name).generation + 1
+            say(f"{name}: restarting it with {counts[role]} {role} (it takes workers on its command line)")
+            self._forget(name)
+            self._bring_in(spec, checks.get(name), generation, say)
 
     def _spec_of(self, instance: str) -> LaunchSpec:
         specs = self._specs()
@@ -122,7 +150,9 @@ class Changes:
 
     def add(self, role: str, say: Say) -> dict[str, Any]:
         spec = self.place(role, say)
-        return self._bring_in(spec, self._wiring_of(spec), 0, say)
+        result = self._bring_in(spec, self._wiring_of(spec), 0, say)
+        self._restart_routers(role, self._counts(role, 0), say)
+        return result
 
     def place(self, role: str, say: Say) -> LaunchSpec:
         """The next replica of `role` by the file's rules, checked like `up`'s pre-flight."""
@@ -135,7 +165,7 @@ class Changes:
             raise NotSupported(f"{role}: this supervisor cannot place new instances (started by `up --only`)")
         used = {index_of(s.name, role) for s in current}
         index = next(i for i in range(len(used) + 1) if i not in used)
-        plan = self.placement.replan(role, max(index + 1, 2))
+        plan = self.placement.replan({**self._counts(role, 0), role: max(index + 1, 2)})
         spec = next((s for s in plan.specs if s.role == role and index_of(s.name, role) == index), None)
         if spec is None:
             raise RuntimeFailure(f"{role}: the file's plan has no replica {index} of it")
@@ -177,14 +207,20 @@ class Changes:
         self._refuse_static_routers(spec.role)
 
     def _refuse_static_routers(self, role: str) -> None:
-        for name in self._routers(role):
+        """A router that takes workers on its command line only changes its set by a restart: that costs the
+        requests through it, so only with --allow-downtime."""
+        for name in self._routers(role, static=True):
             engine = self._specs()[name].engine
-            if not adds_workers(engine):
-                raise NotSupported(
+            if self.placement is None:
+                raise NotSupported(f"{name} ({engine}) cannot be given a new worker set by this supervisor")
+            if not self.allow_downtime:
+                raise RuntimeFailure(
                     f"{name} ({engine}) takes its workers on its command line only: in PD mode it refuses a "
-                    "worker added while it runs, and one removed cannot come back without a router restart",
-                    fix=f"change roles.{role} in the file and `down` and `up` it, or route "
-                    "with sglang-router or smg, which take workers at run time",
+                    "worker added while it runs, and one removed cannot come back. muse-launch changes its "
+                    "set by restarting it, which breaks the streams in flight through it and refuses "
+                    "requests until it is ready again",
+                    fix="add --allow-downtime to accept that, or route with sglang-router or smg, which take "
+                    "workers at run time (no request fails)",
                 )
 
     def _bring_in(self, spec: LaunchSpec, wiring: WiringCheck | None, generation: int, say: Say) -> dict:
@@ -283,6 +319,7 @@ class Changes:
                 f"{instance} is the last instance of {spec.role}; a deployment keeps one of each role",
                 fix=f"`muse-launch down {self.sup.record.name}` stops the whole deployment",
             )
+        self._restart_routers(spec.role, self._counts(spec.role, -1), say)  # no new requests to it
         return self._take_out(spec, drain_timeout, say)
 
     def _take_out(self, spec: LaunchSpec, drain_timeout: float, say: Say) -> dict[str, Any]:
@@ -331,9 +368,15 @@ class Changes:
 
     def restart(self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say) -> dict:
         spec = self._spec_of(instance)
-        if spec.kind in SCALABLE_KINDS:
-            self._refuse_static_routers(spec.role)  # what leaves vllm-router cannot come back
         wiring = self.sup.call(lambda: self.sup.runs[instance].wiring)
+        if spec.kind in SCALABLE_KINDS and self._routers(spec.role, static=True):
+            self._refuse_static_routers(
+                spec.role
+            )  # only with --allow-downtime: requests to it fail meanwhile
+            generation = self.sup.record.role(instance).generation + 1
+            result = self._replace(spec, wiring, generation, drain_timeout, say)
+            self._restart_routers(spec.role, self._counts(spec.role, 0), say)  # it lists it again
+            return result
         generation = self.sup.record.role(instance).generation + 1
         serving = [
             s

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure
@@ -108,12 +108,18 @@ class LocalBackend:
         print_files(run_dir, files, lines, follow, printer)
 
     def add_instance(
-        self, run_dir: RunDir, role: str, say: Callable[[str], None] = print, why: str = ""
+        self,
+        run_dir: RunDir,
+        role: str,
+        say: Callable[[str], None] = print,
+        why: str = "",
+        allow_downtime: bool = False,
     ) -> str:
         """One more instance of `role`, ready, wired and registered with its routers; returns its name."""
         from muse_launch.run.control import request
 
-        return str(request(run_dir, "add", {"role": role, "why": why}, say).get("instance", ""))
+        args = {"role": role, "why": why, "allow_downtime": allow_downtime}
+        return str(request(run_dir, "add", args, say).get("instance", ""))
 
     def remove_instance(
         self,
@@ -122,11 +128,12 @@ class LocalBackend:
         say: Callable[[str], None] = print,
         why: str = "",
         drain_timeout: float | None = None,
+        allow_downtime: bool = False,
     ) -> dict:
         """Out of its routers, drained (at most `drain_timeout` s), stopped; returns what it measured."""
         from muse_launch.run.control import request
 
-        args: dict = {"instance": instance, "why": why}
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
         if drain_timeout is not None:
             args["drain_timeout"] = drain_timeout
         return request(run_dir, "remove", args, say)
@@ -165,9 +172,11 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
 
     topology = loaded.loaded.topology
 
-    def replan(role: str, replicas: int) -> Plan:
+    def replan(counts: Mapping[str, int]) -> Plan:
         roles = dict(topology.roles)
-        roles[role] = roles[role].model_copy(update={"replicas": replicas})
+        for role, replicas in counts.items():
+            if role in roles and not roles[role].nodes:
+                roles[role] = roles[role].model_copy(update={"replicas": replicas})
         changed = topology.model_copy(update={"roles": roles})
         plan = build_plan(changed)
         return rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan

@@ -101,7 +101,9 @@ class SlurmBackend:
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
 
-    def add_instance(self, run_dir: RunDir, role: str, say: Say = print, why: str = "") -> str:
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str:
         raise NotSupported(
             f"adding an instance of {role} to a running SLURM job is not supported yet (muse-launch "
             "starts no new step in a running allocation)",
@@ -116,6 +118,7 @@ class SlurmBackend:
         say: Say = print,
         why: str = "",
         drain_timeout: float | None = None,
+        allow_downtime: bool = False,
     ) -> dict:
         raise NotSupported(
             f"removing {instance} from a running SLURM job is not supported yet",

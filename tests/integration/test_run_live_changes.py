@@ -209,3 +209,54 @@ def test_restarting_the_only_instance_with_no_room_for_a_surge_is_refused_saying
     assert status["state"] == "ready" and status["change"] is None
     assert json.loads(d.cli("ls", "--json").stdout)[0]["state"] == "ready"
     down_clean(d)
+
+
+def test_vllm_router_gets_its_new_worker_set_by_a_restart_only_with_allow_downtime(deployment):
+    d = deployment
+    prefill, decode, router, metrics, side_p, side_d = free_ports(6)
+    path = d.write(
+        {  # a replica's side channel steps from its role's: far apart, each role's stays its own
+            "prefill": {"kind": "prefill", "port": prefill, "side_channel_port": side_p},
+            "decode": {"kind": "decode", "port": decode, "side_channel_port": side_d},
+            "router": {
+                "kind": "router",
+                "engine": "vllm-router",
+                "port": router,
+                "metrics_port": metrics,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+            },
+        },
+        engine="vllm",
+        model=MODEL,
+        rehearse=REHEARSE,
+    )
+    up(d, path)
+    refused = d.cli("scale", d.name, "decode", "2", timeout=120)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert (
+        "takes its workers on its command line only" in refused.stderr
+        and "--allow-downtime" in refused.stderr
+    )
+    assert sorted(r["name"] for r in d.status()["roles"]) == [
+        "decode",
+        "prefill",
+        "router",
+    ]  # nothing started
+
+    out = change(d, "scale", d.name, "decode", "2", "--allow-downtime")
+    assert "router: restarting it with 2 decode" in out, out
+    urls = httpx.get(f"http://127.0.0.1:{router}/list_workers", timeout=5).json()["urls"]
+    assert f"http://127.0.0.1:{decode + 1}" in urls and len(urls) == 3
+    assert d.role("router")["generation"] == 1 and d.status()["state"] == "ready"
+    answer = httpx.post(
+        f"http://127.0.0.1:{router}/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        timeout=30,
+    )
+    assert answer.status_code == 200, answer.text
+
+    change(d, "scale", d.name, "decode", "1", "--allow-downtime")
+    urls = httpx.get(f"http://127.0.0.1:{router}/list_workers", timeout=5).json()["urls"]
+    assert sorted(urls) == sorted([f"http://127.0.0.1:{prefill}", f"http://127.0.0.1:{decode}"])
+    down_clean(d)
