@@ -81,6 +81,7 @@ class RoleRun:
     wiring_failed: str | None = None  # why its wiring is not complete after its probe's timeout
     reconciling: Future | None = None  # a router's worker set being made the desired one, in the pool
     next_reconcile_at: float = 0.0
+    reconcile_due: bool = False  # back after a restart: it lists its command-line workers, not the set
 
 
 def _with_spec(plan: Plan, spec: LaunchSpec) -> Plan:
@@ -273,6 +274,7 @@ class Supervisor:
                     self._role_down(run, reason, failed=True)
                 elif state is RoleState.RESTARTING and self.state_of(name) is RoleState.READY and run.wiring:
                     run.wired, run.wiring_failed = False, None  # back after a restart: its wiring again
+                    run.reconcile_due = True
                 elif state is RoleState.STARTING and (reason := self._watch_starting(run)):
                     self._update(name, state=RoleState.FAILED, reason=reason)  # added by a change: it says
                 elif state is RoleState.READY and not run.wired and run.wiring_failed is None:
@@ -378,7 +380,7 @@ class Supervisor:
         if run.reconciling is not None and run.reconciling.done():
             run.reconciling = None
         if (
-            run.unlisted
+            (run.unlisted or run.reconcile_due)
             and run.reconciling is None
             and now >= run.next_reconcile_at
             and run.spec.engine in ENGINES
@@ -386,6 +388,7 @@ class Supervisor:
             and all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
         ):
             run.next_reconcile_at = now + max(run.spec.probe.interval, 0.5)
+            run.reconcile_due = False
             run.reconciling = self.probes.submit(reconcile, self.client, run.wiring)
             run.reconciling.add_done_callback(lambda _: self.wakeup.set())
         if reason := self._watch_wiring(run):

@@ -25,7 +25,7 @@ MODEL = "Qwen/Qwen3-0.6B"
 REHEARSE = {"ready_after": 0.5, "itl_ms": 25}
 
 
-def pd_topology(d, ports: list[int], replicas: int = 1):
+def pd_topology(d, ports: list[int], replicas: int = 1, decode_replicas: int | None = None):
     prefill, decode, router, boot, metrics = ports[:5]
     probe = {"http": "/health", "interval": 0.1, "timeout": 120}
     return d.write(
@@ -37,7 +37,12 @@ def pd_topology(d, ports: list[int], replicas: int = 1):
                 "replicas": replicas,
                 "ready": probe,
             },
-            "decode": {"kind": "decode", "port": decode, "replicas": replicas, "ready": probe},
+            "decode": {
+                "kind": "decode",
+                "port": decode,
+                "replicas": decode_replicas or replicas,
+                "ready": probe,
+            },
             "router": {
                 "kind": "router",
                 "port": router,
@@ -259,4 +264,26 @@ def test_vllm_router_gets_its_new_worker_set_by_a_restart_only_with_allow_downti
     change(d, "scale", d.name, "decode", "1", "--allow-downtime")
     urls = httpx.get(f"http://127.0.0.1:{router}/list_workers", timeout=5).json()["urls"]
     assert sorted(urls) == sorted([f"http://127.0.0.1:{prefill}", f"http://127.0.0.1:{decode}"])
+    down_clean(d)
+
+
+def test_a_router_restarted_on_its_first_command_line_forgets_a_worker_scaled_away(deployment):
+    """The file gives decode 2 replicas, scaled to 1: the router's command line still names decode-1, so
+    when it dies and comes back, the supervisor removes that one from its list again."""
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports, decode_replicas=2))
+    router_url = f"http://127.0.0.1:{ports[2]}"
+    gone = f"http://127.0.0.1:{ports[1] + 1}"
+    with SteadyLoad(router_url, MODEL) as load:
+        load.wait_for(4)
+        change(d, "scale", d.name, "decode", "1")
+        load.wait_for(4)
+    assert load.failures == [], load.failures
+    assert gone not in listed(router_url)
+    os.kill(d.role("router")["pid"], signal.SIGKILL)
+    wait_for(lambda: d.role("router")["restarts"] >= 1 and d.role("router")["state"] == "ready", timeout=90)
+    wait_for(lambda: gone not in listed(router_url), timeout=30)
+    assert set(listed(router_url)) == {f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"}
+    assert d.role("router")["wiring"] == {"prefill": "1/1", "decode": "1/1"}
     down_clean(d)
