@@ -25,7 +25,9 @@ MODEL = "Qwen/Qwen3-0.6B"
 REHEARSE = {"ready_after": 0.5, "itl_ms": 25}
 
 
-def pd_topology(d, ports: list[int], replicas: int = 1, decode_replicas: int | None = None):
+def pd_topology(
+    d, ports: list[int], replicas: int = 1, decode_replicas: int | None = None, rehearse: dict = REHEARSE
+):
     prefill, decode, router, boot, metrics = ports[:5]
     probe = {"http": "/health", "interval": 0.1, "timeout": 120}
     return d.write(
@@ -53,7 +55,7 @@ def pd_topology(d, ports: list[int], replicas: int = 1, decode_replicas: int | N
         },
         engine="sglang",
         model=MODEL,
-        rehearse=REHEARSE,
+        rehearse=rehearse,
     )
 
 
@@ -287,3 +289,25 @@ def test_a_router_restarted_on_its_first_command_line_forgets_a_worker_scaled_aw
     assert set(listed(router_url)) == {f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"}
     assert d.role("router")["wiring"] == {"prefill": "1/1", "decode": "1/1"}
     down_clean(d)
+
+
+def test_down_in_the_middle_of_a_scale_stops_the_new_instance_too(deployment):
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports, rehearse={**REHEARSE, "ready_after": 8}))  # down comes while it starts
+    scaler = subprocess.Popen(
+        [sys.executable, "-m", "muse_launch", "scale", d.name, "decode", "2"],
+        env=d.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_for(
+        lambda: any(r["name"] == "decode-1" and r["pid"] for r in d.state_file()["roles"]), interval=0.02
+    )
+    d.status()  # the new instance's session, for the leftover scan
+    result = d.cli("down", d.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = scaler.communicate(timeout=120)[0]
+    assert scaler.returncode == 1 and "the supervisor went away" in out, out
+    assert d.alive() == [] and d.ports_held() == []
