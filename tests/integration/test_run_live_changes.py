@@ -191,11 +191,12 @@ def test_a_router_sigkilled_after_a_scale_up_comes_back_with_every_worker(deploy
     }
     assert set(workers) == want and all(w["is_healthy"] for w in workers.values()), workers
     assert d.status()["state"] == "ready"
+    new_url = f"http://127.0.0.1:{ports[1] + 1}"
     with SteadyLoad(router_url, MODEL) as load:  # served again, by both decodes
-        before = generated(f"http://127.0.0.1:{ports[1] + 1}")
+        before = generated(new_url)
         load.wait_for(8)
+        wait_for(lambda: generated(new_url) > before, timeout=60)
     assert load.failures == [], load.failures
-    assert generated(f"http://127.0.0.1:{ports[1] + 1}") > before
     down_clean(d)
 
 
