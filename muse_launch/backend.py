@@ -18,8 +18,17 @@ A backend implements the Backend protocol below (structurally: it need not impor
   host sees its roles' processes); None where the roles run elsewhere (SLURM's nodes, Kubernetes' pods).
 - `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
   ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
-- `add_instance`, `remove_instance`, `restart_instance`: run-time changes of a live deployment; a backend
-  that cannot make one raises errors.NotSupported naming what it can do instead.
+- `add_instance(run_dir, role, say, why, allow_downtime)`: one more instance of a worker role, placed by
+  the file's rules, ready, wired and registered with its routers before it returns its name.
+  `remove_instance(run_dir, instance, say, why, drain_timeout, allow_downtime)`: out of its routers, drained
+  (its own in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured.
+  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout)`: replaced by a fresh
+  process of the same spec (its generation + 1) with no failed request where capacity allows (another
+  instance serves, or a surge instance does meanwhile); else refused unless `allow_downtime`.
+  Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
+  change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
+  cannot avoid them (a router that takes workers on its command line only is restarted with its new
+  set). A backend that cannot make one raises errors.NotSupported naming what to do instead.
 
 A deployment's backend is the one its record names; where state.json cannot be read, the one whose own
 files are in the run directory (`owns`), else the local host.
@@ -40,6 +49,9 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
     from muse_launch.run.logs import RolePrinter
     from muse_launch.run.state import DeploymentRecord, RunDir
     from muse_launch.run.status import OwnerOf
+
+
+Say = Callable[[str], None]
 
 
 class Backend(Protocol):
@@ -65,11 +77,29 @@ class Backend(Protocol):
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None: ...
 
-    def add_instance(self, run_dir: RunDir, role: str) -> None: ...
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str: ...
 
-    def remove_instance(self, run_dir: RunDir, instance: str) -> None: ...
+    def remove_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict: ...
 
-    def restart_instance(self, run_dir: RunDir, instance: str) -> None: ...
+    def restart_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        drain_timeout: float | None = None,
+    ) -> dict: ...
 
 
 def backends() -> dict[str, Backend]:

@@ -92,10 +92,9 @@ def export_command(
 
 
 def _check_server(directory: Path, namespace: str, context: str | None) -> int:
+    from muse_launch.export.validate import read_dir
     from muse_launch.k8s.apply import server_problems
     from muse_launch.k8s.client import connect
-
-    from muse_launch.export.validate import read_dir
 
     if not directory.is_dir():
         raise UsageError(f"--check {directory}: not a directory")

@@ -337,7 +337,7 @@ def ls(
     rows = [
         {
             "name": record.name,
-            "state": record.state.value,
+            "state": record.shown_state,
             "ready": sum(r.state.value == "ready" for r in record.roles),
             "roles": len(record.roles),
             "supervisor_pid": record.supervisor.pid if record.supervisor else None,

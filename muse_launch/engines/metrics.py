@@ -23,6 +23,9 @@ class EngineMetrics:
     generation_tokens: str  # counter: tokens generated
     ttft: str  # histogram (seconds): time to first token; samples NAME_sum, NAME_count, NAME_bucket
     needs_flag: str | None = None  # the flag without which the engine serves no /metrics
+    # Where it says its load without /metrics: SGLang's GET /get_load, a list with one entry per DP rank,
+    # `num_reqs` (running, until the last token) and `num_waiting_reqs`.
+    load_path: str | None = None
 
 
 SGLANG = EngineMetrics(
@@ -33,6 +36,7 @@ SGLANG = EngineMetrics(
     generation_tokens="sglang:generation_tokens_total",
     ttft="sglang:time_to_first_token_seconds",
     needs_flag="--enable-metrics",
+    load_path="/get_load",
 )
 VLLM = EngineMetrics(
     running="vllm:num_requests_running",

@@ -3,6 +3,7 @@ options) and its reader. Each router's own facts are in its module: sglang_route
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -51,6 +52,11 @@ class RouterFacts:
     # vllm-router 0.1.17 answers {"urls": [...]} at /list_workers, without health.
     workers_path: str = "/workers"
     shipped_in: str | None = None  # the worker engine whose container image carries it
+    # Workers added and removed while it runs: sglang-router 0.3.2 and smg 1.13 take `POST /workers` (a JSON
+    # body from `worker_entry`) and `DELETE /workers/{id}` (the id its list gives); vllm-router 0.1.17 in PD
+    # mode refuses a worker added at run time (400): its set changes only by a restart with a new command
+    # line.
+    adds_workers: bool = True
 
 
 def auth_headers(argv: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -73,6 +79,35 @@ def listed_workers(answer: object) -> dict[str, bool]:
     if isinstance(answer.get("urls"), list):
         return {str(u).rstrip("/"): True for u in answer["urls"]}
     return {}
+
+
+WORKER_API = "/workers"  # POST to add, DELETE WORKER_API/{id} to remove (no drain: no new requests at once)
+# After a DELETE, sglang-router 0.3.2 sends the worker no new request within 0.5 s (measured): an idle count
+# read on the worker before that may still be followed by one last dispatch.
+REMOVAL_SETTLE_S = 0.5
+ROUTED_TYPES = {"prefill": "prefill", "decode": "decode", "worker": "regular"}  # `worker_type` by kind
+
+
+def worker_entry(kind: str, url: str, bootstrap_port: int | None) -> dict[str, object]:
+    """The body of `POST /workers` for one worker: without `worker_type` it registers as `regular` and gets
+    no PD traffic; a prefill names its KV bootstrap port."""
+    entry: dict[str, object] = {"url": url, "worker_type": ROUTED_TYPES.get(kind, "regular")}
+    if kind == "prefill" and bootstrap_port:
+        entry["bootstrap_port"] = bootstrap_port
+    return entry
+
+
+def worker_ids(answer: object) -> dict[str, str]:
+    """URL (without a trailing slash) -> the id `DELETE /workers/{id}` takes, from `GET /workers`."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("workers"), list):
+        return {}
+    out = {}
+    for w in answer["workers"]:
+        if isinstance(w, dict):
+            wid = w.get("id", w.get("worker_id"))
+            if isinstance(wid, str) and re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", wid):
+                out[str(w.get("url", "")).rstrip("/")] = wid
+    return out
 
 
 def render(inst: Instance, ctx: Context, facts: RouterFacts) -> Rendered:

@@ -17,6 +17,7 @@ FACTS = router.RouterFacts(
     bootstrap_none=False,
     kv_connector_flag="--kv-connector",
     workers_path="/list_workers",
+    adds_workers=False,
 )
 NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("vllm-router",)  # what provides it (host/versions.py reads the installed release)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from collections.abc import Callable as _Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 def _say(text: str) -> None:
     print(text, flush=True)
+
+
+Say = _Callable[[str], None]
 
 
 class K8sBackend:
@@ -180,20 +184,38 @@ class K8sBackend:
                 printer.line(role, one)
         printer.flush()
 
-    def add_instance(self, run_dir: RunDir, role: str) -> None:
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str:
         raise NotSupported(
             f"adding an instance of {role} on Kubernetes is not supported by muse-launch yet",
             fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
             "and `up --on k8s` it again",
         )
 
-    def remove_instance(self, run_dir: RunDir, instance: str) -> None:
+    def remove_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict:
         raise NotSupported(
             f"removing {instance} on Kubernetes is not supported by muse-launch yet",
             fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on k8s` again",
         )
 
-    def restart_instance(self, run_dir: RunDir, instance: str) -> None:
+    def restart_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        drain_timeout: float | None = None,
+    ) -> dict:
         raise NotSupported(
             f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
             fix="the kubelet restarts a container that dies by the pod's restart policy",

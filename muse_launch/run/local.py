@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from muse_launch.errors import NotSupported, RuntimeFailure
+from muse_launch.errors import RuntimeFailure
 from muse_launch.run.state import LOCAL, DeploymentRecord, RunDir
 
 if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads none of these
@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
+    from muse_launch.plan.spec import Plan
+    from muse_launch.run.changes import Placement
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
     from muse_launch.run.status import OwnerOf
@@ -42,6 +44,7 @@ class LocalBackend:
             only=request.only,
             start=loaded.loaded.topology.start,
             secret_sources=loaded.loaded.secret_sources,
+            placement=None if request.only else placement(loaded, request, read_gpu_view),
         )
         skipped = (
             "--skip-gpu-check"
@@ -110,22 +113,92 @@ class LocalBackend:
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
 
-    def add_instance(self, run_dir: RunDir, role: str) -> None:
-        raise NotSupported(
-            f"adding an instance of {role} to a running deployment is not supported on this host yet",
-            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-            "and `up` it again",
-        )
+    def add_instance(
+        self,
+        run_dir: RunDir,
+        role: str,
+        say: Callable[[str], None] = print,
+        why: str = "",
+        allow_downtime: bool = False,
+    ) -> str:
+        """One more instance of `role`, ready, wired and registered with its routers; returns its name."""
+        from muse_launch.run.control import request
 
-    def remove_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(
-            f"removing {instance} from a running deployment is not supported on this host yet",
-            fix=f"lower its role's replicas in the file, then `down {run_dir.name}` and `up` again",
-        )
+        args = {"role": role, "why": why, "allow_downtime": allow_downtime}
+        return str(request(run_dir, "add", args, say).get("instance", ""))
 
-    def restart_instance(self, run_dir: RunDir, instance: str) -> None:
-        raise NotSupported(
-            f"restarting {instance} alone is not supported on this host yet",
-            fix=f"`muse-launch down {run_dir.name}` and `up` it again; the supervisor restarts "
-            "a role that dies by its restart policy",
+    def remove_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Callable[[str], None] = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict:
+        """Out of its routers, drained (at most `drain_timeout` s), stopped; returns what it measured."""
+        from muse_launch.run.control import request
+
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        if drain_timeout is not None:
+            args["drain_timeout"] = drain_timeout
+        return request(run_dir, "remove", args, say)
+
+    def restart_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Callable[[str], None] = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        drain_timeout: float | None = None,
+    ) -> dict:
+        """Replaced by a fresh process of the same spec (generation + 1), with no failed request where
+        capacity allows; alone and with no room for a surge instance, refused unless `allow_downtime`."""
+        from muse_launch.run.control import request
+
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        if drain_timeout is not None:
+            args["drain_timeout"] = drain_timeout
+        return request(run_dir, "restart", args, say)
+
+
+def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
+    """How the supervisor places a new instance: the file's plan with N replicas of a role (rehearsed as
+    `up` was), and `up`'s port and GPU pre-flight for it."""
+    import sys
+
+    from muse_launch.plan.build import build_plan
+    from muse_launch.plan.rehearse import rehearsal_plan
+    from muse_launch.proc.ports import busy_ports
+    from muse_launch.run.changes import Placement
+    from muse_launch.run.gpus import preflight_for
+    from muse_launch.run.state import recorded_role, running_deployments
+    from muse_launch.run.up import busy_fix
+
+    topology = loaded.loaded.topology
+
+    def replan(counts: Mapping[str, int]) -> Plan:
+        roles = dict(topology.roles)
+        for role, replicas in counts.items():
+            if role in roles and not roles[role].nodes:
+                roles[role] = roles[role].model_copy(update={"replicas": replicas})
+        changed = topology.model_copy(update={"roles": roles})
+        plan = build_plan(changed)
+        return rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan
+
+    def preflight(part: Plan, say: Callable[[str], None]) -> None:
+        if busy := busy_ports(part, loaded.redact, recorded_role):
+            raise RuntimeFailure(
+                "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(part, busy)
+            )
+        skipped = (
+            "--skip-gpu-check"
+            if request.skip_gpu_check
+            else "a rehearsal runs no GPU engine"
+            if request.rehearse
+            else None
         )
+        preflight_for(part, topology, read_gpus, skipped).require(part, running_deployments, say)
+
+    return Placement(replan, preflight, gpus_checked=not (request.skip_gpu_check or request.rehearse))

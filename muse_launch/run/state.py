@@ -127,6 +127,8 @@ class RoleRecord:
     # A router's API key as the file gives it (`${env:NAME}`, resolved by whoever needs it, never the value of
     # a secret): what `smoke` sends; None for a role that takes none (engines/router.py API_KEY).
     api_key: str | None = None
+    # How many times `restart` (or a rolling change) replaced this instance: 0 as `up` or `scale` started it.
+    generation: int = 0
 
     @property
     def restarts_text(self) -> str:
@@ -176,6 +178,7 @@ class RoleRecord:
             "restarts_reset_after": self.reset_after,
             "ready_at": self.ready_at,
             "wiring": {kind: f"{have}/{want}" for kind, have, want in self.wiring},
+            "generation": self.generation,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -229,7 +232,19 @@ class RoleRecord:
             d.get("cgroup"),
             d.get("restarts_reset_after"),
             d.get("api_key"),
+            d.get("generation", 0),
         )
+
+
+@dataclass(frozen=True)
+class Change:
+    """A change of the running deployment in progress (`scale`, `restart`), one at a time."""
+
+    what: str  # "scale decode 1 -> 2"
+    since: str  # ISO 8601
+
+    def to_json(self) -> dict[str, str]:
+        return {"what": self.what, "since": self.since}
 
 
 @dataclass(frozen=True)
@@ -246,6 +261,14 @@ class DeploymentRecord:
     backend: str | None = (
         LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
     )
+    change: Change | None = None  # a change in progress, told by the supervisor that makes it
+
+    @property
+    def shown_state(self) -> str:
+        """What `ls` and the status title say: `changing` while a change runs on a serving deployment."""
+        state = self.state
+        live = state not in (DeploymentState.STOPPED, DeploymentState.STOPPING)
+        return "changing" if self.change and live else state.value
 
     @property
     def state(self) -> DeploymentState:
@@ -264,6 +287,7 @@ class DeploymentRecord:
             "supervisor_pid": self.supervisor.pid if self.supervisor else None,
             "state": self.state.value,
             "roles": [r.status_dict() for r in self.roles],
+            "change": self.change.to_json() if self.change else None,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -282,6 +306,7 @@ class DeploymentRecord:
             "versions": dict(self.versions),
             "masks": self.masks.to_json(),
             "backend": self.backend,
+            "change": self.change.to_json() if self.change else None,
         }
 
     @classmethod
@@ -296,6 +321,7 @@ class DeploymentRecord:
             dict(d.get("versions") or {}),
             Masks.from_json(d.get("masks")),
             _backend_name(d.get("backend")),
+            Change(d["change"]["what"], d["change"]["since"]) if d.get("change") else None,
         )
 
     def entry_roles(self) -> tuple[RoleRecord, ...]:

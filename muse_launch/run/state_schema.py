@@ -108,6 +108,7 @@ class RoleModel(_Strict):
     wiring_counts: list[tuple[str, int, int]] = []
     cgroup: str | None = None
     api_key: str | None = None
+    generation: int = Field(0, ge=0, lt=1 << 31)
 
     @field_validator("started_at", "ready_at")
     @classmethod
@@ -152,6 +153,21 @@ class MasksModel(_Strict):
     sha256: dict[str, str]
 
 
+class ChangeModel(_Strict):
+    what: str = Field(min_length=1, max_length=300)
+    since: str
+
+    @field_validator("what")
+    @classmethod
+    def _what(cls, value: str) -> str:
+        return _plain(value, "a change")
+
+    @field_validator("since")
+    @classmethod
+    def _since(cls, value: str) -> str:
+        return _iso(value)
+
+
 class StateModel(_Strict):
     name: str = Field(min_length=1)
     source: str
@@ -164,6 +180,7 @@ class StateModel(_Strict):
     versions: dict[str, str | None] = {}
     masks: MasksModel | None = None
     backend: Literal[BACKEND_NAMES] | None = None  # None: written before records named their backend
+    change: ChangeModel | None = None  # a change in progress (`scale`, `restart`)
 
     @model_validator(mode="after")
     def _waves(self) -> StateModel:

@@ -156,7 +156,8 @@ def status_table(
         or None
     )
     table = Table(
-        title=f"{record.name}: {record.state.value} ({supervisor}; {record.source})",
+        title=f"{record.name}: {record.shown_state} ({supervisor}; {record.source})"
+        + (f"\nchanging: {record.change.what} (since {since(record.change.since)})" if record.change else ""),
         title_justify="left",
         caption=caption,
         caption_justify="left",
@@ -171,6 +172,7 @@ def status_table(
         "url",
         "ready since",
         "restarts",
+        "gen",
         "health now",
     )
     for column in columns:
@@ -189,6 +191,7 @@ def status_table(
             role.url or "-",
             since(role.ready_at),
             role.restarts_text,
+            str(role.generation),
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )
     return table

@@ -17,6 +17,7 @@ crash a week is not a crash loop, and must not use up the restarts the deploymen
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from enum import Enum
 
 import httpx
 
+from muse_launch.engines import ENGINES
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.proc import cgroups
 from muse_launch.proc.process import (
@@ -37,8 +39,9 @@ from muse_launch.proc.process import (
 from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
-from muse_launch.run.state import DeploymentRecord, RunDir, now_iso
+from muse_launch.run.state import Change, DeploymentRecord, RoleRecord, RunDir, now_iso
 from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
+from muse_launch.run.workers import adds_workers, reconcile
 
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
@@ -74,6 +77,20 @@ class RoleRun:
     wiring: WiringCheck | None = None  # the peers it must list before the deployment is ready
     wired: bool = True
     unlisted: tuple[Wire, ...] = ()  # the peers its list lacked at the last look
+    retiring: bool = False  # being stopped for good by a change (`scale` down, a replacement)
+    wiring_failed: str | None = None  # why its wiring is not complete after its probe's timeout
+    reconciling: Future | None = None  # a router's worker set being made the desired one, in the pool
+    next_reconcile_at: float = 0.0
+    reconcile_due: bool = False  # back after a restart: it lists its command-line workers, not the set
+
+
+def _with_spec(plan: Plan, spec: LaunchSpec) -> Plan:
+    """The plan with one more instance, in the wave after the last of its dependencies."""
+    wave_of = {n: i for i, wave in enumerate(plan.waves) for n in wave}
+    index = 1 + max((wave_of[d] for d in spec.depends_on if d in wave_of), default=-1)
+    waves = [list(w) for w in plan.waves] + [[]]
+    waves[index].append(spec.name)
+    return Plan(plan.name, (*plan.specs, spec), tuple(tuple(w) for w in waves if w))
 
 
 def probe_pool(plan: Plan) -> ThreadPoolExecutor:
@@ -141,6 +158,7 @@ class Supervisor:
         self.released = False  # SIGUSR1 from `down`
         self.failed_role: str | None = None
         self.leftovers = StopReport()  # what clearing dead roles' leftover processes had to SIGKILL
+        self.calls: queue.SimpleQueue = queue.SimpleQueue()  # changes' steps, run by the loop (`call`)
 
     # Called from signal handlers: set a flag, wake the loop, nothing else.
     def request_stop(self) -> None:
@@ -215,9 +233,13 @@ class Supervisor:
         while True:
             if interrupted := self._interruption():
                 return interrupted
-            for run in self.runs.values():
+            self._run_calls()
+            for run in list(self.runs.values()):
                 name = run.spec.name
                 state = self.state_of(name)
+                if run.retiring:
+                    self._watch_retiring(run)
+                    continue
                 if run.stopping:
                     self._clear_leftovers(run)
                 if state in SERVING and (code := run.process.poll()) is not None:
@@ -250,6 +272,13 @@ class Supervisor:
                             self._role_down(run, error, failed=True)
                 elif state is RoleState.RESTARTING and (reason := self._watch_starting(run)):
                     self._role_down(run, reason, failed=True)
+                elif state is RoleState.RESTARTING and self.state_of(name) is RoleState.READY and run.wiring:
+                    run.wired, run.wiring_failed = False, None  # back after a restart: its wiring again
+                    run.reconcile_due = True
+                elif state is RoleState.STARTING and (reason := self._watch_starting(run)):
+                    self._update(name, state=RoleState.FAILED, reason=reason)  # added by a change: it says
+                elif state is RoleState.READY and not run.wired and run.wiring_failed is None:
+                    self._tend_wiring(run)
             on_tick()
             self.tend()
             self.clock.wait(self.wakeup, self._wait(IDLE_TICK))
@@ -278,6 +307,118 @@ class Supervisor:
         for role in self.record.roles:
             cgroups.remove(role.cgroup)
         return report
+
+    # ---- changes of the running deployment: each step runs in the loop, through `call` ----------------
+
+    def call(self, step: Callable[[], object], timeout: float = 60.0) -> object:
+        """Run `step` in the supervisor's loop, the one thread that changes its roles; returns its result.
+        Called from a change's thread (run/changes.py)."""
+        done: Future = Future()
+        self.calls.put((step, done))
+        self.wakeup.set()
+        return done.result(timeout)
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                step, done = self.calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                done.set_result(step())
+            except BaseException as exc:  # noqa: BLE001  handed to the change that asked
+                done.set_exception(exc)
+
+    def set_change(self, what: str | None) -> None:
+        change = Change(what, now_iso(self.clock.time())) if what else None
+        self.record = replace(self.record, change=change)
+        self.on_change(self.record)
+
+    def admit(self, spec: LaunchSpec, record: RoleRecord, wiring: WiringCheck | None) -> str | None:
+        """A new instance (more replicas, or one replacing another): started now, watched like the others;
+        returns why it could not be started at all."""
+        self.runs[spec.name] = run = RoleRun(spec)
+        self.start_after[spec.name] = ()
+        self.plan = _with_spec(self.plan, spec)
+        roles = list(self.record.roles)
+        siblings = [i for i, r in enumerate(roles) if self._role_of(r.name) == spec.role]
+        roles.insert(siblings[-1] + 1 if siblings else len(roles), record)
+        self.record = replace(self.record, roles=tuple(roles), stop_waves=self.plan.stop_waves())
+        if wiring:
+            run.wiring, run.wired, run.unlisted = wiring, False, wiring.wires
+        if error := self._spawn(run, restart_note=None):
+            self._update(spec.name, state=RoleState.FAILED, reason=error)
+        return error
+
+    def retire(self, name: str) -> None:
+        """Stop an instance for good (its stop signal, SIGKILL after its grace); once it is gone it leaves
+        the plan and the record."""
+        run, record = self.runs[name], self.record.role(name)
+        run.retiring, run.probe = True, None
+        if record.process and run.stopping is None:
+            run.stopping = self.processes.stop([record.stop_target()], self.clock.monotonic())
+        if record.state in (RoleState.STARTING, *SERVING, RoleState.RESTARTING):
+            self._update(name, state=RoleState.STOPPING)
+
+    def rewire(self, name: str, wires: tuple[Wire, ...]) -> Future | None:
+        """The peers a role must list from now on (a router's workers); returns the re-registration in
+        flight, which the caller waits for before it removes a worker from the router itself."""
+        run = self.runs[name]
+        run.wiring = replace(run.wiring, wires=wires)
+        run.wired, run.wiring_failed, run.unlisted = False, None, wires
+        self._update(name, wiring=run.wiring.counts(()))
+        return run.reconciling
+
+    def _role_of(self, name: str) -> str | None:
+        return self.runs[name].spec.role if name in self.runs else None
+
+    def _watch_retiring(self, run: RoleRun) -> None:
+        name = run.spec.name
+        if run.stopping is not None:
+            report = run.stopping.poll(self.clock.monotonic(), self.kill_now)
+            if report is None:
+                return
+            self.leftovers = StopReport(
+                self.leftovers.killed + report.killed, self.leftovers.survivors + report.survivors
+            )
+            run.stopping = None
+        if run.process:
+            run.process.poll()  # reap it
+        cgroups.remove(self.record.role(name).cgroup)
+        del self.runs[name], self.start_after[name]
+        self.plan = Plan(
+            self.plan.name,
+            tuple(s for s in self.plan.specs if s.name != name),
+            tuple(w for w in (tuple(n for n in wave if n != name) for wave in self.plan.waves) if w),
+        )
+        self.record = replace(
+            self.record,
+            roles=tuple(r for r in self.record.roles if r.name != name),
+            stop_waves=self.plan.stop_waves(),
+        )
+        self.on_change(self.record)
+
+    def _tend_wiring(self, run: RoleRun) -> None:
+        """A serving role whose list lacks peers: look again; a router that takes workers at run time is
+        given the ones it lacks (a restarted router keeps only its command-line workers)."""
+        now = self.clock.monotonic()
+        if run.reconciling is not None and run.reconciling.done():
+            run.reconciling = None
+        if (
+            (run.unlisted or run.reconcile_due)
+            and run.reconciling is None
+            and now >= run.next_reconcile_at
+            and run.spec.engine in ENGINES
+            and adds_workers(run.spec.engine)
+            and all(self.state_of(w.peer) is RoleState.READY for w in run.wiring.wires if w.peer in self.runs)
+        ):
+            run.next_reconcile_at = now + max(run.spec.probe.interval, 0.5)
+            run.reconcile_due = False
+            run.reconciling = self.probes.submit(reconcile, self.client, run.wiring)
+            run.reconciling.add_done_callback(lambda _: self.wakeup.set())
+        if reason := self._watch_wiring(run):
+            run.wiring_failed = reason
+            self._update(run.spec.name, reason=reason)
 
     def stop(self) -> StopReport:
         """Stop every started role, last wave first; roles of one wave stop together, each through

@@ -10,8 +10,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.proc.programs import program_path
+from muse_launch.run.changes import Changes, Placement
+from muse_launch.run.control import ControlServer
 from muse_launch.run.down import refuse_leftovers
 from muse_launch.run.explain import explain_addresses
 from muse_launch.run.gpus import GpuPreflight
@@ -61,6 +63,7 @@ class UpOptions:
     start: str | None = None  # the file's `start:` (overlap | waves | None: overlap where the versions allow)
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
     secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
+    placement: Placement | None = None  # how `scale` places a new instance (None: `--only`, none placed)
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -323,9 +326,11 @@ def _foreground(
                 saying(quiet),
             )
             live = ExitStack()  # the live view while roles start, closed once they are ready
+            control = ExitStack()  # the control socket (scale, restart), from ready until supervising ends
 
             def ready(seconds: float) -> None:
                 nonlocal progress
+                control.enter_context(_control(sup, run_dir, client, options, saying(quiet)))
                 live.close()
                 _say_ready(quiet, sup.record, seconds, detached=False)
                 progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
@@ -337,7 +342,7 @@ def _foreground(
             try:
                 received = _handle_signals(sup)
                 sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-                with live:
+                with control, live:
                     live.enter_context(progress)
                     outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
                 return _finish(sup, outcome, options, received, quiet, run_dir)
@@ -345,6 +350,23 @@ def _foreground(
                 sup.close()
     finally:
         out.close()
+
+
+@contextmanager
+def _control(
+    sup: Supervisor, run_dir: RunDir, client: httpx.Client, options: UpOptions, say: Callable[[str], None]
+) -> Iterator[None]:
+    """Once ready: `scale` and `restart` reach this supervisor through its control socket (run/control.py)."""
+    try:
+        server = ControlServer(run_dir, Changes(sup, options.placement, client).handle)
+    except OSError as exc:  # supervising goes on; changes are refused for want of a socket
+        say(f"warning: no control socket ({exc}): `scale` and `restart` cannot reach this supervisor")
+        server = None
+    try:
+        yield
+    finally:
+        if server:
+            server.close()
 
 
 def _finish(
@@ -500,14 +522,19 @@ def _run_detached(
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
             pipe = _tell(pipe, f"pid {os.getpid()}\n")
 
+            control = ExitStack()  # the control socket (scale, restart), from ready until supervising ends
+
             def ready(seconds: float) -> None:
                 nonlocal pipe
+                # listening before `up -d` returns: a `scale` right after it finds the socket
+                control.enter_context(_control(sup, run_dir, client, options, saying(console)))
                 pipe = _tell(pipe, "ready\n")
                 if pipe >= 0:
                     os.close(pipe)
                     pipe = -1
 
-            outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
+            with control:
+                outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
             if outcome is Outcome.RELEASED and pipe >= 0:
                 pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)

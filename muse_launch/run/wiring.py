@@ -28,6 +28,7 @@ class Wire:
     peer: str  # the role instance expected at the other end
     kind: str  # prefill | decode | worker | encoder
     url: str  # the peer's URL, as the file wires it
+    bootstrap_port: int | None = None  # a prefill's KV bootstrap port: what a router registers it with
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,9 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
         peers = [specs[d] for d in spec.depends_on if d in specs and specs[d].url]
         headers: dict[str, str] = {}
         if spec.engine in ROUTER_ENGINES and spec.ports.get("http"):
-            wires = tuple(Wire(p.name, p.kind, p.url) for p in peers if p.kind in ROUTED_KINDS)
+            wires = tuple(
+                Wire(p.name, p.kind, p.url, p.ports.get("bootstrap")) for p in peers if p.kind in ROUTED_KINDS
+            )
             path = ENGINES[spec.engine].FACTS.workers_path
             port = spec.ports["http"]
             headers = router.auth_headers(spec.argv)

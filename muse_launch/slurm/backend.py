@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
+from collections.abc import Callable as _Callable
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
@@ -22,6 +23,9 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
     from muse_launch.run.down import DownReport
     from muse_launch.run.logs import RolePrinter
     from muse_launch.run.status import OwnerOf
+
+
+Say = _Callable[[str], None]
 
 
 class SlurmBackend:
@@ -101,20 +105,39 @@ class SlurmBackend:
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
 
-    def add_instance(self, run_dir: RunDir, role: str) -> None:
+    def add_instance(
+        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+    ) -> str:
         raise NotSupported(
-            f"adding an instance of {role} to a running SLURM job is not supported yet",
+            f"adding an instance of {role} to a running SLURM job is not supported yet (muse-launch "
+            "starts no new step in a running allocation)",
             fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
             "and `up --on slurm` it again",
         )
 
-    def remove_instance(self, run_dir: RunDir, instance: str) -> None:
+    def remove_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict:
         raise NotSupported(
             f"removing {instance} from a running SLURM job is not supported yet",
             fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again",
         )
 
-    def restart_instance(self, run_dir: RunDir, instance: str) -> None:
+    def restart_instance(
+        self,
+        run_dir: RunDir,
+        instance: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        drain_timeout: float | None = None,
+    ) -> dict:
         raise NotSupported(
             f"restarting {instance} alone is not supported on SLURM yet",
             fix="the batch host restarts a step that dies by its role's restart policy",

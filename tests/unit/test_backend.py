@@ -88,7 +88,7 @@ def test_up_on_names_a_remote_backend_only():
             backend_named(name)
 
 
-@pytest.mark.parametrize("name", ["local", "slurm", "k8s"])
+@pytest.mark.parametrize("name", ["slurm", "k8s"])
 def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
     backend, run_dir = backends()[name], RunDir.of("demo")
     for change, arg in (
@@ -99,6 +99,21 @@ def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
         with pytest.raises(NotSupported) as caught:
             change(run_dir, arg)
         assert arg in str(caught.value) and caught.value.fix
+
+
+def test_run_time_changes_here_need_the_supervisor_and_say_so_without_one(home):
+    from muse_launch.errors import RuntimeFailure
+
+    backend, run_dir = backends()["local"], RunDir.of("demo")
+    run_dir.path.mkdir(parents=True)
+    for change, arg in (
+        (backend.add_instance, "decode"),
+        (backend.remove_instance, "decode-1"),
+        (backend.restart_instance, "decode-0"),
+    ):
+        with pytest.raises(RuntimeFailure, match="no supervisor answers") as caught:
+            change(run_dir, arg)
+        assert "down demo" in caught.value.fix
 
 
 def test_claiming_a_name_asks_every_other_backend_to_release_it(home, monkeypatch):

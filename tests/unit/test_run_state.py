@@ -117,6 +117,7 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
                 "restarts_reset_after": 300.0,
                 "ready_at": None,
                 "wiring": {},
+                "generation": 0,
             },
             {
                 "name": "router",
@@ -131,8 +132,10 @@ def test_state_file_is_written_atomically_private_and_reads_back(tmp_path):
                 "restarts_reset_after": 300.0,
                 "ready_at": None,
                 "wiring": {"prefill": "0/1"},
+                "generation": 0,
             },  # the router must list its prefill
         ],
+        "change": None,
     }
 
 

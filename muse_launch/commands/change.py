@@ -1,0 +1,115 @@
+"""`scale` and `restart`: changes of a running deployment, through its backend (muse_launch/backend.py);
+the supervisor makes them one at a time (docs/live-changes.md)."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from muse_launch.commands.run import _deployment, _names
+
+
+def _instances(record, role: str) -> list[str]:
+    """The instances of `role` in the record, in replica order (`decode` or `decode-0` first)."""
+    from muse_launch.run.changes import index_of
+
+    found = [(index_of(r.name, role), r.name) for r in record.roles]
+    return [name for index, name in sorted((i, n) for i, n in found if i is not None)]
+
+
+def _say(text: str) -> None:
+    from muse_launch.printable import escaped
+
+    typer.echo(escaped(text))  # the supervisor's lines carry what roles and routers answered
+
+
+def _role_of(record, role: str) -> list[str]:
+    from muse_launch.errors import UsageError
+
+    instances = _instances(record, role)
+    if not instances:
+        roles = sorted({r.name.rsplit("-", 1)[0] if r.name[-1:].isdigit() else r.name for r in record.roles})
+        raise UsageError(f"{record.name} has no role {role!r}; roles: {', '.join(roles)}")
+    return instances
+
+
+def scale(
+    name: str = typer.Argument(..., help="deployment name", autocompletion=_names),
+    role: str = typer.Argument(..., help="a worker role of it (prefill, decode, worker)"),
+    replicas: int = typer.Argument(..., help="how many instances it should have"),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", help="seconds an instance taken out may finish its requests"
+    ),
+    allow_downtime: bool = typer.Option(
+        False,
+        "--allow-downtime",
+        help="accept failed requests where the change cannot avoid them (vllm-router is restarted)",
+    ),
+) -> None:
+    """More or fewer instances of a worker role of a running deployment, with no failed request."""
+    from muse_launch.backend import backend_of
+    from muse_launch.errors import UsageError
+    from muse_launch.run.changes import index_of
+
+    if replicas < 1:
+        raise UsageError(
+            f"scale {role} {replicas}: a role keeps at least 1 instance", fix="`down` stops it all"
+        )
+    run_dir, record = _deployment(name)
+    instances = _role_of(record, role)
+    backend = backend_of(run_dir)
+    why = f"scale {role} {len(instances)} -> {replicas}"
+    began = time.monotonic()
+    if replicas == len(instances):
+        typer.echo(f"{role}: already {replicas} instance{'s' * (replicas > 1)} ({', '.join(instances)})")
+        return
+    for _ in range(replicas - len(instances)):
+        added = backend.add_instance(run_dir, role, _say, why, allow_downtime)
+        _say(f"{added}: serving")
+    leaving = sorted(instances, key=lambda n: index_of(n, role) or 0, reverse=True)[
+        : len(instances) - replicas
+    ]
+    for instance in leaving:
+        backend.remove_instance(run_dir, instance, _say, why, drain_timeout, allow_downtime)
+    _, after = _deployment(name)
+    now = _instances(after, role)
+    typer.echo(
+        f"{role}: {why.split(' ', 2)[2]} instances in {time.monotonic() - began:.1f}s ({', '.join(now)})"
+    )
+
+
+def restart(
+    name: str = typer.Argument(..., help="deployment name", autocompletion=_names),
+    role: str = typer.Argument(..., help="a role of it"),
+    rolling: bool = typer.Option(
+        True,
+        "--rolling",
+        help="one instance at a time, each replaced before the next (the default, and the only order)",
+    ),
+    allow_downtime: bool = typer.Option(
+        False, "--allow-downtime", help="accept failed requests where nothing can serve while it restarts"
+    ),
+    drain_timeout: float = typer.Option(
+        120.0, "--drain-timeout", help="seconds an instance taken out may finish its requests"
+    ),
+) -> None:
+    """Replace every instance of a role with a fresh process, one at a time, with no failed request where
+    capacity allows (another instance, or room for one surge instance)."""
+    from muse_launch.backend import backend_of
+
+    run_dir, record = _deployment(name)
+    instances = _role_of(record, role)
+    backend = backend_of(run_dir)
+    began = time.monotonic()
+    for instance in instances:
+        result = backend.restart_instance(
+            run_dir, instance, _say, f"restart {role}", allow_downtime, drain_timeout
+        )
+        _say(f"{instance}: replaced (generation {result.get('generation', '?')})")
+    typer.echo(f"{role}: {len(instances)} restarted in {time.monotonic() - began:.1f}s")
+
+
+def register(app: typer.Typer) -> None:
+    for command in (scale, restart):
+        app.command()(command)

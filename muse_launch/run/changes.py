@@ -1,0 +1,451 @@
+"""Changes of a running deployment on this host, made by its supervisor one at a time (run/control.py
+brings them): an instance added, one taken out, one replaced. What a change does to the roles runs in the
+supervisor's loop (`Supervisor.call`); the waiting (ready, wired, drained) and the routers' worker API are
+here, in the change's own thread, so the loop goes on watching every other role meanwhile.
+
+- add: a new replica of a worker role, placed by the file's rules (the plan of the file with one more
+  replica: its ports and GPUs), checked like `up`'s pre-flight, started, ready, wired (its encoders), then
+  registered with every router that routes its role (as its worker type, a prefill with its bootstrap port)
+  and listed healthy there. Only then does it count.
+- remove: the router stops sending to it first (it leaves the router's desired set and list), then the
+  instance drains: its own in-flight count, read from its metrics, must reach 0 (bounded by the drain
+  timeout); then it is stopped.
+- restart: the instance replaced by a fresh process of the same spec (generation + 1). With another instance
+  of its role serving, in place; alone, a surge instance carries its traffic meanwhile, where there is room
+  for one; else only with allow_downtime.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from muse_launch.engines import ROUTER_ENGINES, router
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.state import planned_record
+from muse_launch.run.wiring import Wire, WiringCheck, wiring_checks
+from muse_launch.run.workers import adds_workers, deregister, in_flight, register
+
+if TYPE_CHECKING:
+    from muse_launch.run.supervisor import Supervisor
+
+Say = Callable[[str], None]
+DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
+DRAIN_POLL = 0.1
+WAIT_POLL = 0.05
+SCALABLE_KINDS = ("prefill", "decode", "worker")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What placing a new instance needs from `up`: the file's plan with N replicas of a role, and the
+    pre-flight of a part of it (ports, GPUs; raises RuntimeFailure)."""
+
+    replan: Callable[[Mapping[str, int]], Plan]  # role -> its replicas (the others as the file has them)
+    preflight: Callable[[Plan, Say], None]
+    gpus_checked: bool = True  # False in a rehearsal or with --skip-gpu-check, as `up` did
+
+
+def index_of(name: str, role: str) -> int | None:
+    """An instance's replica index: `decode` is 0, `decode-3` is 3."""
+    if name == role:
+        return 0
+    m = re.fullmatch(re.escape(role) + r"-(\d{1,4})", name)
+    return int(m[1]) if m else None
+
+
+class Changes:
+    def __init__(self, sup: Supervisor, placement: Placement | None, client: httpx.Client):
+        self.sup = sup
+        self.placement = placement
+        self.client = client
+        self.allow_downtime = False  # the change's own --allow-downtime
+
+    def handle(self, op: str, args: dict[str, Any], say: Say) -> dict[str, Any]:
+        why = args.get("why") if isinstance(args.get("why"), str) else None
+        drain = args.get("drain_timeout", DRAIN_TIMEOUT)
+        if not isinstance(drain, int | float) or isinstance(drain, bool) or not 0 <= drain <= 86400:
+            raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
+        self.allow_downtime = args.get("allow_downtime") is True
+        target = args.get("role" if op == "add" else "instance")
+        if not isinstance(target, str):
+            raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
+        self.sup.call(lambda: self.sup.set_change(f"{op} {target}" + (f" ({why})" if why else "")))
+        try:
+            if op == "add":
+                return self.add(target, say)
+            if op == "remove":
+                return self.remove(target, float(drain), say)
+            return self.restart(target, args.get("allow_downtime") is True, float(drain), say)
+        except httpx.HTTPError as exc:
+            raise RuntimeFailure(
+                f"{op} {target}: a router did not answer: {type(exc).__name__}: {exc}"
+            ) from None
+        finally:
+            self.sup.call(lambda: self.sup.set_change(None))
+
+    # ---- what the supervisor holds, read in its loop ----------------------------------------------
+
+    def _specs(self) -> dict[str, LaunchSpec]:
+        return self.sup.call(lambda: {n: r.spec for n, r in self.sup.runs.items()})
+
+    def _instances(self, role: str) -> list[LaunchSpec]:
+        return [s for s in self._specs().values() if s.role == role]
+
+    def _routers(self, role: str, static: bool = False) -> dict[str, WiringCheck]:
+        """Each router that routes `role` and takes workers at run time (`static`: each that takes them on
+        its command line only), and its wiring check (the set it must list)."""
+
+        def read() -> dict[str, WiringCheck]:
+            runs = self.sup.runs
+            return {
+                n: r.wiring
+                for n, r in runs.items()
+                if r.spec.engine in ROUTER_ENGINES
+                and adds_workers(r.spec.engine) is not static
+                and r.wiring
+                and any(runs[w.peer].spec.role == role for w in r.wiring.wires if w.peer in runs)
+            }
+
+        return self.sup.call(read)
+
+    def _counts(self, role: str, change: int) -> dict[str, int]:
+        """Each replicated role's instances now, `role`'s changed by `change`: the plan to render from."""
+        counts: dict[str, int] = {}
+        for spec in self._specs().values():
+            if not spec.node:
+                counts[spec.role] = counts.get(spec.role, 0) + 1
+        counts[role] += change
+        return counts
+
+    def _restart_routers(self, role: str, counts: dict[str, int], say: Say) -> None:
+        """A router that takes its workers on its command line only (vllm-router in PD mode) gets its new
+        set by a restart on the file's plan with these replicas; it is ready and wired again after."""
+        static = self._routers(role, static=True)
+        if not static:
+            return
+        plan = self.placement.replan(counts)
+        checks = wiring_checks(plan)
+        for name in static:
+            spec = replace(plan.spec(name), role=self._specs()[name].role)
+            generation = self.sup.record.role(name).generation + 1
+            say(f"{name}: restarting it with {counts[role]} {role} (it takes workers on its command line)")
+            self._forget(name)
+            self._bring_in(spec, checks.get(name), generation, say)
+
+    def _spec_of(self, instance: str) -> LaunchSpec:
+        specs = self._specs()
+        if instance not in specs:
+            raise UsageError(f"{instance}: no such instance; instances: {', '.join(specs)}")
+        return specs[instance]
+
+    # ---- add ----------------------------------------------------------------------------------------
+
+    def add(self, role: str, say: Say) -> dict[str, Any]:
+        spec = self.place(role, say)
+        result = self._bring_in(spec, self._wiring_of(spec), 0, say)
+        self._restart_routers(role, self._counts(role, 0), say)
+        return result
+
+    def place(self, role: str, say: Say) -> LaunchSpec:
+        """The next replica of `role` by the file's rules, checked like `up`'s pre-flight."""
+        current = self._instances(role)
+        names = ", ".join(sorted({s.role for s in self._specs().values()}))
+        if not current:
+            raise UsageError(f"{role}: no such role; roles: {names}")
+        self._refuse_unscalable(current[0])
+        if self.placement is None:
+            raise NotSupported(f"{role}: this supervisor cannot place new instances (started by `up --only`)")
+        used = {index_of(s.name, role) for s in current}
+        index = next(i for i in range(len(used) + 1) if i not in used)
+        plan = self.placement.replan({**self._counts(role, 0), role: max(index + 1, 2)})
+        spec = next((s for s in plan.specs if s.role == role and index_of(s.name, role) == index), None)
+        if spec is None:
+            raise RuntimeFailure(f"{role}: the file's plan has no replica {index} of it")
+        if bad := [p for p in spec.ports.values() if not 0 < p < 65536]:
+            raise RuntimeFailure(f"{spec.name}: its port would be {bad[0]}, past 65535")
+        held = self._own_gpus(spec) if self.placement.gpus_checked else ""
+        if held:
+            raise RuntimeFailure(
+                f"{spec.name}: the file gives it GPU {held}, which this deployment already runs on "
+                f"(replicas split roles.{role}.gpus)",
+                fix=f"list more GPUs in roles.{role}.gpus, then `up` the file again",
+            )
+        self.placement.preflight(Plan(plan.name, (spec,), ((spec.name,),)), say)
+        self._wiring_by_plan = wiring_checks(plan)
+        return spec
+
+    def _own_gpus(self, spec: LaunchSpec) -> str:
+        mine = {g for s in self._specs().values() for g in s.gpus}
+        return ",".join(str(g) for g in sorted(set(spec.gpus) & mine))
+
+    def _wiring_of(self, spec: LaunchSpec) -> WiringCheck | None:
+        return getattr(self, "_wiring_by_plan", {}).get(spec.name)
+
+    def _refuse_unscalable(self, spec: LaunchSpec) -> None:
+        if spec.node:
+            raise NotSupported(
+                f"{spec.role} spans nodes ({spec.name}); a multi-node role cannot get more instances here",
+                fix=f"give each replica its own role in the file, or change roles.{spec.role} and `up` again",
+            )
+        if spec.kind not in SCALABLE_KINDS:
+            what = {
+                "router": "the deployment's entry point",
+                "encoder": "language workers take their encoders on their command line only",
+            }.get(spec.kind, f"a {spec.kind} role")
+            raise NotSupported(
+                f"{spec.role}: {spec.kind} instances are not added or removed while it runs ({what})",
+                fix=f"change roles.{spec.role} in the file, then `down` and `up` it",
+            )
+        self._refuse_static_routers(spec.role)
+
+    def _refuse_static_routers(self, role: str) -> None:
+        """A router that takes workers on its command line only changes its set by a restart: that costs the
+        requests through it, so only with --allow-downtime."""
+        for name in self._routers(role, static=True):
+            engine = self._specs()[name].engine
+            if self.placement is None:
+                raise NotSupported(f"{name} ({engine}) cannot be given a new worker set by this supervisor")
+            if not self.allow_downtime:
+                raise RuntimeFailure(
+                    f"{name} ({engine}) takes its workers on its command line only: in PD mode it refuses a "
+                    "worker added while it runs, and one removed cannot come back. muse-launch changes its "
+                    "set by restarting it, which breaks the streams in flight through it and refuses "
+                    "requests until it is ready again",
+                    fix="add --allow-downtime to accept that, or route with sglang-router or smg, which take "
+                    "workers at run time (no request fails)",
+                )
+
+    def _bring_in(self, spec: LaunchSpec, wiring: WiringCheck | None, generation: int, say: Say) -> dict:
+        """Start an instance, wait until it is ready and wired, then register it with its routers."""
+        record = planned_record(Plan(spec.name, (spec,), ((spec.name,),)), "", self.sup.redact).roles[0]
+        record = replace(record, generation=generation, wiring=wiring.counts(wiring.wires) if wiring else ())
+        began = time.monotonic()
+        if error := self.sup.call(lambda: self.sup.admit(spec, record, wiring)):
+            self._forget(spec.name)
+            raise RuntimeFailure(f"{spec.name}: could not be started: {error}")
+        say(f"{spec.name}: started (pid {self._pid(spec.name)}), waiting until it is ready")
+        self._await_ready(spec, say)
+        ready = time.monotonic() - began
+        say(f"{spec.name}: ready in {ready:.2f}s")
+        wire = Wire(spec.name, spec.kind, spec.url or "", spec.ports.get("bootstrap"))
+        try:
+            for name, check in self._routers(spec.role).items():
+                if not any(w.peer == spec.name for w in check.wires):
+                    self._enrol(name, check, wire, say)
+        except (RuntimeFailure, httpx.HTTPError):
+            self._withdraw(spec)  # not counted: out of every router again, and stopped
+            raise
+        return {
+            "instance": spec.name,
+            "ready_s": round(ready, 3),
+            "counted_s": round(time.monotonic() - began, 3),
+        }
+
+    def _enrol(self, name: str, check: WiringCheck, wire: Wire, say: Say) -> None:
+        wires = (*check.wires, wire)
+        self.sup.call(lambda: self.sup.rewire(name, wires))
+        posted = time.monotonic()
+        register(self.client, replace(check, wires=wires), wire)
+        self._await(lambda: self.sup.runs[name].wired, lambda: self.sup.runs[name].wiring_failed, name)
+        what = f"{wire.kind}" + (f", bootstrap port {wire.bootstrap_port}" if wire.bootstrap_port else "")
+        say(f"{name}: registered {wire.peer} ({what}); listed healthy in {time.monotonic() - posted:.2f}s")
+
+    def _withdraw(self, spec: LaunchSpec) -> None:
+        for name, check in self._routers(spec.role).items():
+            wires = tuple(w for w in check.wires if w.peer != spec.name)
+            self.sup.call(lambda n=name, w=wires: self.sup.rewire(n, w))
+            try:
+                deregister(self.client, check, spec.url or "")
+            except (RuntimeFailure, httpx.HTTPError):
+                pass  # the supervisor's reconcile removes it once the router answers
+        self._forget(spec.name)
+
+    def _pid(self, name: str) -> str:
+        process = self.sup.record.role(name).process
+        return str(process.pid) if process else "?"
+
+    def _await_ready(self, spec: LaunchSpec, say: Say) -> None:
+        def failed() -> str | None:
+            role = self.sup.record.role(spec.name)
+            if role.state is RoleState.FAILED:
+                return role.reason or "failed"
+            return self.sup.runs[spec.name].wiring_failed
+
+        def ready() -> bool:
+            run = self.sup.runs[spec.name]
+            return self.sup.record.role(spec.name).state is RoleState.READY and run.wired
+
+        try:
+            self._await(ready, failed, spec.name, spec.probe.timeout + 30)
+        except RuntimeFailure:
+            self._forget(spec.name)
+            raise
+
+    def _await(
+        self, done: Callable[[], bool], failed: Callable[[], str | None], name: str, timeout: float = 600.0
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.sup.call(done):
+                return
+            if reason := self.sup.call(failed):
+                raise RuntimeFailure(
+                    f"{name}: {reason}", fix=f"`muse-launch logs {self.sup.record.name} {name}` shows why"
+                )
+            time.sleep(WAIT_POLL)
+        raise RuntimeFailure(f"{name}: not ready and wired after {timeout:g}s")
+
+    def _forget(self, name: str) -> None:
+        """Stop an instance and wait until it has left the supervisor's roles."""
+        self.sup.call(lambda: self.sup.retire(name))
+        while self.sup.call(lambda: name in self.sup.runs):
+            time.sleep(WAIT_POLL)
+
+    # ---- remove -------------------------------------------------------------------------------------
+
+    def remove(self, instance: str, drain_timeout: float, say: Say) -> dict[str, Any]:
+        spec = self._spec_of(instance)
+        self._refuse_unscalable(spec)
+        if len(self._instances(spec.role)) < 2:
+            raise UsageError(
+                f"{instance} is the last instance of {spec.role}; a deployment keeps one of each role",
+                fix=f"`muse-launch down {self.sup.record.name}` stops the whole deployment",
+            )
+        self._restart_routers(spec.role, self._counts(spec.role, -1), say)  # no new requests to it
+        return self._take_out(spec, drain_timeout, say)
+
+    def _take_out(self, spec: LaunchSpec, drain_timeout: float, say: Say) -> dict[str, Any]:
+        """Out of its routers, drained, stopped."""
+        url = (spec.url or "").rstrip("/")
+        for name, check in self._routers(spec.role).items():
+            wires = tuple(w for w in check.wires if w.peer != spec.name)
+            pending = self.sup.call(lambda n=name, w=wires: self.sup.rewire(n, w))
+            if pending is not None:  # a re-registration begun before: it must not bring it back after us
+                pending.exception(timeout=60)
+            if deregister(self.client, check, url):
+                say(f"{name}: removed {spec.name}; no new requests go to it")
+        drained = self._drain(spec, drain_timeout, say) if url else {}
+        began = time.monotonic()
+        self._forget(spec.name)
+        say(f"{spec.name}: stopped in {time.monotonic() - began:.2f}s")
+        return {"instance": spec.name, **drained}
+
+    def _drain(self, spec: LaunchSpec, timeout: float, say: Say) -> dict[str, Any]:
+        """Wait until the instance's own in-flight count is 0 (read after the router's settle time), at most
+        `timeout` seconds."""
+        began = time.monotonic()
+        settle = began + router.REMOVAL_SETTLE_S
+        most, last = 0, None
+        while time.monotonic() - began < timeout:
+            last = in_flight(self.client, spec.engine, spec.url or "")
+            if last is None:
+                break
+            most = max(most, last)
+            if last == 0 and time.monotonic() >= settle:
+                waited = time.monotonic() - began
+                say(f"{spec.name}: drained in {waited:.2f}s ({most} in flight when it left the router)")
+                return {"drain_s": round(waited, 3), "in_flight_at_removal": most}
+            time.sleep(DRAIN_POLL)
+        if last is None:
+            say(
+                f"{spec.name}: it does not say what it has in flight (no metrics); waited the drain "
+                f"timeout ({timeout:g}s) instead"
+            )
+            time.sleep(max(0.0, timeout - (time.monotonic() - began)))
+        else:
+            say(f"{spec.name}: still {last} in flight after the drain timeout ({timeout:g}s); stopping it")
+        return {"drain_s": round(time.monotonic() - began, 3), "in_flight_at_removal": most}
+
+    # ---- restart ------------------------------------------------------------------------------------
+
+    def restart(self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say) -> dict:
+        spec = self._spec_of(instance)
+        wiring = self.sup.call(lambda: self.sup.runs[instance].wiring)
+        if spec.kind in SCALABLE_KINDS and self._routers(spec.role, static=True):
+            self._refuse_static_routers(
+                spec.role
+            )  # only with --allow-downtime: requests to it fail meanwhile
+            generation = self.sup.record.role(instance).generation + 1
+            result = self._replace(spec, wiring, generation, drain_timeout, say)
+            self._restart_routers(spec.role, self._counts(spec.role, 0), say)  # it lists it again
+            return result
+        generation = self.sup.record.role(instance).generation + 1
+        serving = [
+            s
+            for s in self._instances(spec.role)
+            if s.name != instance and self.sup.record.role(s.name).state is RoleState.READY
+        ]
+        if serving or spec.kind not in SCALABLE_KINDS:
+            if not serving and not allow_downtime:
+                raise self._downtime(spec, f"{spec.name} is the deployment's only {spec.kind}")
+            return self._replace(spec, wiring, generation, drain_timeout, say)
+        try:
+            surge = self.place(spec.role, say)
+        except (RuntimeFailure, NotSupported) as exc:
+            if not allow_downtime:
+                raise self._downtime(spec, f"no room for a surge instance: {exc}", exc.fix) from None
+            say(f"{spec.name}: no room for a surge instance ({exc}); --allow-downtime: replacing it in place")
+            return self._replace(spec, wiring, generation, drain_timeout, say)
+        say(f"{spec.name}: its only instance; {surge.name} carries its traffic while it is replaced")
+        self._bring_in(surge, self._wiring_of(surge), 0, say)
+        result = self._replace(spec, wiring, generation, drain_timeout, say)
+        self._take_out(surge, drain_timeout, say)
+        return result
+
+    def _replace(
+        self, spec: LaunchSpec, wiring: WiringCheck | None, generation: int, drain_timeout: float, say: Say
+    ) -> dict[str, Any]:
+        if spec.kind in SCALABLE_KINDS:
+            out = self._take_out(spec, drain_timeout, say)
+        else:  # a router or an encoder: nothing routes around it
+            self._forget(spec.name)
+            out = {"instance": spec.name}
+        back = self._bring_in(spec, wiring, generation, say)
+        self._recheck_peers(spec.name)
+        return {**out, **back, "generation": generation}
+
+    def _recheck_peers(self, name: str) -> None:
+        """Every role that lists `name` (a language worker its encoder) looks at its list again."""
+
+        def recheck() -> None:
+            for run in self.sup.runs.values():
+                if run.wiring and any(w.peer == name for w in run.wiring.wires):
+                    run.wired, run.wiring_failed = False, None
+
+        self.sup.call(recheck)
+
+    def _downtime(self, spec: LaunchSpec, why: str, room: str | None = None) -> RuntimeFailure:
+        record = self.sup.record.role(spec.name)
+        took = _seconds_between(record.started_at, record.ready_at)
+        cost = f"about {took:.0f}s, its last start" if took is not None else "its whole start"
+        return RuntimeFailure(
+            f"restarting {spec.name} would stop what it serves: {why}. Nothing serves {spec.role} for "
+            f"{cost}; requests in flight on it and sent meanwhile fail",
+            fix="add --allow-downtime to accept that, or make room for one more instance"
+            + (f" ({room})" if room else "")
+            + (
+                f", or `muse-launch scale {self.sup.record.name} {spec.role} 2` first (then restart rolls "
+                "with no failed request)"
+                if spec.kind in SCALABLE_KINDS
+                else ""
+            ),
+        )
+
+
+def _seconds_between(start: str | None, end: str | None) -> float | None:
+    from datetime import datetime
+
+    if not start or not end:
+        return None
+    try:
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    except ValueError:
+        return None

@@ -1,0 +1,145 @@
+"""A router's worker set while it runs, and a worker's own in-flight count.
+
+sglang-router and smg take workers added (`POST /workers`, with the worker type and a prefill's bootstrap
+port) and removed (`DELETE /workers/{id}`) at run time, and keep only their command-line workers across a
+restart; so the supervisor holds the set each router should list (its wiring check's wires) and
+`reconcile` makes the router's list that set. Removing a worker from a router stops new requests to it,
+not the ones in flight: those end on the worker, whose own metrics (`in_flight`) tell when it is idle.
+Every answer read here is bounded and checked (muse_launch/bounded_json.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import httpx
+
+from muse_launch.bounded_json import load_answer
+from muse_launch.engines import ENGINES, router
+from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
+from muse_launch.errors import RuntimeFailure
+from muse_launch.run.probe import HTTP_TIMEOUT
+from muse_launch.run.wiring import Wire, WiringCheck
+
+
+class RouterRefused(RuntimeFailure):
+    """The router answered a change of its worker set with something else than success."""
+
+
+def adds_workers(engine: str) -> bool:
+    return bool(getattr(ENGINES[engine].FACTS, "adds_workers", False))
+
+
+def _api(check: WiringCheck) -> str:
+    return check.list_url.rsplit("/", 1)[0] + router.WORKER_API
+
+
+def _ids(client: httpx.Client, check: WiringCheck) -> dict[str, str]:
+    answer = client.get(_api(check), headers=check.headers, timeout=HTTP_TIMEOUT)
+    if answer.status_code != 200:
+        raise RouterRefused(f"GET {_api(check)} answered {answer.status_code}")
+    return router.worker_ids(load_answer(answer.content))
+
+
+def register(client: httpx.Client, check: WiringCheck, wire: Wire) -> None:
+    """Add one worker to the router, as the worker type it serves and with its bootstrap port."""
+    body = router.worker_entry(wire.kind, wire.url, wire.bootstrap_port)
+    answer = client.post(_api(check), json=body, headers=check.headers, timeout=HTTP_TIMEOUT)
+    if answer.status_code not in (200, 201, 202, 409):  # 409: smg already holds (or drains) it
+        raise RouterRefused(f"POST {_api(check)} ({wire.peer}) answered {answer.status_code}")
+
+
+def deregister(client: httpx.Client, check: WiringCheck, url: str) -> bool:
+    """Remove the worker at `url` from the router; False where it did not list it."""
+    wid = _ids(client, check).get(url.rstrip("/"))
+    if wid is None:
+        return False
+    answer = client.delete(f"{_api(check)}/{wid}", headers=check.headers, timeout=HTTP_TIMEOUT)
+    if answer.status_code not in (200, 202, 204, 404):
+        raise RouterRefused(f"DELETE {_api(check)}/{wid} answered {answer.status_code}")
+    return True
+
+
+def reconcile(client: httpx.Client, check: WiringCheck) -> list[str]:
+    """Make the router list exactly `check.wires`: what it lacks is added, what it should not hold is
+    removed (a router restarted on its first command line lists workers scaled away since). Returns what
+    it did, one line each."""
+    listed = _ids(client, check)
+    wanted = {w.url.rstrip("/"): w for w in check.wires}
+    done = []
+    for url, wire in wanted.items():
+        if url not in listed:
+            register(client, check, wire)
+            done.append(f"registered {wire.kind} {wire.peer} ({wire.url})")
+    for url in sorted(set(listed) - set(wanted)):
+        deregister(client, check, url)
+        done.append(f"removed {url}, which it should no longer hold")
+    return done
+
+
+_SAMPLE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(?P<value>\S+)")
+
+
+def running_in(text: str, metric: str) -> int | None:
+    """The sum of a gauge's samples in a Prometheus text answer; None where it holds none."""
+    total, seen = 0.0, False
+    for line in text.splitlines()[:100_000]:
+        m = _SAMPLE.match(line)
+        if m and m["name"] == metric:
+            try:
+                value = float(m["value"])
+            except ValueError:
+                continue
+            if value == value and 0 <= value < 1e9:  # NaN or nonsense from a hostile answer: ignored
+                total += value
+                seen = True
+    return round(total) if seen else None
+
+
+def in_flight(client: httpx.Client, engine: str, url: str) -> int | None:
+    """Requests the worker itself counts as in flight (running until their last token, or waiting); None
+    where it does not say: its /metrics (SGLang serves them only with --enable-metrics), else its load
+    endpoint (SGLang's /get_load)."""
+    metrics = ENGINE_METRICS.get(engine)
+    if metrics is None:
+        return None
+    try:
+        answer = client.get(url.rstrip("/") + METRICS_PATH, timeout=HTTP_TIMEOUT)
+        if answer.status_code == 200 and len(answer.content) <= 8 << 20:
+            running = running_in(answer.text, metrics.running)
+            waiting = running_in(answer.text, metrics.queued)
+            if running is not None:
+                return running + (waiting or 0)
+        if metrics.load_path:
+            answer = client.get(url.rstrip("/") + metrics.load_path, timeout=HTTP_TIMEOUT)
+            return load_in(load_answer(answer.content)) if answer.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return None
+
+
+def load_in(answer: object) -> int | None:
+    """`num_reqs` plus `num_waiting_reqs` over SGLang's /get_load entries; None for anything else."""
+    entries = answer if isinstance(answer, list) else [answer]
+    total, seen = 0, False
+    for entry in entries[:1024]:
+        if not isinstance(entry, dict):
+            return None
+        for key in ("num_reqs", "num_waiting_reqs"):
+            value = entry.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30:
+                total += value
+                seen = seen or key == "num_reqs"
+    return total if seen else None
+
+
+def routers_of(checks: Iterable[WiringCheck], role: str, roles: dict[str, str]) -> list[WiringCheck]:
+    """The routers' wiring checks that list instances of `role` (`roles`: instance -> its role)."""
+    return [
+        c
+        for c in checks
+        if c.wires
+        and c.wires[0].kind in ("prefill", "decode", "worker")
+        and any(roles.get(w.peer) == role for w in c.wires)
+    ]

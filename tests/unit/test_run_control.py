@@ -1,0 +1,237 @@
+"""The supervisor's control socket (run/control.py), the routers' worker API helpers (run/workers.py) and
+the fields a change adds to state.json: hostile input on both ends is refused, changes are serialized."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from muse_launch.engines import router
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.run.control import SOCKET_NAME, ControlServer, parse_request, request
+from muse_launch.run.state import RunDir
+from muse_launch.run.state_schema import check_state
+from muse_launch.run.workers import load_in, running_in
+
+
+@pytest.fixture
+def run_dir(tmp_path) -> RunDir:
+    d = RunDir(tmp_path / "demo")
+    d.path.mkdir()
+    return d
+
+
+def test_a_request_is_answered_with_its_progress_lines_then_its_result(run_dir):
+    def handler(op, args, say):
+        say(f"doing {op} {args['role']}")
+        return {"instance": "decode-1"}
+
+    server = ControlServer(run_dir, handler)
+    try:
+        lines: list[str] = []
+        assert request(run_dir, "add", {"role": "decode"}, lines.append) == {"instance": "decode-1"}
+        assert lines == ["doing add decode"]
+    finally:
+        server.close()
+    assert not (run_dir.path / SOCKET_NAME).exists()  # the supervisor removes its socket when it goes
+
+
+def test_the_error_a_change_refuses_with_reaches_the_client_as_the_same_kind(run_dir):
+    def handler(op, args, say):
+        raise NotSupported("vllm-router takes no worker at run time", fix="route with smg")
+
+    server = ControlServer(run_dir, handler)
+    try:
+        with pytest.raises(NotSupported, match="vllm-router") as caught:
+            request(run_dir, "add", {"role": "decode"}, print)
+        assert caught.value.fix == "route with smg"
+    finally:
+        server.close()
+
+
+def test_a_second_change_while_one_runs_is_refused_at_once(run_dir):
+    started, release = threading.Event(), threading.Event()
+
+    def handler(op, args, say):
+        started.set()
+        release.wait(10)
+        return {}
+
+    server = ControlServer(run_dir, handler)
+    try:
+        first = threading.Thread(target=request, args=(run_dir, "add", {"role": "decode"}, print))
+        first.start()
+        assert started.wait(10)
+        began = time.monotonic()
+        with pytest.raises(RuntimeFailure, match="another change is in progress"):
+            request(run_dir, "remove", {"instance": "decode-1"}, print)
+        assert time.monotonic() - began < 5
+        release.set()
+        first.join(10)
+    finally:
+        server.close()
+
+
+def test_a_planted_link_where_the_socket_goes_is_replaced_not_followed(run_dir, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    os.symlink(victim, run_dir.path / SOCKET_NAME)
+    server = ControlServer(run_dir, lambda op, args, say: {})
+    try:
+        assert victim.read_text() == "keep me"
+        assert not (run_dir.path / SOCKET_NAME).is_symlink()
+    finally:
+        server.close()
+
+
+def test_the_client_refuses_what_is_not_a_socket_and_names_the_fix(run_dir, tmp_path):
+    with pytest.raises(RuntimeFailure, match="no supervisor answers"):
+        request(run_dir, "add", {"role": "decode"}, print)
+    (run_dir.path / SOCKET_NAME).write_text("{}")
+    with pytest.raises(RuntimeFailure, match="not the supervisor's socket"):
+        request(run_dir, "add", {"role": "decode"}, print)
+    os.unlink(run_dir.path / SOCKET_NAME)
+    elsewhere = socket.socket(socket.AF_UNIX)
+    elsewhere.bind(str(tmp_path / "other.sock"))
+    elsewhere.listen(1)
+    os.symlink(tmp_path / "other.sock", run_dir.path / SOCKET_NAME)  # a link to someone else's socket
+    try:
+        with pytest.raises(RuntimeFailure, match="not the supervisor's socket"):
+            request(run_dir, "add", {"role": "decode"}, print)
+    finally:
+        elsewhere.close()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b"[]",
+        b'{"op": "rm -rf"}',
+        b'{"op": "add", "args": []}',
+        b'{"op": "add", "args": {"role": ["decode"]}}',
+        b'{"op": "add", "args": {"role": "de\\u0000code"}}',
+        b'{"op": "add", "args": {"role": "' + b"x" * 400 + b'"}}',
+    ],
+)
+def test_a_malformed_request_is_refused(line):
+    with pytest.raises(ValueError):
+        parse_request(line)
+
+
+def test_a_hostile_answer_on_the_socket_is_refused_not_crashed_on(run_dir):
+    """Whoever listens on the socket (a stale or planted server of this user) cannot make the client crash."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(f"{run_dir.path}/{SOCKET_NAME}")
+    server.listen(1)
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        conn.recv(4096)
+        conn.sendall(b'{"say": 12}\n[1, 2]\nnot json\n')
+        conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        with pytest.raises(RuntimeFailure, match="not JSON"):
+            request(run_dir, "add", {"role": "decode"}, print)
+    finally:
+        server.close()
+
+
+def test_a_bad_request_on_the_socket_gets_a_usage_error(run_dir):
+    server = ControlServer(run_dir, lambda op, args, say: {})
+    try:
+        with pytest.raises(UsageError, match="bad request"):
+            request(run_dir, "explode", {}, print)
+    finally:
+        server.close()
+
+
+def test_the_workers_in_flight_count_is_read_from_its_own_gauge_and_nonsense_is_ignored():
+    text = "\n".join(
+        [
+            "# HELP sglang:num_running_reqs The number of running requests.",
+            'sglang:num_running_reqs{model_name="m",engine="0"} 2.0',
+            'sglang:num_running_reqs{model_name="m",engine="1"} 1',
+            "sglang:num_running_reqs_other 40",
+            "sglang:num_running_reqs NaN",
+        ]
+    )
+    assert running_in(text, "sglang:num_running_reqs") == 3
+    assert running_in("nothing here", "sglang:num_running_reqs") is None
+    assert load_in([{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1}, {"num_reqs": 1}]) == 4
+    for hostile in ({"num_reqs": "2"}, [1], [{"num_reqs": True}], "x"):
+        assert load_in(hostile) is None
+
+
+def test_a_router_list_gives_ids_that_are_safe_in_a_url():
+    answer = {
+        "workers": [
+            {"id": "b7989155-99de-490d-a7eb-3eec9e838128", "url": "http://127.0.0.1:30003/"},
+            {"id": "../../admin", "url": "http://127.0.0.1:30004"},
+            {"id": 7, "url": "http://127.0.0.1:30005"},
+        ]
+    }
+    assert router.worker_ids(answer) == {"http://127.0.0.1:30003": "b7989155-99de-490d-a7eb-3eec9e838128"}
+    assert router.worker_entry("prefill", "http://h:1", 8998) == {
+        "url": "http://h:1",
+        "worker_type": "prefill",
+        "bootstrap_port": 8998,
+    }
+    assert router.worker_entry("decode", "http://h:2", None) == {"url": "http://h:2", "worker_type": "decode"}
+
+
+def _state(change: dict | None = None, **role_fields) -> dict:
+    from muse_launch.plan.spec import LaunchSpec, Plan
+    from muse_launch.run.state import planned_record
+
+    spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
+    data = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str).to_json()
+    data["roles"][0].update(role_fields)
+    data["change"] = change
+    return json.loads(json.dumps(data))
+
+
+def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
+    good = _state({"what": "add decode-1", "since": "2026-12-02T00:00:00+00:00"}, generation=2)
+    checked = check_state(good, "demo", "/x/demo")
+    assert checked["roles"][0]["generation"] == 2 and checked["change"]["what"] == "add decode-1"
+    from muse_launch.bounded_json import Damaged
+
+    for bad in (
+        _state(generation=-1),
+        _state(generation="2"),
+        _state({"what": "add\x1b[2J", "since": "2026-12-02T00:00:00+00:00"}),
+        _state({"what": "add decode-1", "since": "yesterday"}),
+        _state({"what": "", "since": "2026-12-02T00:00:00+00:00"}),
+    ):
+        with pytest.raises(Damaged):
+            check_state(bad, "demo", "/x/demo")
+
+
+def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_status():
+    from dataclasses import replace
+
+    from muse_launch.plan.spec import LaunchSpec, Plan
+    from muse_launch.run.lifecycle import RoleState
+    from muse_launch.run.state import Change, planned_record
+    from muse_launch.run.status import status_table
+
+    spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
+    record = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str)
+    record = record.with_role(replace(record.roles[0], state=RoleState.READY, generation=3))
+    assert record.shown_state == "ready"
+    changing = replace(
+        record, change=Change("add decode-1 (scale decode 1 -> 2)", "2026-12-02T00:00:00+00:00")
+    )
+    assert changing.shown_state == "changing"
+    table = status_table(changing, {"decode": "ok"})
+    assert "changing" in str(table.title) and "add decode-1 (scale decode 1 -> 2)" in str(table.title)
+    assert [c.header for c in table.columns][-2] == "gen" and list(table.columns[-2].cells) == ["3"]
+    stopped = replace(changing, roles=(replace(changing.roles[0], state=RoleState.STOPPED),))
+    assert stopped.shown_state == "stopped"  # nothing runs: no change shown
