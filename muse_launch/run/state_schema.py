@@ -108,6 +108,9 @@ class RoleModel(_Strict):
     wiring_counts: list[tuple[str, int, int]] = []
     cgroup: str | None = None
     api_key: str | None = None
+    role: str | None = Field(None, min_length=1, max_length=200)
+    env: dict[str, str] | None = None
+    launch_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
 
     @field_validator("started_at", "ready_at")
     @classmethod

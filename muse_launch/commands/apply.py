@@ -1,0 +1,237 @@
+"""`up FILE` on a running deployment of that file: print the difference (plan/diff.py), then apply it through
+the deployment's Backend, one step at a time; `--dry-run` prints it and stops. Written once, above the seam:
+each backend makes the steps (add_instance, remove_instance, restart_instance) or refuses them with
+errors.NotSupported, which ends here as one clear error, the deployment left as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
+from muse_launch.plan.diff import Difference, Instance, Launch, Step, StepKind, diff, own_argv, planned
+from muse_launch.plan.diff_text import difference_lines, plan_lines, start_lines, step_line
+from muse_launch.plan.rehearse import SIMULATED
+from muse_launch.run.state import LOCAL
+
+if TYPE_CHECKING:
+    from muse_launch.backend import Backend
+    from muse_launch.core import LoadedPlan
+    from muse_launch.plan.spec import Plan
+    from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
+
+
+def running_record(name: str) -> tuple[RunDir, DeploymentRecord] | None:
+    """The deployment of that name when it runs (its state read back, damaged state: StateDamaged), else
+    None."""
+    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.run.state import RunDir, is_locked, read_state
+
+    run_dir = RunDir.of(name)
+    record = read_state(run_dir)
+    if record is None or (record.state is DeploymentState.STOPPED and not is_locked(run_dir)):
+        return None
+    return run_dir, record
+
+
+def _role_of(role: RoleRecord, planned_roles: set[str]) -> str:
+    """The topology role of a recorded instance: as recorded, else (an older state) read from its name."""
+    if role.role:
+        return role.role
+    base = role.name.split("@", 1)[0]
+    stem, _, index = base.rpartition("-")
+    return stem if index.isdigit() and stem in planned_roles else base
+
+
+def recorded_instances(record: DeploymentRecord, planned_roles: set[str]) -> tuple[Instance, ...]:
+    """The running deployment's instances as state.json keeps them (already checked as untrusted input)."""
+    return tuple(
+        Instance(
+            r.name,
+            _role_of(r, planned_roles),
+            Launch(
+                r.engine,
+                r.kind,
+                own_argv(r.engine, r.argv),
+                None if r.env is None else tuple(sorted(r.env.items())),
+                tuple(r.gpus),
+                tuple(sorted(r.ports.items())),
+                r.launch_sha256,
+            ),
+            r.url,
+        )
+        for r in record.roles
+    )
+
+
+def _is_rehearsal(argvs) -> bool:
+    return any(SIMULATED in tuple(argv)[:4] for argv in argvs)
+
+
+def difference_of(loaded: LoadedPlan, record: DeploymentRecord, rehearse: bool) -> Difference:
+    plan = loaded.plan
+    if _is_rehearsal(r.argv for r in record.roles) != rehearse:
+        running_as = "a rehearsal (--rehearse)" if not rehearse else "with real engines"
+        raise UsageError(
+            f"{plan.name} runs {running_as}; this `up` would replace every engine of it",
+            fix=f"give the same mode as the running deployment ({'with' if not rehearse else 'without'} "
+            f"--rehearse), or `muse-launch down {plan.name}` first",
+        )
+    if record.backend in (None, LOCAL):
+        plan = _as_started_here(loaded, record)
+    roles = {s.role for s in plan.specs}
+    return diff(recorded_instances(record, roles), planned(plan, loaded.redact, record.masks.salt or None))
+
+
+def _as_started_here(loaded: LoadedPlan, record: DeploymentRecord) -> Plan:
+    """The plan as this host's `up` runs it: its start policy may set an engine's variable (the encoder
+    eviction TTL of an overlapped start); with the versions the running deployment recorded, so that an
+    unchanged file adds nothing."""
+    from muse_launch.run.start_policy import choose
+
+    versions = {e: v.removesuffix(" (simulated)") if v else v for e, v in record.versions.items()}
+    return choose(loaded.plan, loaded.loaded.topology.start, versions).plan
+
+
+def print_difference(say: Callable[[str], None], name: str, source: str, difference: Difference) -> None:
+    if difference.empty:
+        say(f"{name}: running, and {source} changes nothing of it; nothing to do")
+        return
+    say(f"{name}: running; {source} changes it ({len(difference.steps)} steps):")
+    for line in difference_lines(difference):
+        say(f"  {line}")
+    say("plan:")
+    for line in plan_lines(difference):
+        say(f"  {line}")
+
+
+def print_would_start(say: Callable[[str], None], loaded: LoadedPlan) -> None:
+    plan = loaded.plan
+    say(f"{plan.name} is not running; `up` would start {len(plan.specs)} instances, in this order:")
+    for line in start_lines(planned(plan, loaded.redact)):
+        say(f"  {line}")
+
+
+@dataclass
+class Applied:
+    """What the application did, for the error that stops it."""
+
+    done: list[Step]
+    added: list[str]  # instances started by it, as the backend named them
+
+
+def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
+    from muse_launch.run.state import read_state
+
+    record = read_state(run_dir)
+    return {r.name for r in backend.observe(record).roles} if record else set()
+
+
+def _make(backend: Backend, run_dir: RunDir, step: Step) -> None:
+    if step.kind is StepKind.ADD:
+        backend.add_instance(run_dir, step.role)
+    elif step.kind is StepKind.REMOVE:
+        backend.remove_instance(run_dir, step.instance)
+    else:
+        backend.restart_instance(run_dir, step.instance)
+
+
+def execute(
+    difference: Difference,
+    backend: Backend,
+    run_dir: RunDir,
+    say: Callable[[str], None],
+    instances: Callable[[], set[str]] | None = None,
+) -> None:
+    """Each step in order. A refusal (NotSupported) undoes the instances this run added and says so: the
+    deployment is left as it was. Another failure stops there, saying what was applied and what was not."""
+    instances = instances or (lambda: _instances(backend, run_dir))
+    applied = Applied([], [])
+    total = len(difference.steps)
+    for i, step in enumerate(difference.steps, 1):
+        say(f"[{i}/{total}] {step_line(step)}")
+        before = instances() if step.kind is StepKind.ADD else set()
+        try:
+            _make(backend, run_dir, step)
+        except NotSupported as refused:
+            raise _refusal(refused, backend, run_dir, applied, say) from None
+        except UserError as failed:
+            raise _stopped(failed, difference, applied, i, run_dir.name) from None
+        applied.done.append(step)
+        if step.kind is StepKind.ADD:
+            applied.added += sorted(instances() - before)
+    say(f"{run_dir.name}: applied ({total} steps)")
+
+
+def _refusal(
+    refused: NotSupported, backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[str], None]
+) -> NotSupported:
+    undone, left = [], [s for s in applied.done if s.kind is not StepKind.ADD]
+    for name in reversed(applied.added):
+        say(f"undo: removing {name}, which this `up` added")
+        try:
+            backend.remove_instance(run_dir, name)
+            undone.append(name)
+        except UserError as exc:
+            say(f"undo: {name} stays: {exc}")
+            left.append(Step(StepKind.ADD, "", name))
+    where = f"{backend.name}: " if backend.name else ""
+    if left:
+        what = ", ".join(f"{s.kind.value} {s.instance}" for s in left)
+        state = f"left applied before the refusal: {what}"
+    else:
+        state = "nothing was changed"
+    return NotSupported(
+        f"{where}{refused} ({state})",
+        fix=refused.fix or f"`muse-launch down {run_dir.name}`, then `up` the file again",
+    )
+
+
+def _stopped(
+    failed: UserError, difference: Difference, applied: Applied, at: int, name: str
+) -> RuntimeFailure:
+    done = ", ".join(f"{s.kind.value} {s.instance}" for s in applied.done) or "none"
+    pending = ", ".join(f"{s.kind.value} {s.instance}" for s in difference.steps[at - 1 :])
+    return RuntimeFailure(
+        f"step {at} failed: {failed}; applied: {done}; not applied: {pending}",
+        fix=failed.fix or f"`muse-launch status {name}` shows where it is; `up` the file again to go on",
+    )
+
+
+def up_changes(
+    loaded: LoadedPlan,
+    on: str | None,
+    rehearse: bool,
+    dry_run: bool,
+    say: Callable[[str], None],
+) -> int | None:
+    """`up FILE` of a deployment that runs: the exit code once its difference is printed (and, without
+    `dry_run`, applied). None: nothing of that name runs and `up` starts it as usual."""
+    from muse_launch.backend import backend_of
+
+    found = running_record(loaded.plan.name)
+    if found is None:
+        if not dry_run:
+            return None
+        print_would_start(say, loaded)
+        say("--dry-run: nothing was started")
+        return 0
+    run_dir, record = found
+    backend = backend_of(run_dir)
+    if (on or "local") != backend.name:
+        raise UsageError(
+            f"{record.name} runs on {backend.name}, not {on or 'this host'}; `up` changes a running "
+            "deployment where it runs",
+            fix=f"`up {'--on ' + backend.name + ' ' if backend.name != 'local' else ''}FILE` changes it "
+            f"there; to move it, `muse-launch down {record.name}` first",
+        )
+    difference = difference_of(loaded, backend.observe(record), rehearse)
+    print_difference(say, record.name, str(loaded.source), difference)
+    if dry_run:
+        if not difference.empty:
+            say("--dry-run: nothing was changed; the same `up` without --dry-run applies it")
+        return 0
+    if not difference.empty:
+        execute(difference, backend, run_dir, say)
+    return 0
