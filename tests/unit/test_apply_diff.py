@@ -391,8 +391,15 @@ def test_dry_run_of_a_running_deployment_prints_the_difference_and_changes_nothi
     assert (home / "epd-b300" / "state.json").read_bytes() == state
 
 
-def test_up_of_a_running_deployment_says_cleanly_what_this_host_cannot_do(home):
+def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home, monkeypatch):
+    def refuse(self, run_dir, instance):
+        raise NotSupported(
+            f"restarting {instance} alone is not supported on this host yet", fix="down, then up"
+        )
+
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.restart_instance", refuse)
     _write_running()
+    state = (home / "epd-b300" / "state.json").read_bytes()
     ran = muse(
         "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", "roles.decode.mem_fraction=0.7"
     )
@@ -402,7 +409,8 @@ def test_up_of_a_running_deployment_says_cleanly_what_this_host_cannot_do(home):
         "error: local: restarting decode alone is not supported on this host yet (nothing was changed)"
         in (ran.stderr)
     )
-    assert "  fix: " in ran.stderr
+    assert "  fix: down, then up" in ran.stderr
+    assert (home / "epd-b300" / "state.json").read_bytes() == state
 
 
 def test_up_of_an_unchanged_running_file_does_nothing(home):
