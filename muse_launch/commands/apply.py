@@ -13,6 +13,7 @@ from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserErr
 from muse_launch.plan.diff import Difference, Instance, Launch, Step, StepKind, diff, own_argv, planned
 from muse_launch.plan.diff_text import difference_lines, plan_lines, start_lines, step_line
 from muse_launch.plan.rehearse import SIMULATED
+from muse_launch.run.lifecycle import DeploymentState
 from muse_launch.run.state import LOCAL
 
 if TYPE_CHECKING:
@@ -23,13 +24,19 @@ if TYPE_CHECKING:
 
 
 def running_record(name: str) -> tuple[RunDir, DeploymentRecord] | None:
-    """The deployment of that name when it runs (its state read back, damaged state: StateDamaged), else
-    None."""
+    """The deployment of that name when it runs, else None. A damaged state.json of a deployment that is not
+    running is left to `up`, which starts it afresh (as it did before it could change one); one whose
+    supervisor runs cannot be compared with the file: StateDamaged, whose fix is `down`."""
     from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.state import RunDir, is_locked, read_state
+    from muse_launch.run.state import RunDir, StateDamaged, is_locked, read_state
 
     run_dir = RunDir.of(name)
-    record = read_state(run_dir)
+    try:
+        record = read_state(run_dir)
+    except StateDamaged:
+        if is_locked(run_dir):
+            raise
+        return None
     if record is None or (record.state is DeploymentState.STOPPED and not is_locked(run_dir)):
         return None
     return run_dir, record
@@ -143,10 +150,14 @@ def execute(
     run_dir: RunDir,
     say: Callable[[str], None],
     instances: Callable[[], set[str]] | None = None,
+    redact: Callable[[str], str] = lambda text: text,
 ) -> None:
     """Each step in order. A refusal (NotSupported) undoes the instances this run added and says so: the
-    deployment is left as it was. Another failure stops there, saying what was applied and what was not."""
+    deployment is left as it was. Another failure stops there, saying what was applied and what was not.
+    `redact`: what the backend says goes out with the file's `${env:...}` values hidden."""
     instances = instances or (lambda: _instances(backend, run_dir))
+    told = say
+    say = lambda text: told(redact(text))  # noqa: E731
     applied = Applied([], [])
     total = len(difference.steps)
     for i, step in enumerate(difference.steps, 1):
@@ -155,35 +166,37 @@ def execute(
         try:
             _make(backend, run_dir, step)
         except NotSupported as refused:
-            raise _refusal(refused, backend, run_dir, applied, say) from None
+            raise _hidden(_refusal(refused, backend, run_dir, applied, say), redact) from None
         except UserError as failed:
-            raise _stopped(failed, difference, applied, i, run_dir.name) from None
+            raise _hidden(_stopped(failed, difference, applied, i, run_dir.name), redact) from None
         applied.done.append(step)
         if step.kind is StepKind.ADD:
             applied.added += sorted(instances() - before)
     say(f"{run_dir.name}: applied ({total} steps)")
 
 
+def _hidden(error: UserError, redact: Callable[[str], str]) -> UserError:
+    return type(error)(redact(str(error)), fix=redact(error.fix) if error.fix else None)
+
+
 def _refusal(
     refused: NotSupported, backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[str], None]
 ) -> NotSupported:
-    undone, left = [], [s for s in applied.done if s.kind is not StepKind.ADD]
+    left = [s for s in applied.done if s.kind is not StepKind.ADD]
     for name in reversed(applied.added):
         say(f"undo: removing {name}, which this `up` added")
         try:
             backend.remove_instance(run_dir, name)
-            undone.append(name)
         except UserError as exc:
             say(f"undo: {name} stays: {exc}")
             left.append(Step(StepKind.ADD, "", name))
-    where = f"{backend.name}: " if backend.name else ""
     if left:
         what = ", ".join(f"{s.kind.value} {s.instance}" for s in left)
         state = f"left applied before the refusal: {what}"
     else:
         state = "nothing was changed"
     return NotSupported(
-        f"{where}{refused} ({state})",
+        f"{refused} ({state})",
         fix=refused.fix or f"`muse-launch down {run_dir.name}`, then `up` the file again",
     )
 
@@ -226,12 +239,20 @@ def up_changes(
             fix=f"`up {'--on ' + backend.name + ' ' if backend.name != 'local' else ''}FILE` changes it "
             f"there; to move it, `muse-launch down {record.name}` first",
         )
-    difference = difference_of(loaded, backend.observe(record), rehearse)
+    record = backend.observe(record)  # as it runs now: a role that died unseen shows failed
+    difference = difference_of(loaded, record, rehearse)
     print_difference(say, record.name, str(loaded.source), difference)
     if dry_run:
         if not difference.empty:
             say("--dry-run: nothing was changed; the same `up` without --dry-run applies it")
         return 0
-    if not difference.empty:
-        execute(difference, backend, run_dir, say)
+    if difference.empty:
+        return 0
+    state = record.state
+    if state in (DeploymentState.STARTING, DeploymentState.STOPPING):
+        raise RuntimeFailure(
+            f"{record.name} is {state.value}: nothing was changed",
+            fix=f"once `muse-launch status {record.name}` shows it ready, `up` the file again",
+        )
+    execute(difference, backend, run_dir, say, redact=loaded.redact)
     return 0

@@ -128,6 +128,11 @@ class RoleModel(_Strict):
     def _names(cls, value: str) -> str:
         return _plain(value, "a name")
 
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str | None) -> str | None:
+        return None if value is None else _plain(value, "a role name")
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str | None) -> str | None:

@@ -405,9 +405,8 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
     )
     assert ran.returncode == 1
     assert "Traceback" not in ran.stdout + ran.stderr
-    assert (
-        "error: local: restarting decode alone is not supported on this host yet (nothing was changed)"
-        in (ran.stderr)
+    assert "error: restarting decode alone is not supported on this host yet (nothing was changed)" in (
+        ran.stderr
     )
     assert "  fix: down, then up" in ran.stderr
     assert (home / "epd-b300" / "state.json").read_bytes() == state
@@ -429,3 +428,61 @@ def test_a_rehearsal_is_not_changed_into_real_engines(home):
 def test_dry_run_and_only_do_not_mix(home):
     ran = muse("up", EPD, "--rehearse", "--dry-run", "--only", "decode")
     assert ran.returncode == 2 and "--dry-run shows the difference of the whole file" in ran.stderr
+
+
+def test_a_damaged_state_of_a_stopped_deployment_is_left_to_up(home):
+    (home / "epd-b300").mkdir(parents=True)
+    (home / "epd-b300" / "state.json").write_text('{"name": "epd-b300", "roles": 3}')
+    ran = muse("up", EPD, "--rehearse", "--dry-run", "--set", FAST, "--set", SMALL)
+    assert ran.returncode == 0, ran.stderr
+    assert "epd-b300 is not running; `up` would start 4 instances" in ran.stdout
+
+
+def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
+    record, _ = running()
+    starting = replace(record, roles=tuple(replace(r, state=RoleState.STARTING) for r in record.roles))
+    write_state(RunDir.of(record.name), starting)
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.observe", lambda self, r: r)
+    called = []
+    monkeypatch.setattr(
+        "muse_launch.run.local.LocalBackend.restart_instance", lambda self, *a: called.append(a)
+    )
+    ran = muse(
+        "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", "roles.decode.mem_fraction=0.7"
+    )
+    assert ran.returncode == 1 and "epd-b300 is starting: nothing was changed" in ran.stderr
+    assert called == []
+
+
+def test_a_recorded_role_name_with_a_control_character_is_damage(tmp_path):
+    from muse_launch.run.state import StateDamaged
+
+    record, _ = running()
+    run_dir = RunDir(tmp_path / "epd-b300")
+    write_state(run_dir, record)
+    data = run_dir.state_file.read_text().replace('"role": "decode"', '"role": "dec\\u001bode"')
+    run_dir.state_file.write_text(data)
+    with pytest.raises(StateDamaged, match="role name holds a control character"):
+        read_state(run_dir)
+
+
+def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
+    record, difference = _steps_for_everything()
+
+    class Leaky(Recording):
+        def restart_instance(self, run_dir, instance):
+            raise NotSupported(f"token s3cr3t refused for {instance}", fix="give s3cr3t again")
+
+    backend = Leaky(r.name for r in record.roles)
+    said: list[str] = []
+    with pytest.raises(NotSupported) as refused:
+        execute(
+            difference,
+            backend,
+            RunDir(tmp_path / "x"),
+            said.append,
+            lambda: set(backend.instances),
+            redact=lambda text: text.replace("s3cr3t", "***"),
+        )
+    assert "s3cr3t" not in str(refused.value) + refused.value.fix + "".join(said)
+    assert "token *** refused for encoder (nothing was changed)" == str(refused.value)
