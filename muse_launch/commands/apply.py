@@ -13,7 +13,7 @@ from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserErr
 from muse_launch.plan.diff import Difference, Instance, Launch, Step, StepKind, diff, own_argv, planned
 from muse_launch.plan.diff_text import difference_lines, plan_lines, start_lines, step_line
 from muse_launch.plan.rehearse import SIMULATED
-from muse_launch.run.lifecycle import DeploymentState
+from muse_launch.run.lifecycle import DeploymentState, RoleState
 from muse_launch.run.state import LOCAL
 
 if TYPE_CHECKING:
@@ -37,9 +37,17 @@ def running_record(name: str) -> tuple[RunDir, DeploymentRecord] | None:
         if is_locked(run_dir):
             raise
         return None
-    if record is None or (record.state is DeploymentState.STOPPED and not is_locked(run_dir)):
-        return None
-    return run_dir, record
+    if record is None or record.state is not DeploymentState.STOPPED:
+        return None if record is None else (run_dir, record)
+    if is_locked(run_dir):  # the state of a run that is over, the lock another `up` or a `down` holds now
+        raise RuntimeFailure(
+            f"another `up` or a `down` of {name} is under way; nothing was changed",
+            fix=f"wait for it (`muse-launch status {name}`), then `up` the file again",
+        )
+    return None
+
+
+DOWN = (RoleState.FAILED, RoleState.STOPPED)  # a recorded instance in these states is started again
 
 
 def _role_of(role: RoleRecord, planned_roles: set[str]) -> str:
@@ -67,6 +75,7 @@ def recorded_instances(record: DeploymentRecord, planned_roles: set[str]) -> tup
                 r.launch_sha256,
             ),
             r.url,
+            None if r.state not in DOWN else f"{r.state.value}{': ' + r.reason if r.reason else ''}",
         )
         for r in record.roles
     )
@@ -240,6 +249,12 @@ def up_changes(
             f"there; to move it, `muse-launch down {record.name}` first",
         )
     record = backend.observe(record)  # as it runs now: a role that died unseen shows failed
+    if backend.name == LOCAL and record.supervisor is None:  # an earlier run left it (`up --keep`)
+        if not dry_run:
+            return None  # as before: `up` refuses what is left of it, or starts it afresh
+        say(f"{record.name}: no supervisor watches it; `up` starts it afresh once what is left of it stops")
+        print_would_start(say, loaded)
+        return 0
     difference = difference_of(loaded, record, rehearse)
     print_difference(say, record.name, str(loaded.source), difference)
     if dry_run:

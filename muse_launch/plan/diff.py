@@ -92,6 +92,9 @@ class Instance:
     role: str  # the topology role it is an instance of
     launch: Launch
     url: str | None = None  # as shown
+    down: str | None = (
+        None  # running side: why it does not run now (it failed, it was stopped); None: it runs
+    )
 
 
 def launch_digest(salt: str, spec: LaunchSpec) -> str:
@@ -173,6 +176,12 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
         counts.append(RoleChange(role, len(old_side), len(new_side)))
         pairs, left_old, left_new = _match(old_side, new_side)
         kept += [(o.name, n.name) for o, n in pairs if o.name != n.name]
+        for o, n in pairs:  # the same launch, but not running: started again, as the file wants it
+            if o.down:
+                kind = StepKind.RESTART_ROUTER if o.launch.engine in ROUTER_ENGINES else StepKind.ROLL
+                (routers if kind is StepKind.RESTART_ROUTER else rolls).append(
+                    Step(kind, role, o.name, (f"not running ({o.down})",), o, n)
+                )
         for o, n in zip(left_old, left_new, strict=False):
             changed = changes(o.launch, n.launch)
             if n.launch.engine in ROUTER_ENGINES or o.launch.engine in ROUTER_ENGINES:
@@ -181,7 +190,7 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
                 rolls.append(Step(StepKind.ROLL, role, o.name, changed, o, n))
         adds += [Step(StepKind.ADD, role, n.name, new=n) for n in left_new[len(left_old) :]]
         removes += [Step(StepKind.REMOVE, role, o.name, old=o) for o in left_old[len(left_new) :]]
-        if not left_old and not left_new and old_side:
+        if not left_old and not left_new and old_side and not any(o.down for o in old_side):
             unchanged.append(role)
 
     def rank(step: Step) -> int:

@@ -3,6 +3,7 @@ and its application above the backend seam (commands/apply.py) against a recordi
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import replace
 
@@ -24,6 +25,7 @@ from muse_launch.plan.diff import (
     planned,
 )
 from muse_launch.plan.diff_text import difference_lines, plan_lines
+from muse_launch.proc.process import ProcessRef
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.run.state import RunDir, planned_record, read_state, write_state
@@ -347,15 +349,38 @@ def test_a_failed_step_stops_there_and_says_what_was_applied(tmp_path):
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
+    """A fresh home; a test here that would start anything fails instead (none may)."""
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("up started a deployment")
+
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.bring_up", no_start)
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
 
 
+def _ready(record):
+    """Every role ready and wired."""
+    return replace(
+        record,
+        roles=tuple(
+            replace(r, state=RoleState.READY, wiring=tuple((k, want, want) for k, _, want in r.wiring))
+            for r in record.roles
+        ),
+    )
+
+
+def _supervised(record):
+    """As a live supervisor writes it: this test process stands in for the supervisor."""
+    return replace(record, supervisor=ProcessRef.of(os.getpid()))
+
+
 def _write_running(*sets: str) -> None:
     record, _ = running(*sets)
+    record = _supervised(record)
     write_state(
         RunDir.of(record.name),
-        replace(record, roles=tuple(replace(r, state=RoleState.READY) for r in record.roles)),
+        _ready(record),
     )
 
 
@@ -441,8 +466,7 @@ def test_a_damaged_state_of_a_stopped_deployment_is_left_to_up(home):
 def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
     record, _ = running()
     starting = replace(record, roles=tuple(replace(r, state=RoleState.STARTING) for r in record.roles))
-    write_state(RunDir.of(record.name), starting)
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.observe", lambda self, r: r)
+    write_state(RunDir.of(record.name), _supervised(starting))
     called = []
     monkeypatch.setattr(
         "muse_launch.run.local.LocalBackend.restart_instance", lambda self, *a: called.append(a)
@@ -486,3 +510,34 @@ def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
         )
     assert "s3cr3t" not in str(refused.value) + refused.value.fix + "".join(said)
     assert "token *** refused for encoder (nothing was changed)" == str(refused.value)
+
+
+def test_a_deployment_no_supervisor_watches_is_left_to_up(home, monkeypatch):
+    started = []
+    monkeypatch.setattr(
+        "muse_launch.run.local.LocalBackend.bring_up", lambda self, *a: started.append(a[0].plan.name) or 0
+    )
+    record, _ = running()
+    write_state(
+        RunDir.of(record.name),
+        _ready(record),
+    )
+    ran = muse("up", EPD, "--rehearse", "--set", FAST, "--set", SMALL)  # as before: up's own checks decide
+    assert ran.returncode == 0 and started == ["epd-b300"]  # (they refuse what an earlier run left alive)
+    dry = muse("up", EPD, "--rehearse", "--dry-run", "--set", FAST, "--set", SMALL)
+    assert dry.returncode == 0 and started == ["epd-b300"]
+    assert (
+        "epd-b300: no supervisor watches it; `up` starts it afresh once what is left of it stops"
+        in dry.stdout
+    )
+
+
+def test_a_failed_instance_of_an_unchanged_role_is_started_again():
+    record, _ = running()
+    failed = record.with_role(replace(record.role("decode"), state=RoleState.FAILED, reason="exit 1"))
+    difference = against(failed)
+    assert [(s.kind, s.instance) for s in difference.steps] == [(StepKind.ROLL, "decode")]
+    assert "~ decode: not running (failed: exit 1) (rolled, one instance at a time)" in difference_lines(
+        difference
+    )
+    assert "decode" not in difference.unchanged
