@@ -1,8 +1,10 @@
 """Human renderings of a Plan: text, shell commands and docker run lines.
 
 The shell and docker renderings are pasted into shells: every value from the file is quoted for the
-shell (`shlex.quote`), an environment name is written only if it is one (the loader refuses others),
-and a comment line is made by `comment`, which cannot end the line early (docs/security.md).
+shell (`quote`: shlex's quoting, or bash's $'...' for a value holding a control character, so that
+neither a paste nor the terminal showing it runs or hides anything), an environment name is written only
+if it is one (the loader refuses others), and a comment line is made by `comment`, which cannot end the
+line early (docs/security.md).
 """
 
 from __future__ import annotations
@@ -28,6 +30,17 @@ def one_line(text: str) -> str:
     )
 
 
+def quote(value: str) -> str:
+    """`value` as one shell word. With a control character in it (CR, ESC, BEL...) the word is bash's
+    $'...' with each such character escaped: printed, it cannot move the cursor over what runs."""
+    if not _UNPRINTABLE.search(value):
+        return shlex.quote(value)
+    body = value.replace("\\", "\\\\").replace("'", "\\'")
+    # \xHH is a byte to bash, whatever the locale: a character past ASCII is written as its UTF-8 bytes
+    escape = lambda m: "".join(f"\\x{b:02x}" for b in m[0].encode())  # noqa: E731
+    return "$'" + _UNPRINTABLE.sub(escape, body) + "'"
+
+
 def comment(text: str) -> str:
     """A shell comment line: whatever `text` holds, the next line is not part of it."""
     return "# " + one_line(text)
@@ -42,7 +55,7 @@ def env_name(name: str) -> str:
 
 def assignment(name: str, value: str) -> str:
     """`NAME=value` for a shell, the value quoted."""
-    return f"{env_name(name)}={shlex.quote(value)}"
+    return f"{env_name(name)}={quote(value)}"
 
 
 def _wave_of(plan: Plan) -> dict[str, int]:
@@ -112,7 +125,7 @@ def _wrapped(argv: tuple[str, ...], redact: Redact, indent: str = "  ") -> str:
             and any(a.startswith("--") or len(lines) == 1 for a in lines[-1][:1])
         ):
             lines.append([])
-        lines[-1].append(shlex.quote(redact(arg)))
+        lines[-1].append(quote(redact(arg)))
     return (" \\\n" + indent).join(" ".join(words) for words in lines)
 
 
@@ -159,7 +172,7 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
             continue
         argv = list(spec.argv)
         options = [
-            f"docker run -d --name {shlex.quote((plan.name + '-' + spec.name).replace('@', '-'))}",
+            f"docker run -d --name {quote((plan.name + '-' + spec.name).replace('@', '-'))}",
             "--network host --ipc host --shm-size 32g",
         ]
         if spec.gpus and profile.docker_gpu_args:
@@ -167,13 +180,13 @@ def plan_docker(plan: Plan, redact: Redact, topology: Topology) -> str:
         facts = worker_facts(spec.engine)
         if facts and facts.privileged:
             options.append("--privileged")
-        options += [f"-e {shlex.quote(f'{env_name(k)}={redact(v)}')}" for k, v in spec.env.items()]
+        options += [f"-e {quote(f'{env_name(k)}={redact(v)}')}" for k, v in spec.env.items()]
         options.append(f"-v {HF_CACHE_MOUNT}")
         if facts and facts.entrypoint:
             if tuple(argv[: len(facts.entrypoint)]) == facts.entrypoint:
                 argv = argv[len(facts.entrypoint) :]
             else:
-                options.append(f"--entrypoint {shlex.quote(argv.pop(0))}")
+                options.append(f"--entrypoint {quote(argv.pop(0))}")
         options.append(image)
         out.append(" \\\n  ".join(options) + (" \\\n  " + _wrapped(tuple(argv), redact) if argv else ""))
     return "\n".join(out)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from enum import Enum
 
+LOCAL, SLURM, K8S = "local", "slurm", "k8s"
+BACKEND_NAMES = (LOCAL, SLURM, K8S)  # the backends muse_launch/backend.py knows, as state.json names them
+
 
 class RoleState(str, Enum):
     PENDING = "pending"

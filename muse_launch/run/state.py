@@ -21,14 +21,21 @@ from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
 from muse_launch.proc.masks import Masks
 from muse_launch.proc.process import ProcessRef, StopTarget
-from muse_launch.run.lifecycle import LIVE_STATES, DeploymentState, RoleState, deployment_state
+from muse_launch.run.lifecycle import (  # noqa: F401 - LOCAL, SLURM, K8S: as the backends import them
+    BACKEND_NAMES,
+    K8S,
+    LIVE_STATES,
+    LOCAL,
+    SLURM,
+    DeploymentState,
+    RoleState,
+    deployment_state,
+)
 from muse_launch.topology.grammar import path_part
 
 if TYPE_CHECKING:
     import psutil
 
-LOCAL, SLURM, K8S = "local", "slurm", "k8s"
-BACKEND_NAMES = (LOCAL, SLURM, K8S)  # the backends muse_launch/backend.py knows, as state.json names them
 WIRING_LABELS = {"worker": "workers", "encoder": "encoders"}
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from muse_launch.bounded_json import Damaged, load_bounded_json
 from muse_launch.proc.cgroups import LAYOUT_DIR, deployment_dir_name
-from muse_launch.run.lifecycle import RoleState
+from muse_launch.run.lifecycle import BACKEND_NAMES, RoleState
 from muse_launch.topology.model import MAX_GRACE, STOP_SIGNALS
 
 MAX_STATE_BYTES = 8 << 20  # a topology file is at most 1 MiB; its state is a few times that at worst
@@ -171,7 +171,7 @@ class StateModel(_Strict):
     roles: list[RoleModel]
     versions: dict[str, str | None] = {}
     masks: MasksModel | None = None
-    backend: Literal["local", "slurm"] | None = None  # None: written before records named their backend
+    backend: Literal[BACKEND_NAMES] | None = None  # None: written before records named their backend
 
     @model_validator(mode="after")
     def _waves(self) -> StateModel:

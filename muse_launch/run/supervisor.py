@@ -25,6 +25,7 @@ from enum import Enum
 import httpx
 
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
+from muse_launch.proc import cgroups
 from muse_launch.proc.process import (
     RoleProcess,
     SpawnError,
@@ -252,6 +253,31 @@ class Supervisor:
             on_tick()
             self.tend()
             self.clock.wait(self.wakeup, self._wait(IDLE_TICK))
+
+    def run(
+        self,
+        fail_fast: bool,
+        on_ready: Callable[[float], None],
+        on_tick: Callable[[], None] = lambda: None,
+    ) -> Outcome:
+        """The one runner, on this host and on a SLURM batch host: start every wave; once all are ready and
+        wired, `on_ready(seconds since the start)`, then supervise until a stop is asked or a role fails.
+        What follows is the caller's: `wind_down()`, or leave the roles to `down` (RELEASED) or --keep."""
+        started = self.clock.monotonic()
+        outcome = self.start()
+        if outcome is Outcome.READY:
+            on_ready(self.clock.monotonic() - started)
+            outcome = self.supervise(fail_fast, on_tick=on_tick)
+        return outcome
+
+    def wind_down(self) -> StopReport:
+        """Stop every role in reverse waves, then sign off; each role's emptied cgroup is removed (the
+        supervision loop tried once, never waiting)."""
+        report = self.stop()
+        self.sign_off()
+        for role in self.record.roles:
+            cgroups.remove(role.cgroup)
+        return report
 
     def stop(self) -> StopReport:
         """Stop every started role, last wave first; roles of one wave stop together, each through

@@ -11,6 +11,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,7 +22,6 @@ from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.printable import escaped
-from muse_launch.proc import cgroups
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.proc.programs import program_path
@@ -322,24 +322,24 @@ def _foreground(
                 options,
                 saying(quiet),
             )
+            live = ExitStack()  # the live view while roles start, closed once they are ready
+
+            def ready(seconds: float) -> None:
+                nonlocal progress
+                live.close()
+                _say_ready(quiet, sup.record, seconds, detached=False)
+                progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
+                names = [s.name for s in plan.specs]
+                printer = RolePrinter(console.file, names, colour=console.is_terminal, mask=options.redact)
+                follower = LogFollower({name: run_dir.log(name) for name in names}, from_end=True)
+                out.follow(lambda: follower.print_new(printer))
+
             try:
                 received = _handle_signals(sup)
                 sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-                started = time.monotonic()
-                with progress:
-                    outcome = sup.start()
-                if outcome is Outcome.READY:
-                    _say_ready(quiet, sup.record, time.monotonic() - started, detached=False)
-                    progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
-                    printer = RolePrinter(
-                        console.file,
-                        [s.name for s in plan.specs],
-                        colour=console.is_terminal,
-                        mask=options.redact,
-                    )
-                    follower = LogFollower({s.name: run_dir.log(s.name) for s in plan.specs}, from_end=True)
-                    out.follow(lambda: follower.print_new(printer))
-                    outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
+                with live:
+                    live.enter_context(progress)
+                    outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
                 return _finish(sup, outcome, options, received, quiet, run_dir)
             finally:
                 sup.close()
@@ -371,12 +371,7 @@ def _finish(
         say("stopping everything started")
     else:
         say(f"{signal.Signals(received['signal']).name}: stopping everything (again to kill at once)")
-    report = sup.stop()
-    sup.sign_off()
-    for role in sup.record.roles:
-        cgroups.remove(
-            role.cgroup
-        )  # emptied by the stop; the supervisor's loop only tried once, never waiting
+    report = sup.wind_down()
     for line in ["had to SIGKILL:", *report.killed] if report.killed else []:
         say(line)
     say(f"{sup.record.name}: stopped")
@@ -504,14 +499,16 @@ def _run_detached(
             received = _handle_signals(sup)
             sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
             pipe = _tell(pipe, f"pid {os.getpid()}\n")
-            outcome = sup.start()
-            if outcome is Outcome.READY:
+
+            def ready(seconds: float) -> None:
+                nonlocal pipe
                 pipe = _tell(pipe, "ready\n")
                 if pipe >= 0:
                     os.close(pipe)
                     pipe = -1
-                outcome = sup.supervise(options.fail_fast, on_tick=saver.retry)
-            elif outcome is Outcome.RELEASED:
+
+            outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
+            if outcome is Outcome.RELEASED and pipe >= 0:
                 pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
             code = _finish(sup, outcome, options, received, console, run_dir)
             sup.close()

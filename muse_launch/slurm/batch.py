@@ -166,14 +166,12 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
 
 def _supervise(sup: Supervisor, saver: StateSaver, fail_fast: bool, asked: dict, stopped: dict) -> None:
     """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
-    outcome = sup.start()
-    if outcome is Outcome.READY:
-        print(
-            f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: "
-            f"{', '.join(r.url for r in sup.record.entry_roles() if r.url)}",
-            flush=True,
-        )
-        outcome = sup.supervise(fail_fast, on_tick=saver.retry)
+
+    def ready(_seconds: float) -> None:
+        urls = ", ".join(r.url for r in sup.record.entry_roles() if r.url)
+        print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: {urls}", flush=True)
+
+    outcome = sup.run(fail_fast, ready, on_tick=saver.retry)
     if outcome is Outcome.FAILED:
         failed = sup.record.role(sup.failed_role) if sup.failed_role else None
         print(
@@ -184,13 +182,12 @@ def _supervise(sup: Supervisor, saver: StateSaver, fail_fast: bool, asked: dict,
     if asked.get("grace") is not None:  # `down --grace S`
         grace = float(asked["grace"])
         sup.record = replace(sup.record, roles=tuple(replace(r, grace=grace) for r in sup.record.roles))
-    report = sup.stop()
+    report = sup.wind_down()
     stopped["killed"], stopped["survivors"] = list(report.killed), list(report.survivors)
     for line in report.killed:
         print(f"muse-launch: had to SIGKILL {line}", flush=True)
     for line in report.survivors:
         print(f"muse-launch: still there after SIGKILL: {line}", flush=True)
-    sup.sign_off()
 
 
 def main(argv: list[str] | None = None) -> int:
