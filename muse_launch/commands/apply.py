@@ -6,7 +6,7 @@ errors.NotSupported, which ends here as one clear error, the deployment left as 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
@@ -131,10 +131,11 @@ def print_would_start(say: Callable[[str], None], loaded: LoadedPlan) -> None:
 
 @dataclass
 class Applied:
-    """What the application did, for the error that stops it."""
+    """What the application did, for the error that stops it and for undoing it."""
 
-    done: list[Step]
-    added: list[str]  # instances started by it, as the backend named them
+    done: list[Step] = field(default_factory=list)
+    added: list[tuple[str, str]] = field(default_factory=list)  # (role, instance as the backend named it)
+    removed: list[str] = field(default_factory=list)  # the roles of the instances it removed
 
 
 def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
@@ -144,13 +145,58 @@ def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
     return {r.name for r in backend.observe(record).roles} if record else set()
 
 
-def _make(backend: Backend, run_dir: RunDir, step: Step) -> None:
+def relaunches(backend: Backend) -> bool:
+    """Whether the backend's restart_instance starts the launch the file gives now, and its add_instance a
+    role the running deployment does not have: the seam's methods take no launch (restart_instance replaces
+    an instance by a fresh process of the spec it runs), so a backend says so with `relaunches = True`."""
+    return getattr(backend, "relaunches", False) is True
+
+
+def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, name: str) -> None:
+    """Before any step: a changed launch, or a role the running deployment does not have, needs a backend
+    that `relaunches`; without one, nothing is changed and the error says what is applied live instead."""
+    if relaunches(backend):
+        return
+    new_launch = [
+        s.instance
+        for s in difference.steps
+        if s.kind in (StepKind.ROLL, StepKind.RESTART_ROUTER) and not (s.old and s.old.down)
+    ]
+    new_roles = [
+        s.instance for s in difference.steps if s.kind is StepKind.ADD and difference.role(s.role).before == 0
+    ]
+    if not new_launch and not new_roles:
+        return
+    what = "; ".join(
+        part
+        for part in (
+            f"a new launch of {', '.join(new_launch)}" if new_launch else "",
+            f"the new role instance{'s' if len(new_roles) > 1 else ''} {', '.join(new_roles)}"
+            if new_roles
+            else "",
+        )
+        if part
+    )
+    raise NotSupported(
+        f"{name}: {what}: not made while it runs on {backend.name} yet (its restart starts the launch an "
+        "instance already runs); nothing was changed",
+        fix=f"`muse-launch down {name}`, then `up` the file again; a change of replicas alone (the file's "
+        "other changes undone) is made while it runs",
+    )
+
+
+def _make(backend: Backend, run_dir: RunDir, step: Step, instances: Callable[[], set[str]]) -> str | None:
+    """The step; for an add, the new instance's name (as the backend returns it, else as it appears)."""
     if step.kind is StepKind.ADD:
-        backend.add_instance(run_dir, step.role)
-    elif step.kind is StepKind.REMOVE:
+        before = instances()
+        named = backend.add_instance(run_dir, step.role)
+        appeared = sorted(instances() - before)
+        return named if isinstance(named, str) and named else (appeared[0] if appeared else None)
+    if step.kind is StepKind.REMOVE:
         backend.remove_instance(run_dir, step.instance)
     else:
         backend.restart_instance(run_dir, step.instance)
+    return None
 
 
 def execute(
@@ -161,26 +207,27 @@ def execute(
     instances: Callable[[], set[str]] | None = None,
     redact: Callable[[str], str] = lambda text: text,
 ) -> None:
-    """Each step in order. A refusal (NotSupported) undoes the instances this run added and says so: the
+    """Each step in order. A refusal (NotSupported) undoes what this run added and removed and says so: the
     deployment is left as it was. Another failure stops there, saying what was applied and what was not.
     `redact`: what the backend says goes out with the file's `${env:...}` values hidden."""
     instances = instances or (lambda: _instances(backend, run_dir))
     told = say
     say = lambda text: told(redact(text))  # noqa: E731
-    applied = Applied([], [])
+    applied = Applied()
     total = len(difference.steps)
     for i, step in enumerate(difference.steps, 1):
         say(f"[{i}/{total}] {step_line(step)}")
-        before = instances() if step.kind is StepKind.ADD else set()
         try:
-            _make(backend, run_dir, step)
+            added = _make(backend, run_dir, step, instances)
         except NotSupported as refused:
             raise _hidden(_refusal(refused, backend, run_dir, applied, say), redact) from None
         except UserError as failed:
             raise _hidden(_stopped(failed, difference, applied, i, run_dir.name), redact) from None
         applied.done.append(step)
-        if step.kind is StepKind.ADD:
-            applied.added += sorted(instances() - before)
+        if added:
+            applied.added.append((step.role, added))
+        if step.kind is StepKind.REMOVE:
+            applied.removed.append(step.role)
     say(f"{run_dir.name}: applied ({total} steps)")
 
 
@@ -188,22 +235,36 @@ def _hidden(error: UserError, redact: Callable[[str], str]) -> UserError:
     return type(error)(redact(str(error)), fix=redact(error.fix) if error.fix else None)
 
 
-def _refusal(
-    refused: NotSupported, backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[str], None]
-) -> NotSupported:
-    left = [s for s in applied.done if s.kind is not StepKind.ADD]
-    for name in reversed(applied.added):
+def _undo(backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[str], None]) -> list[str]:
+    """Removes what this run added and adds back an instance for each it removed (same launch: the removed
+    one's); returns what could not be undone, or was not undoable (an instance restarted)."""
+    left = [
+        f"{s.kind.value} {s.instance}"
+        for s in applied.done
+        if s.kind in (StepKind.ROLL, StepKind.RESTART_ROUTER)
+    ]
+    for role in reversed(applied.removed):
+        say(f"undo: adding back an instance of {role}, which this `up` removed")
+        try:
+            backend.add_instance(run_dir, role)
+        except UserError as exc:
+            say(f"undo: {role} stays one instance short: {exc}")
+            left.append(f"remove of an instance of {role}")
+    for _, name in reversed(applied.added):
         say(f"undo: removing {name}, which this `up` added")
         try:
             backend.remove_instance(run_dir, name)
         except UserError as exc:
             say(f"undo: {name} stays: {exc}")
-            left.append(Step(StepKind.ADD, "", name))
-    if left:
-        what = ", ".join(f"{s.kind.value} {s.instance}" for s in left)
-        state = f"left applied before the refusal: {what}"
-    else:
-        state = "nothing was changed"
+            left.append(f"add {name}")
+    return left
+
+
+def _refusal(
+    refused: NotSupported, backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[str], None]
+) -> NotSupported:
+    left = _undo(backend, run_dir, applied, say)
+    state = f"left applied before the refusal: {', '.join(left)}" if left else "nothing was changed"
     return NotSupported(
         f"{refused} ({state})",
         fix=refused.fix or f"`muse-launch down {run_dir.name}`, then `up` the file again",
@@ -269,5 +330,6 @@ def up_changes(
             f"{record.name} is {state.value}: nothing was changed",
             fix=f"once `muse-launch status {record.name}` shows it ready, `up` the file again",
         )
+    refuse_what_the_seam_cannot_carry(difference, backend, record.name)
     execute(difference, backend, run_dir, say, redact=loaded.redact)
     return 0

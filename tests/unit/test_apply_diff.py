@@ -263,6 +263,7 @@ class Recording:
     """A backend that makes each change in memory and records it; `refuse`: the methods it cannot make."""
 
     name = "fake"
+    relaunches = True  # its restart starts the file's new launch
 
     def __init__(self, names, refuse=(), fail=()):
         self.instances = set(names)
@@ -423,6 +424,7 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
         )
 
     monkeypatch.setattr("muse_launch.run.local.LocalBackend.restart_instance", refuse)
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.relaunches", True, raising=False)
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
     ran = muse(
@@ -541,3 +543,60 @@ def test_a_failed_instance_of_an_unchanged_role_is_started_again():
         difference
     )
     assert "decode" not in difference.unchanged
+
+
+def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_old_one(home, monkeypatch):
+    calls = []
+    for method in ("add_instance", "remove_instance", "restart_instance"):
+        monkeypatch.setattr(
+            f"muse_launch.run.local.LocalBackend.{method}", lambda self, *a, m=method: calls.append(m)
+        )
+    _write_running()
+    edits = ("roles.decode.mem_fraction=0.7", "roles.encoder.replicas=2", "roles.encoder.tp=1")
+    ran = muse(
+        "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, *[x for e in edits for x in ("--set", e)]
+    )
+    assert ran.returncode == 1 and calls == []
+    assert (
+        "error: epd-b300: a new launch of encoder, decode: not made while it runs on local yet (its restart "
+        "starts the launch an instance already runs); nothing was changed"
+    ) in ran.stderr
+    assert "a change of replicas alone (the file's other changes undone) is made while it runs" in ran.stderr
+
+
+def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
+    calls = []
+    monkeypatch.setattr(
+        "muse_launch.run.local.LocalBackend.add_instance",
+        lambda self, run_dir, role: calls.append(role) or "decode-1",
+    )
+    two = ("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
+    _write_running(*two)
+    edited = ("roles.decode.gpus=[4, 5, 6, 7]", "roles.decode.replicas=2", *two[1:])
+    ran = muse(
+        "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, *[x for e in edited for x in ("--set", e)]
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert calls == ["decode"]
+    assert "  + decode-1 (replicas 1 -> 2)" in ran.stdout
+    assert (
+        "[1/1] start decode-1 (decode), wait until it is ready, then register it with its router"
+        in ran.stdout
+    )
+    assert ran.stdout.rstrip().endswith("epd-b300: applied (1 steps)")
+
+
+def test_a_refusal_after_a_removal_adds_an_instance_back(tmp_path):
+    record, _ = running(*DECODE_2)
+    one = ("roles.decode.replicas=1", "roles.decode.gpus=[4, 5]", "roles.router.args=[--policy, random]")
+    difference = against(record, *DECODE_2[1:], *one)  # decode-0 runs on as it is
+    assert [(s.kind, s.instance) for s in difference.steps] == [
+        (StepKind.REMOVE, "decode-1"),
+        (StepKind.RESTART_ROUTER, "router"),
+    ]
+    backend = Recording((r.name for r in record.roles), refuse={"restart"})
+    before = len(backend.instances)
+    with pytest.raises(NotSupported, match="nothing was changed"):
+        execute(difference, backend, RunDir(tmp_path / "x"), lambda _: None, lambda: set(backend.instances))
+    assert backend.calls == [("remove", "decode-1"), ("restart", "router"), ("add", "decode")]
+    assert len(backend.instances) == before
