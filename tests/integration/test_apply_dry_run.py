@@ -85,6 +85,19 @@ def test_dry_run_prints_the_edited_files_difference_and_changes_nothing(deployme
         assert deployment.state_file()["roles"] == state["roles"]
         assert not port_open(ports[3])  # no decode-1 was started
         assert deployment.status()["state"] == "ready"
+
+        # Applied, a new launch of decode is refused before any step: this host restarts the launch it runs.
+        apply = deployment.cli("up", topology, "--rehearse")
+        assert apply.returncode == 1, apply.stdout + apply.stderr
+        assert "Traceback" not in apply.stdout + apply.stderr
+        assert (
+            apply.stdout.splitlines()[1] == "  + decode-1 (replicas 1 -> 2)"
+        )  # the difference, printed first
+        assert (
+            f"error: {deployment.name}: a new launch of decode: not made while it runs on local yet"
+        ) in apply.stderr
+        assert "nothing was changed" in apply.stderr and "  fix: `muse-launch down" in apply.stderr
+        assert snapshot(deployment) == before and not port_open(ports[3])
     finally:
         down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
