@@ -121,11 +121,18 @@ def up(
     context: str | None = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
     namespace: str = typer.Option("default", "--namespace", "-n", help="--on k8s: the namespace"),
     image: list[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="print what `up` would change in the running deployment (or start, when none runs), and stop",
+    ),
 ) -> None:
-    """Start a topology in dependency order, each role polled ready, and keep it up."""
+    """Start a topology in dependency order, each role polled ready, and keep it up. On a deployment of the
+    file that runs: print the difference, then apply it, leaving unchanged roles alone (docs/apply.md)."""
     from muse_launch.backend import backend_named, backends, claim_for
     from muse_launch.checks import engine as engine_check_
     from muse_launch.core import UpRequest, load_plan
+    from muse_launch.errors import UsageError
 
     pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
     try:
@@ -139,6 +146,14 @@ def up(
         pending.result(), loaded.loaded, lambda line: typer.echo(line, err=True)
     ):
         raise typer.Exit(1)  # a command the engine refuses: nothing started
+    if dry_run and only:
+        raise UsageError("--dry-run shows the difference of the whole file", fix="leave out --only")
+    if not only:  # `--only ROLE` of a running deployment is refused as before: it starts, it does not change
+        from muse_launch.commands.apply import up_changes
+
+        code = up_changes(loaded, on, rehearse, dry_run, typer.echo)
+        if code is not None:
+            raise typer.Exit(code)
     backend = backend_named(on) if on is not None else backends()["local"]
     request = UpRequest(
         detach=detach,

@@ -129,6 +129,11 @@ class RoleRecord:
     api_key: str | None = None
     # How many times `restart` (or a rolling change) replaced this instance: 0 as `up` or `scale` started it.
     generation: int = 0
+    # What it launches, for `up` of an edited file (plan/diff.py): its topology role, its environment as
+    # shown (secrets redacted) and the salted digest of its launch in clear; None in an older state.
+    role: str | None = None
+    env: Mapping[str, str] | None = None
+    launch_sha256: str | None = None
 
     @property
     def restarts_text(self) -> str:
@@ -195,6 +200,9 @@ class RoleRecord:
             engine=self.engine,
             wiring_counts=[list(w) for w in self.wiring],
             api_key=self.api_key,
+            role=self.role,
+            env=None if self.env is None else dict(self.env),
+            launch_sha256=self.launch_sha256,
         )
         return out
 
@@ -233,6 +241,9 @@ class RoleRecord:
             d.get("restarts_reset_after"),
             d.get("api_key"),
             d.get("generation", 0),
+            d.get("role"),
+            d.get("env"),
+            d.get("launch_sha256"),
         )
 
 
@@ -348,9 +359,11 @@ def planned_record(
     """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
     `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
     so)."""
+    from muse_launch.plan.diff import launch_digest
     from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
 
     wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
+    masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
     roles = tuple(
         RoleRecord(
             s.name,
@@ -368,10 +381,12 @@ def planned_record(
             wiring=wiring.get(s.name, ()),
             reset_after=s.restart.reset_after,
             api_key=_api_key(s, redact, sources or {}),
+            role=s.role,
+            env={k: redact(v) for k, v in s.env.items()},
+            launch_sha256=launch_digest(masks.salt, s),
         )
         for s in plan.specs
     )
-    masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
     return DeploymentRecord(
         plan.name,
         source,

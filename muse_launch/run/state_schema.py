@@ -109,6 +109,9 @@ class RoleModel(_Strict):
     cgroup: str | None = None
     api_key: str | None = None
     generation: int = Field(0, ge=0, lt=1 << 31)
+    role: str | None = Field(None, min_length=1, max_length=200)
+    env: dict[str, str] | None = None
+    launch_sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")
 
     @field_validator("started_at", "ready_at")
     @classmethod
@@ -125,6 +128,11 @@ class RoleModel(_Strict):
     @classmethod
     def _names(cls, value: str) -> str:
         return _plain(value, "a name")
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str | None) -> str | None:
+        return None if value is None else _plain(value, "a role name")
 
     @field_validator("url")
     @classmethod

@@ -96,16 +96,18 @@ def test_a_busy_port_is_refused_naming_its_holder(deployment):
     assert deployment.alive() == []
 
 
-def test_a_second_up_of_a_running_name_refuses(deployment):
+def test_a_second_up_of_a_running_unchanged_file_does_nothing(deployment):
     topology = chain(deployment, {})
     first = deployment.cli("up", topology, "--detach")
     assert first.returncode == 0, first.stdout + first.stderr
-    supervisor = deployment.status()["supervisor_pid"]
+    before = deployment.status()
 
-    second = deployment.cli("up", topology, "--detach")
-    assert second.returncode == 1
-    assert f"is already running (supervisor pid {supervisor})" in second.stderr
-    assert deployment.status()["state"] == "ready"  # untouched
+    second = deployment.cli("up", topology, "--detach")  # an edited file is applied (docs/apply.md)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"{deployment.name}: running, and {topology} changes nothing of it; nothing to do" in second.stdout
+    after = deployment.status()
+    assert after["state"] == "ready" and after["supervisor_pid"] == before["supervisor_pid"]  # untouched
+    assert [r["pid"] for r in after["roles"]] == [r["pid"] for r in before["roles"]]
 
     assert deployment.cli("down", deployment.name).returncode == 0
     assert deployment.alive() == []
