@@ -22,9 +22,12 @@ A backend implements the Backend protocol below (structurally: it need not impor
   the file's rules, ready, wired and registered with its routers before it returns its name.
   `remove_instance(run_dir, instance, say, why, drain_timeout, allow_downtime)`: out of its routers, drained
   (its own in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured.
-  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout)`: replaced by a fresh
-  process of the same spec (its generation + 1) with no failed request where capacity allows (another
-  instance serves, or a surge instance does meanwhile); else refused unless `allow_downtime`.
+  `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout, relaunch)`: replaced by a
+  fresh process (its generation + 1) with no failed request where capacity allows (another instance
+  serves, or a surge instance does meanwhile); else refused unless `allow_downtime`. Of the same spec, or
+  with `relaunch` of the one the adopted file gives it now.
+  `adopt(run_dir, source, sets, say)`: `up FILE` of the running deployment: later changes (placement,
+  relaunch) are planned from this file and these --set values; nothing running is touched.
   Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
   change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
   cannot avoid them (a router that takes workers on its command line only is restarted with its new
@@ -99,7 +102,10 @@ class Backend(Protocol):
         why: str = "",
         allow_downtime: bool = False,
         drain_timeout: float | None = None,
+        relaunch: bool = False,
     ) -> dict: ...
+
+    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict: ...
 
 
 def backends() -> dict[str, Backend]:

@@ -146,42 +146,39 @@ def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
 
 
 def relaunches(backend: Backend) -> bool:
-    """Whether the backend's restart_instance starts the launch the file gives now, and its add_instance a
-    role the running deployment does not have: the seam's methods take no launch (restart_instance replaces
-    an instance by a fresh process of the spec it runs), so a backend says so with `relaunches = True`."""
+    """Whether the backend can take the edited file (`adopt`) and restart an instance with the launch it
+    gives now (`restart_instance(relaunch=True)`): a backend says so with `relaunches = True`."""
     return getattr(backend, "relaunches", False) is True
 
 
 def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, name: str) -> None:
-    """Before any step: a changed launch, or a role the running deployment does not have, needs a backend
-    that `relaunches`; without one, nothing is changed and the error says what is applied live instead."""
-    if relaunches(backend):
-        return
-    new_launch = [
+    """Before any step. A role the running deployment does not have is not added while it runs (its routers
+    and peers would need new command lines); a changed launch needs a backend that `relaunches`. Refused
+    with nothing changed, the error saying what is applied live instead."""
+    live = relaunches(backend)
+    changed = [
         s.instance
         for s in difference.steps
         if s.kind in (StepKind.ROLL, StepKind.RESTART_ROUTER) and not (s.old and s.old.down)
     ]
+    new_launch = [] if live else changed
     new_roles = [
         s.instance for s in difference.steps if s.kind is StepKind.ADD and difference.role(s.role).before == 0
     ]
     if not new_launch and not new_roles:
         return
-    what = "; ".join(
-        part
-        for part in (
-            f"a new launch of {', '.join(new_launch)}" if new_launch else "",
-            f"the new role instance{'s' if len(new_roles) > 1 else ''} {', '.join(new_roles)}"
-            if new_roles
-            else "",
-        )
-        if part
-    )
+    parts = [f"a new launch of {', '.join(new_launch)}"] if new_launch else []
+    if new_roles:
+        parts.append(f"the new role instance{'s' if len(new_roles) > 1 else ''} {', '.join(new_roles)}")
+    if live:
+        why = "a role is added by `up` of a deployment that is not running"
+        rest = "the file's other changes (the new role left out) are made while it runs"
+    else:
+        why = "its restart starts the launch an instance already runs"
+        rest = "a change of replicas alone (the file's other changes undone) is made while it runs"
     raise NotSupported(
-        f"{name}: {what}: not made while it runs on {backend.name} yet (its restart starts the launch an "
-        "instance already runs); nothing was changed",
-        fix=f"`muse-launch down {name}`, then `up` the file again; a change of replicas alone (the file's "
-        "other changes undone) is made while it runs",
+        f"{name}: {'; '.join(parts)}: not made while it runs on {backend.name} ({why}); nothing was changed",
+        fix=f"`muse-launch down {name}`, then `up` the file again; {rest}",
     )
 
 
@@ -194,6 +191,8 @@ def _make(backend: Backend, run_dir: RunDir, step: Step, instances: Callable[[],
         return named if isinstance(named, str) and named else (appeared[0] if appeared else None)
     if step.kind is StepKind.REMOVE:
         backend.remove_instance(run_dir, step.instance)
+    elif relaunches(backend):  # with the launch the adopted file gives it
+        backend.restart_instance(run_dir, step.instance, relaunch=True)
     else:
         backend.restart_instance(run_dir, step.instance)
     return None
@@ -288,6 +287,7 @@ def up_changes(
     rehearse: bool,
     dry_run: bool,
     say: Callable[[str], None],
+    sets: tuple[str, ...] = (),
 ) -> int | None:
     """`up FILE` of a deployment that runs: the exit code once its difference is printed (and, without
     `dry_run`, applied). None: nothing of that name runs and `up` starts it as usual."""
@@ -331,5 +331,7 @@ def up_changes(
             fix=f"once `muse-launch status {record.name}` shows it ready, `up` the file again",
         )
     refuse_what_the_seam_cannot_carry(difference, backend, record.name)
+    if relaunches(backend):  # what it adds and relaunches is planned from this file from now on
+        backend.adopt(run_dir, str(loaded.source.resolve()), sets, lambda text: say(loaded.redact(text)))
     execute(difference, backend, run_dir, say, redact=loaded.redact)
     return 0

@@ -151,7 +151,7 @@ def up(
     if not only:  # `--only ROLE` of a running deployment is refused as before: it starts, it does not change
         from muse_launch.commands.apply import up_changes
 
-        code = up_changes(loaded, on, rehearse, dry_run, typer.echo)
+        code = up_changes(loaded, on, rehearse, dry_run, typer.echo, tuple(set_))
         if code is not None:
             raise typer.Exit(code)
     backend = backend_named(on) if on is not None else backends()["local"]

@@ -215,8 +215,16 @@ class K8sBackend:
         why: str = "",
         allow_downtime: bool = False,
         drain_timeout: float | None = None,
+        relaunch: bool = False,
     ) -> dict:
         raise NotSupported(
             f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
             fix="the kubelet restarts a container that dies by the pod's restart policy",
+        )
+
+    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict:
+        name = run_dir.name
+        raise NotSupported(
+            f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",
+            fix=f"`muse-launch down {name}`, then `up --on k8s` the file again",
         )

@@ -27,6 +27,7 @@ import httpx
 
 from muse_launch.engines import ROUTER_ENGINES, router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.plan.diff import launch_digest
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.state import planned_record
@@ -51,6 +52,8 @@ class Placement:
     replan: Callable[[Mapping[str, int]], Plan]  # role -> its replicas (the others as the file has them)
     preflight: Callable[[Plan, Say], None]
     gpus_checked: bool = True  # False in a rehearsal or with --skip-gpu-check, as `up` did
+    # The same rules from an edited file and its --set values (`up FILE` of a running deployment)
+    reload: Callable[[str, tuple[str, ...]], Placement] | None = None
 
 
 def index_of(name: str, role: str) -> int | None:
@@ -74,6 +77,8 @@ class Changes:
         if not isinstance(drain, int | float) or isinstance(drain, bool) or not 0 <= drain <= 86400:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
         self.allow_downtime = args.get("allow_downtime") is True
+        if op == "adopt":
+            return self.adopt(args.get("file"), args.get("sets"), say)
         target = args.get("role" if op == "add" else "instance")
         if not isinstance(target, str):
             raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
@@ -83,7 +88,8 @@ class Changes:
                 return self.add(target, say)
             if op == "remove":
                 return self.remove(target, float(drain), say)
-            return self.restart(target, args.get("allow_downtime") is True, float(drain), say)
+            relaunch = args.get("relaunch") is True
+            return self.restart(target, args.get("allow_downtime") is True, float(drain), say, relaunch)
         except httpx.HTTPError as exc:
             raise RuntimeFailure(
                 f"{op} {target}: a router did not answer: {type(exc).__name__}: {exc}"
@@ -226,7 +232,15 @@ class Changes:
     def _bring_in(self, spec: LaunchSpec, wiring: WiringCheck | None, generation: int, say: Say) -> dict:
         """Start an instance, wait until it is ready and wired, then register it with its routers."""
         record = planned_record(Plan(spec.name, (spec,), ((spec.name,),)), "", self.sup.redact).roles[0]
-        record = replace(record, generation=generation, wiring=wiring.counts(wiring.wires) if wiring else ())
+        record = replace(
+            record,
+            generation=generation,
+            wiring=wiring.counts(wiring.wires) if wiring else (),
+            # digested with the deployment's own salt: `up` of the file compares it with the plan's
+            launch_sha256=launch_digest(self.sup.record.masks.salt, spec)
+            if self.sup.record.masks.salt
+            else None,
+        )
         began = time.monotonic()
         if error := self.sup.call(lambda: self.sup.admit(spec, record, wiring)):
             self._forget(spec.name)
@@ -366,15 +380,52 @@ class Changes:
 
     # ---- restart ------------------------------------------------------------------------------------
 
-    def restart(self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say) -> dict:
-        spec = self._spec_of(instance)
+    # ---- adopt: the file later changes are planned from ---------------------------------------------
+
+    def adopt(self, source: object, sets: object, say: Say) -> dict[str, Any]:
+        """`up FILE` of the running deployment: from now on new instances are placed, and relaunched ones
+        started, by this file. Loaded and checked here as `up` checks it; nothing running is touched."""
+        import json
+
+        if not isinstance(source, str) or not isinstance(sets, str):
+            raise UsageError("adopt: a file and its --set values")
+        try:
+            values = json.loads(sets)
+        except ValueError:
+            values = None
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise UsageError("adopt: --set values must be a list of strings")
+        if self.placement is None or self.placement.reload is None:
+            raise NotSupported("this supervisor cannot take a new file (started by `up --only`)")
+        fresh = self.placement.reload(source, tuple(values))
+        if fresh.replan({}).name != self.sup.plan.name:
+            raise UsageError(f"{source} names another deployment than {self.sup.plan.name}")
+        self.placement = fresh
+        say(f"{self.sup.plan.name}: later changes planned from {source}")
+        return {"file": source}
+
+    def _relaunched(self, spec: LaunchSpec) -> LaunchSpec:
+        """The spec the adopted file gives this instance now, with the replicas running."""
+        if self.placement is None:
+            raise NotSupported(f"{spec.name}: this supervisor cannot relaunch (started by `up --only`)")
+        plan = self.placement.replan(self._counts(spec.role, 0))
+        new = next((s for s in plan.specs if s.name == spec.name), None)
+        if new is None:
+            raise RuntimeFailure(f"{spec.name}: the file's plan has no instance of that name")
+        return replace(new, role=spec.role)
+
+    def restart(
+        self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say, relaunch: bool = False
+    ) -> dict:
+        old = self._spec_of(instance)
+        spec = self._relaunched(old) if relaunch else old
         wiring = self.sup.call(lambda: self.sup.runs[instance].wiring)
         if spec.kind in SCALABLE_KINDS and self._routers(spec.role, static=True):
             self._refuse_static_routers(
                 spec.role
             )  # only with --allow-downtime: requests to it fail meanwhile
             generation = self.sup.record.role(instance).generation + 1
-            result = self._replace(spec, wiring, generation, drain_timeout, say)
+            result = self._replace(old, spec, wiring, generation, drain_timeout, say)
             self._restart_routers(spec.role, self._counts(spec.role, 0), say)  # it lists it again
             return result
         generation = self.sup.record.role(instance).generation + 1
@@ -386,30 +437,38 @@ class Changes:
         if serving or spec.kind not in SCALABLE_KINDS:
             if not serving and not allow_downtime:
                 raise self._downtime(spec, f"{spec.name} is the deployment's only {spec.kind}")
-            return self._replace(spec, wiring, generation, drain_timeout, say)
+            return self._replace(old, spec, wiring, generation, drain_timeout, say)
         try:
             surge = self.place(spec.role, say)
         except (RuntimeFailure, NotSupported) as exc:
             if not allow_downtime:
                 raise self._downtime(spec, f"no room for a surge instance: {exc}", exc.fix) from None
             say(f"{spec.name}: no room for a surge instance ({exc}); --allow-downtime: replacing it in place")
-            return self._replace(spec, wiring, generation, drain_timeout, say)
+            return self._replace(old, spec, wiring, generation, drain_timeout, say)
         say(f"{spec.name}: its only instance; {surge.name} carries its traffic while it is replaced")
         self._bring_in(surge, self._wiring_of(surge), 0, say)
-        result = self._replace(spec, wiring, generation, drain_timeout, say)
+        result = self._replace(old, spec, wiring, generation, drain_timeout, say)
         self._take_out(surge, drain_timeout, say)
         return result
 
     def _replace(
-        self, spec: LaunchSpec, wiring: WiringCheck | None, generation: int, drain_timeout: float, say: Say
+        self,
+        old: LaunchSpec,
+        new: LaunchSpec,
+        wiring: WiringCheck | None,
+        generation: int,
+        drain_timeout: float,
+        say: Say,
     ) -> dict[str, Any]:
-        if spec.kind in SCALABLE_KINDS:
-            out = self._take_out(spec, drain_timeout, say)
+        """`old` taken out (drained where something routes around it), `new` (the same, or its relaunch)
+        brought in under the same name."""
+        if old.kind in SCALABLE_KINDS:
+            out = self._take_out(old, drain_timeout, say)
         else:  # a router or an encoder: nothing routes around it
-            self._forget(spec.name)
-            out = {"instance": spec.name}
-        back = self._bring_in(spec, wiring, generation, say)
-        self._recheck_peers(spec.name)
+            self._forget(old.name)
+            out = {"instance": old.name}
+        back = self._bring_in(new, wiring, generation, say)
+        self._recheck_peers(new.name)
         return {**out, **back, "generation": generation}
 
     def _recheck_peers(self, name: str) -> None:

@@ -29,7 +29,8 @@ SOCKET_NAME = "control.sock"
 MAX_LINE = 64 << 10  # a request, or one line of an answer
 MAX_ANSWER_LINES = 100_000
 REQUEST_READ_TIMEOUT = 5.0  # a client that connects and says nothing is dropped
-OPS = ("add", "remove", "restart")
+OPS = ("add", "remove", "restart", "adopt")
+MAX_VALUE = 8192  # one string argument (a file's path, its --set values as JSON)
 ERROR_KINDS = {"usage": UsageError, "not_supported": NotSupported, "failure": RuntimeFailure}
 
 Handler = Callable[[str, dict[str, Any], Callable[[str], None]], dict[str, Any]]
@@ -127,7 +128,7 @@ def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:
     for key, value in args.items():
         if not isinstance(key, str) or not isinstance(value, str | int | float | bool) or value is None:
             raise ValueError(f"argument {key!r} must be a string, number or boolean")
-        if isinstance(value, str) and (len(value) > 300 or any(ord(c) < 32 for c in value)):
+        if isinstance(value, str) and (len(value) > MAX_VALUE or any(ord(c) < 32 for c in value)):
             raise ValueError(f"argument {key!r} is too long or holds a control character")
     return data["op"], args
 

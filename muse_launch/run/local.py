@@ -127,6 +127,19 @@ class LocalBackend:
         args = {"role": role, "why": why, "allow_downtime": allow_downtime}
         return str(request(run_dir, "add", args, say).get("instance", ""))
 
+    relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
+
+    def adopt(
+        self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Callable[[str], None] = print
+    ) -> dict:
+        """From now on the supervisor places and relaunches instances by this file (with these --set
+        values), checked as `up` checks it; the roles running are not touched."""
+        import json
+
+        from muse_launch.run.control import request
+
+        return request(run_dir, "adopt", {"file": source, "sets": json.dumps(list(sets))}, say)
+
     def remove_instance(
         self,
         run_dir: RunDir,
@@ -152,12 +165,19 @@ class LocalBackend:
         why: str = "",
         allow_downtime: bool = False,
         drain_timeout: float | None = None,
+        relaunch: bool = False,
     ) -> dict:
-        """Replaced by a fresh process of the same spec (generation + 1), with no failed request where
-        capacity allows; alone and with no room for a surge instance, refused unless `allow_downtime`."""
+        """Replaced by a fresh process (generation + 1), with no failed request where capacity allows; alone
+        and with no room for a surge instance, refused unless `allow_downtime`. Of the same spec, or with
+        `relaunch` of the spec the adopted file (`adopt`) gives it now."""
         from muse_launch.run.control import request
 
-        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        args: dict = {
+            "instance": instance,
+            "why": why,
+            "allow_downtime": allow_downtime,
+            "relaunch": relaunch,
+        }
         if drain_timeout is not None:
             args["drain_timeout"] = drain_timeout
         return request(run_dir, "restart", args, say)
@@ -201,4 +221,15 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         )
         preflight_for(part, topology, read_gpus, skipped).require(part, running_deployments, say)
 
-    return Placement(replan, preflight, gpus_checked=not (request.skip_gpu_check or request.rehearse))
+    def reload(source: str, sets: tuple[str, ...]) -> Placement:
+        """The same rules from an edited file, as `up FILE` of it checks it (the roles are not touched)."""
+        from pathlib import Path
+
+        from muse_launch.core import load_plan
+
+        fresh = load_plan(Path(source), list(sets), rehearse=request.rehearse)
+        return placement(fresh, request, read_gpus)
+
+    return Placement(
+        replan, preflight, gpus_checked=not (request.skip_gpu_check or request.rehearse), reload=reload
+    )

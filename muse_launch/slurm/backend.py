@@ -137,8 +137,16 @@ class SlurmBackend:
         why: str = "",
         allow_downtime: bool = False,
         drain_timeout: float | None = None,
+        relaunch: bool = False,
     ) -> dict:
         raise NotSupported(
             f"restarting {instance} alone is not supported on SLURM yet",
             fix="the batch host restarts a step that dies by its role's restart policy",
+        )
+
+    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict:
+        name = run_dir.name
+        raise NotSupported(
+            f"changing {name} by an edited file while it runs on SLURM is not supported yet",
+            fix=f"`muse-launch down {name}`, then `up --on slurm` the file again",
         )

@@ -270,6 +270,7 @@ class Recording:
         self.calls: list[tuple[str, str]] = []
         self.refuse, self.fail = set(refuse), set(fail)
         self.added = 0
+        self.relaunched: list[bool] = []
 
     def _call(self, method: str, arg: str) -> None:
         self.calls.append((method, arg))
@@ -287,8 +288,12 @@ class Recording:
         self._call("remove", instance)
         self.instances.remove(instance)
 
-    def restart_instance(self, run_dir, instance):
+    def restart_instance(self, run_dir, instance, relaunch=False):
         self._call("restart", instance)
+        self.relaunched.append(relaunch)  # with the adopted file's launch
+
+    def adopt(self, run_dir, source, sets, say=print):
+        self.adopted = (source, sets)
 
 
 def _steps_for_everything():
@@ -310,6 +315,7 @@ def test_the_steps_are_made_in_order_and_unchanged_roles_untouched(tmp_path):
         ("remove", "decode-1"),
         ("restart", "router"),
     ]
+    assert backend.relaunched == [True] * 4  # each with the launch the file gives it now
     assert said[0].startswith("[1/6] start encoder-1") and said[-1] == "x: applied (6 steps)"
 
 
@@ -418,13 +424,13 @@ def test_dry_run_of_a_running_deployment_prints_the_difference_and_changes_nothi
 
 
 def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home, monkeypatch):
-    def refuse(self, run_dir, instance):
+    def refuse(self, run_dir, instance, **_):
         raise NotSupported(
             f"restarting {instance} alone is not supported on this host yet", fix="down, then up"
         )
 
     monkeypatch.setattr("muse_launch.run.local.LocalBackend.restart_instance", refuse)
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.relaunches", True, raising=False)
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.adopt", lambda self, *a, **k: {})
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
     ran = muse(
@@ -496,7 +502,7 @@ def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
     record, difference = _steps_for_everything()
 
     class Leaky(Recording):
-        def restart_instance(self, run_dir, instance):
+        def restart_instance(self, run_dir, instance, **_):
             raise NotSupported(f"token s3cr3t refused for {instance}", fix="give s3cr3t again")
 
     backend = Leaky(r.name for r in record.roles)
@@ -547,10 +553,11 @@ def test_a_failed_instance_of_an_unchanged_role_is_started_again():
 
 def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_old_one(home, monkeypatch):
     calls = []
-    for method in ("add_instance", "remove_instance", "restart_instance"):
+    for method in ("add_instance", "remove_instance", "restart_instance", "adopt"):
         monkeypatch.setattr(
             f"muse_launch.run.local.LocalBackend.{method}", lambda self, *a, m=method: calls.append(m)
         )
+    monkeypatch.setattr("muse_launch.run.local.LocalBackend.relaunches", False)  # a backend that cannot
     _write_running()
     edits = ("roles.decode.mem_fraction=0.7", "roles.encoder.replicas=2", "roles.encoder.tp=1")
     ran = muse(
@@ -558,7 +565,7 @@ def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_
     )
     assert ran.returncode == 1 and calls == []
     assert (
-        "error: epd-b300: a new launch of encoder, decode: not made while it runs on local yet (its restart "
+        "error: epd-b300: a new launch of encoder, decode: not made while it runs on local (its restart "
         "starts the launch an instance already runs); nothing was changed"
     ) in ran.stderr
     assert "a change of replicas alone (the file's other changes undone) is made while it runs" in ran.stderr
@@ -570,6 +577,9 @@ def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
         "muse_launch.run.local.LocalBackend.add_instance",
         lambda self, run_dir, role: calls.append(role) or "decode-1",
     )
+    monkeypatch.setattr(
+        "muse_launch.run.local.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
+    )
     two = ("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
     _write_running(*two)
     edited = ("roles.decode.gpus=[4, 5, 6, 7]", "roles.decode.replicas=2", *two[1:])
@@ -577,7 +587,7 @@ def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
         "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, *[x for e in edited for x in ("--set", e)]
     )
     assert ran.returncode == 0, ran.stderr
-    assert calls == ["decode"]
+    assert calls == ["adopt", "decode"]  # the edited file first: the new instance is placed by it
     assert "  + decode-1 (replicas 1 -> 2)" in ran.stdout
     assert (
         "[1/1] start decode-1 (decode), wait until it is ready, then register it with its router"

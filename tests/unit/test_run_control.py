@@ -115,7 +115,7 @@ def test_the_client_refuses_what_is_not_a_socket_and_names_the_fix(run_dir, tmp_
         b'{"op": "add", "args": []}',
         b'{"op": "add", "args": {"role": ["decode"]}}',
         b'{"op": "add", "args": {"role": "de\\u0000code"}}',
-        b'{"op": "add", "args": {"role": "' + b"x" * 400 + b'"}}',
+        b'{"op": "add", "args": {"role": "' + b"x" * 8193 + b'"}}',
     ],
 )
 def test_a_malformed_request_is_refused(line):
