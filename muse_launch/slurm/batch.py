@@ -67,7 +67,7 @@ def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
 
 
 def _watch(
-    files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict, desk: FileDesk
+    files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict, desk: FileDesk | None = None
 ) -> None:
     """Heartbeat for `status`/`down`, `down`'s request to stop (its --grace goes in `asked`: the
     record is the supervisor loop's to change), and the requests of `scale` and `restart` (`desk`)."""
