@@ -9,7 +9,8 @@ import re
 
 import httpx
 import pytest
-from harness import Deployment, wait_for
+import yaml
+from harness import REPO, Deployment, wait_for
 from rehearsal import tails
 from steady_load import SteadyLoad
 from test_slurm import assert_nothing_left, cancel_and_kill, cluster, job_id, squeue  # noqa: F401
@@ -19,22 +20,17 @@ pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 MODEL = "Qwen/Qwen3-0.6B"
 
 
+EXAMPLE = REPO / "examples" / "slurm-scale.yaml"  # prefill and router on n0, decode (1 GPU) on n1
+
+
 def topology(d: Deployment, decode_gpus: list[int] = [0]):  # noqa: B006
-    """prefill and the router on n0, decode (1 GPU) on n1: each role on the host its file names."""
-    return d.write(
-        {
-            "prefill": {"kind": "prefill", "gpus": [0], "port": 30001, "bootstrap_port": 8998},
-            "decode": {"kind": "decode", "host": "10.0.0.2", "gpus": decode_gpus, "port": 30002},
-            "router": {"kind": "router", "port": 8000, "prefill": ["prefill"], "decode": ["decode"]},
-        },
-        engine="sglang",
-        model=MODEL,
-        hardware="h200",
-        host="10.0.0.1",
-        bind="0.0.0.0",
-        nodes={"n0": {"address": "10.0.0.1"}, "n1": {"address": "10.0.0.2"}},
-        rehearse={"ready_after": 0.3, "itl_ms": 25},
-    )
+    """The example file, its decode given `decode_gpus`, written beside the deployment's home."""
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["name"] = d.name
+    data["roles"]["decode"]["gpus"] = decode_gpus
+    path = d.home.parent / f"{d.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
 
 
 def up(d: Deployment, *sbatch: str, decode_gpus: list[int] = [0]) -> None:  # noqa: B006
@@ -73,6 +69,15 @@ def test_scale_decode_1_2_1_on_slurm_under_load_fails_no_request(cluster, tmp_pa
             assert "decode-1" in steps(job)
             status = d.status()
             assert {r["name"]: r["node"] for r in status["roles"]}["decode-1"] == node, status
+            load.wait_for(4)
+            steps_before = steps(job)
+            rolled = d.cli("restart", d.name, "decode", "--rolling", timeout=300)
+            assert rolled.returncode == 0, f"{rolled.stdout}{rolled.stderr}\n{tails(d)}"
+            assert "decode: 2 restarted" in rolled.stdout, rolled.stdout
+            roles = {r["name"]: r for r in d.status()["roles"]}
+            assert roles["decode"]["generation"] == roles["decode-1"]["generation"] == 1, roles
+            assert roles["router"]["generation"] == 0
+            assert steps(job) == steps_before  # the same step names, each a fresh step
             load.wait_for(8)
             back = d.cli("scale", d.name, "decode", "1", timeout=300)
             assert back.returncode == 0, f"{back.stdout}{back.stderr}\n{tails(d)}"
