@@ -312,3 +312,54 @@ def test_down_in_the_middle_of_a_scale_stops_the_new_instance_too(deployment):
     out = scaler.communicate(timeout=120)[0]
     assert scaler.returncode == 1 and "the supervisor went away" in out, out
     assert d.alive() == [] and d.ports_held() == []
+
+
+def test_a_decode_added_to_an_epd_deployment_lists_its_encoder_before_it_counts(deployment):
+    d = deployment
+    encoder, prefill, decode, router, metrics, boot, enc_p, enc_d = free_ports(8)
+    probe = {"http": "/health", "interval": 0.1, "timeout": 120}
+    path = d.write(
+        {
+            "encoder": {"kind": "encoder", "port": encoder, "ready": probe},
+            "prefill": {
+                "kind": "prefill",
+                "port": prefill,
+                "bootstrap_port": boot,
+                "encoders": ["encoder"],
+                "encoder_bootstrap_port": enc_p,
+                "ready": probe,
+            },
+            "decode": {
+                "kind": "decode",
+                "port": decode,
+                "encoders": ["encoder"],
+                "encoder_bootstrap_port": enc_d,
+                "ready": probe,
+            },
+            "router": {
+                "kind": "router",
+                "port": router,
+                "metrics_port": metrics,
+                "prefill": ["prefill"],
+                "decode": ["decode"],
+            },
+        },
+        engine="sglang",
+        model=MODEL,
+        rehearse=REHEARSE,
+    )
+    up(d, path)
+    with SteadyLoad(f"http://127.0.0.1:{router}", MODEL) as load:
+        load.wait_for(4)
+        out = change(d, "scale", d.name, "decode", "2")
+        assert "registered decode-1 (decode)" in out, out
+        load.wait_for(4)
+    assert load.failures == [], load.failures
+    added = d.role("decode-1")
+    assert added["wiring"] == {"encoder": "1/1"} and added["ports"]["encoder_bootstrap"] == enc_d + 1
+    assert d.role("router")["wiring"] == {"prefill": "1/1", "decode": "2/2"}
+    out = change(d, "restart", d.name, "encoder", "--allow-downtime")  # nothing routes around an encoder
+    assert "encoder: replaced (generation 1)" in out, out
+    wait_for(lambda: d.status()["state"] == "ready", timeout=60)  # its language workers list it again
+    assert d.role("decode-1")["wiring"] == {"encoder": "1/1"}
+    down_clean(d)

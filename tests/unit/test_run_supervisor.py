@@ -546,3 +546,52 @@ def test_a_role_stopped_by_sigstop_is_unhealthy_until_it_continues(tmp_path):
     unhealthy = h.records[h.first("frozen", RoleState.UNHEALTHY)]
     assert "SIGSTOP" in unhealthy.role("frozen").reason and unhealthy.state is DeploymentState.DEGRADED
     assert h.processes.spawned.count((0.0, "frozen")) == 1  # not restarted: it is alive
+
+
+def test_an_instance_admitted_while_supervising_starts_serves_and_retires_out_of_the_record(tmp_path):
+    """A change's steps (run/changes.py) run in the loop: admit starts an instance watched like the others;
+    retire stops it by its stop signal and, once it is gone, takes it out of the plan, record and waves."""
+    plan = Plan("one", (spec("base", 1),), (("base",),))
+    clock = FakeClock()
+    processes = FakeProcesses(clock, {"base-1": [Script(1.0, stop_after=0.5)]})
+    client = httpx.Client(transport=processes.transport({1: "base", 2: "base-1"}))
+    records: list[DeploymentRecord] = []
+    sup = Supervisor(
+        plan,
+        planned_record(plan, "t.yaml", str),
+        RunDir(tmp_path),
+        processes,
+        client,
+        clock=clock,
+        on_change=records.append,
+        probes=InlineProbes(),
+    )
+    assert sup.start() is Outcome.READY
+    new = replace(spec("base-1", 2), role="base")
+    record = replace(planned_record(Plan("x", (new,), (("base-1",),)), "", str).roles[0], generation=2)
+    seen: list[str] = []
+
+    def tick() -> None:
+        names = [r.name for r in sup.record.roles]
+        if not seen:
+            assert sup.admit(new, record, None) is None
+            seen.append("admitted")
+        elif "base-1" in names and sup.state_of("base-1") is RoleState.READY and "retired" not in seen:
+            assert (
+                sup.record.stop_waves == (("base", "base-1"),) and sup.record.role("base-1").generation == 2
+            )
+            sup.retire("base-1")
+            seen.append("retired")
+        elif "retired" in seen and "base-1" not in names:
+            sup.request_stop()
+
+    assert sup.supervise(False, on_tick=tick) is Outcome.INTERRUPTED
+    states = [r.role("base-1").state for r in records if any(x.name == "base-1" for x in r.roles)]
+    assert list(dict.fromkeys(states)) == [
+        RoleState.STARTING,
+        RoleState.READY,
+        RoleState.STOPPING,
+    ]
+    assert [n for _, n in processes.stopped] == ["base-1"]
+    assert [s.name for s in sup.plan.specs] == ["base"] and sup.record.stop_waves == (("base",),)
+    assert "base-1" not in sup.runs
