@@ -60,7 +60,7 @@ class FileDesk:
             path = directory / name
             answer = path.with_suffix(".answer")
             try:
-                taken = _take(path)
+                taken = _take(path, self.files.run_dir.home)
             except ValueError as exc:
                 _Answer(self.files, answer).send(
                     {"ok": False, "kind": "usage", "error": f"bad request: {exc}"}
@@ -82,7 +82,7 @@ class FileDesk:
             answer.send({"ok": False, "kind": "failure", "error": f"{type(exc).__name__}: {exc}"})
 
 
-def _take(path) -> tuple[str, dict[str, Any]] | None:
+def _take(path, root) -> tuple[str, dict[str, Any]] | None:
     """The request, removed; None where it is not a regular file of this user (it is removed unread)."""
     try:
         st = os.lstat(path)
@@ -92,7 +92,7 @@ def _take(path) -> tuple[str, dict[str, Any]] | None:
         path.unlink(missing_ok=True)
         return None
     try:
-        data = read_nofollow(path, limit=MAX_REQUEST + 1)
+        data = read_nofollow(path, root=root, limit=MAX_REQUEST + 1)
     except (OSError, PlantedLink):
         path.unlink(missing_ok=True)
         return None
