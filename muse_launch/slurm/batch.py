@@ -5,8 +5,8 @@ fail-fast, restart) with each role instance a job step on its node.
     python -m muse_launch.slurm.batch --run-dir DIR [--rehearse] [--fail-fast] [--set K=V ...] TOPOLOGY
 
 Talks to `up`, `status` and `down` through the run directory: state.json (as on one host),
-slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks) and slurm/done (the
-supervisor finished: it stopped what it started).
+slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks), slurm/changes/ (`scale` and
+`restart`, slurm/control.py) and slurm/done (the supervisor finished: it stopped what it started).
 """
 
 from __future__ import annotations

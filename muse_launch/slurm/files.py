@@ -1,6 +1,7 @@
 """A SLURM deployment's files, under its run directory (which the nodes must share, as they share
 the venv): the batch script as submitted, the checked topology, the job, the placement the batch
-host chose, its heartbeat, and the two words `down` and the supervisor exchange."""
+host chose, its heartbeat, the two words `down` and the supervisor exchange, and the requests and
+answers of `scale` and `restart` (slurm/control.py)."""
 
 from __future__ import annotations
 
