@@ -108,12 +108,11 @@ class SlurmBackend:
     def add_instance(
         self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
     ) -> str:
-        raise NotSupported(
-            f"adding an instance of {role} to a running SLURM job is not supported yet (muse-launch "
-            "starts no new step in a running allocation)",
-            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-            "and `up --on slurm` it again",
-        )
+        """A new step where the allocation has room (slurm/changes.py), ready, wired and registered."""
+        from muse_launch.slurm.control import request
+
+        args = {"role": role, "why": why, "allow_downtime": allow_downtime}
+        return str(request(SlurmFiles(run_dir), "add", args, say).get("instance", ""))
 
     def remove_instance(
         self,
@@ -124,10 +123,13 @@ class SlurmBackend:
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
     ) -> dict:
-        raise NotSupported(
-            f"removing {instance} from a running SLURM job is not supported yet",
-            fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on slurm` again",
-        )
+        """Out of its routers, drained, its step stopped."""
+        from muse_launch.slurm.control import request
+
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        if drain_timeout is not None:
+            args["drain_timeout"] = drain_timeout
+        return request(SlurmFiles(run_dir), "remove", args, say)
 
     def restart_instance(
         self,
@@ -139,10 +141,18 @@ class SlurmBackend:
         drain_timeout: float | None = None,
         relaunch: bool = False,
     ) -> dict:
-        raise NotSupported(
-            f"restarting {instance} alone is not supported on SLURM yet",
-            fix="the batch host restarts a step that dies by its role's restart policy",
-        )
+        """Replaced by a fresh step of the same spec (generation + 1), as on one host."""
+        from muse_launch.slurm.control import request
+
+        args: dict = {
+            "instance": instance,
+            "why": why,
+            "allow_downtime": allow_downtime,
+            "relaunch": relaunch,
+        }
+        if drain_timeout is not None:
+            args["drain_timeout"] = drain_timeout
+        return request(SlurmFiles(run_dir), "restart", args, say)
 
     def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict:
         name = run_dir.name

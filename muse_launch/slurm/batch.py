@@ -5,8 +5,8 @@ fail-fast, restart) with each role instance a job step on its node.
     python -m muse_launch.slurm.batch --run-dir DIR [--rehearse] [--fail-fast] [--set K=V ...] TOPOLOGY
 
 Talks to `up`, `status` and `down` through the run directory: state.json (as on one host),
-slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks) and slurm/done (the
-supervisor finished: it stopped what it started).
+slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks), slurm/changes/ (`scale` and
+`restart`, slurm/control.py) and slurm/done (the supervisor finished: it stopped what it started).
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +30,8 @@ from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.errors import UserError
 from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.run.changes import Changes, Placement
+from muse_launch.run.control import ControlServer
 from muse_launch.run.lifecycle import RoleState
 from muse_launch.run.logfiles import LogCaps
 from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
@@ -35,8 +39,10 @@ from muse_launch.run.supervisor import Outcome, Supervisor
 from muse_launch.signals import reset_inherited
 
 from . import cluster
+from .changes import allocated_gpus, slurm_placement
+from .control import FileDesk
 from .files import HEARTBEAT_SECONDS, SlurmFiles
-from .placement import AllocatedNode, allocated_plan, placement
+from .placement import AllocatedNode, allocated_plan, placement, shape
 from .processes import SlurmProcesses, cpu_shares, shared_gpus
 
 REQUEST_POLL = 0.2
@@ -60,9 +66,11 @@ def reached_at(record: DeploymentRecord, plan) -> DeploymentRecord:
     )
 
 
-def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict) -> None:
-    """Heartbeat for `status`/`down`, and `down`'s request to stop (its --grace goes in `asked`: the
-    record is the supervisor loop's to change)."""
+def _watch(
+    files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked: dict, desk: FileDesk | None = None
+) -> None:
+    """Heartbeat for `status`/`down`, `down`'s request to stop (its --grace goes in `asked`: the
+    record is the supervisor loop's to change), and the requests of `scale` and `restart` (`desk`)."""
     last_beat = 0.0
     while not stopping.is_set():
         if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
@@ -77,6 +85,8 @@ def _watch(files: SlurmFiles, sup: Supervisor, stopping: threading.Event, asked:
                 flush=True,
             )
             sup.request_stop()
+        if desk is not None and desk.open:
+            desk.poll()
         time.sleep(REQUEST_POLL)
 
 
@@ -88,7 +98,9 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     placed = _placed(args, files, job_id)
     if placed is None:
         return 1
-    plan, loaded, where = placed
+    plan, checked, where, allocation = placed
+    loaded = checked.loaded
+    gpus_per_node = allocated_gpus(shape(checked.plan, loaded.topology).gpus_per_node)
     me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
     record = replace(
@@ -100,7 +112,7 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         run_dir,
         Marker(plan.name, str(run_dir.path)),
         where,
-        cpu_shares(where, list(plan.specs), cpus),
+        cpu_shares(where, list(plan.specs), cpus, gpus_per_node),
         shared_gpus(where, list(plan.specs)),
     )
     stopping = threading.Event()
@@ -122,10 +134,22 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())
         asked: dict = {}
-        watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked), daemon=True)
+        place = slurm_placement(
+            checked.plan,
+            loaded.topology,
+            allocation,
+            args.rehearse,
+            processes,
+            files,
+            gpus_per_node,
+            lambda: sup.call(lambda: [r.spec for r in sup.runs.values()]),
+        )
+        desk = FileDesk(files)
+        control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node)  # noqa: E731
+        watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)
         watcher.start()
         try:
-            _supervise(sup, saver, args.fail_fast, asked, stopped)
+            _supervise(sup, saver, args.fail_fast, asked, stopped, control)
         finally:
             stopping.set()
             files.heartbeat.unlink(missing_ok=True)
@@ -161,17 +185,57 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
             "roles": {name: {"node": node.name, "address": node.address} for name, node in where.items()},
         },
     )
-    return plan, checked.loaded, where
+    return plan, checked, where, allocation
 
 
-def _supervise(sup: Supervisor, saver: StateSaver, fail_fast: bool, asked: dict, stopped: dict) -> None:
+@contextmanager
+def _control(
+    sup: Supervisor,
+    run_dir: RunDir,
+    client: httpx.Client,
+    place: Placement,
+    desk: FileDesk,
+    gpus_per_node: int,
+) -> Iterator[None]:
+    """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
+    to its control socket on this host (slurm/control.py, run/control.py)."""
+    try:
+        server = ControlServer(run_dir, Changes(sup, place, client).handle)
+    except OSError as exc:
+        print(f"muse-launch: warning: no control socket ({exc}): `scale` and `restart` cannot reach it")
+        yield
+        return
+    print(
+        f"muse-launch: `scale` and `restart` are served; a new instance gets its step where its node has "
+        f"free GPUs (of {gpus_per_node} a node) and free ports",
+        flush=True,
+    )
+    desk.open = True
+    try:
+        yield
+    finally:
+        desk.open = False
+        server.close()
+
+
+def _supervise(
+    sup: Supervisor,
+    saver: StateSaver,
+    fail_fast: bool,
+    asked: dict,
+    stopped: dict,
+    control: Callable[[], AbstractContextManager[None]],
+) -> None:
     """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
+    serving = ExitStack()  # `scale` and `restart` served from ready until supervising ends
 
     def ready(_seconds: float) -> None:
+        serving.enter_context(control())  # before it says ready: a `scale` right after finds it served
         urls = ", ".join(r.url for r in sup.record.entry_roles() if r.url)
         print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: {urls}", flush=True)
 
-    outcome = sup.run(fail_fast, ready, on_tick=saver.retry)
+    with serving:
+        outcome = sup.run(fail_fast, ready, on_tick=saver.retry)
     if outcome is Outcome.FAILED:
         failed = sup.record.role(sup.failed_role) if sup.failed_role else None
         print(

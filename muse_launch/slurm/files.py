@@ -1,10 +1,12 @@
 """A SLURM deployment's files, under its run directory (which the nodes must share, as they share
 the venv): the batch script as submitted, the checked topology, the job, the placement the batch
-host chose, its heartbeat, and the two words `down` and the supervisor exchange."""
+host chose, its heartbeat, the two words `down` and the supervisor exchange, and the requests and
+answers of `scale` and `restart` (slurm/control.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +64,11 @@ class SlurmFiles:
     def done(self) -> Path:
         return self.dir / "done"
 
+    @property
+    def changes(self) -> Path:
+        """`scale` and `restart`'s requests and the supervisor's answers (slurm/control.py)."""
+        return self.dir / "changes"
+
     def exists(self) -> bool:
         return self.job.exists()
 
@@ -101,3 +108,4 @@ class SlurmFiles:
         self.dir.mkdir(parents=True, exist_ok=True)
         for path in (self.placement, self.heartbeat, self.down_request, self.done, self.batch_log, self.job):
             path.unlink(missing_ok=True)
+        shutil.rmtree(self.changes, ignore_errors=True)

@@ -79,14 +79,23 @@ def shared_gpus(placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec])
 
 
 def cpu_shares(
-    placement: Mapping[str, AllocatedNode], specs: list[LaunchSpec], cpus_per_node: int
+    placement: Mapping[str, AllocatedNode],
+    specs: list[LaunchSpec],
+    cpus_per_node: int,
+    gpus_per_node: int = 0,
 ) -> dict[str, int]:
-    """The node's CPUs split evenly among the GPU roles on it (the others overlap them)."""
+    """The node's CPUs split among the GPU roles on it (the others overlap them): evenly, or, where the
+    allocation's GPUs per node are known, by each one's share of them, so that free GPUs keep their CPUs for
+    an instance added while it runs (slurm/changes.py)."""
     on_node: dict[str, int] = {}
     for spec in specs:
         if spec.gpus:
-            on_node[placement[spec.name].name] = on_node.get(placement[spec.name].name, 0) + 1
-    return {s.name: cpus_per_node // on_node[placement[s.name].name] if s.gpus else 0 for s in specs}
+            on_node[placement[spec.name].name] = on_node.get(placement[spec.name].name, 0) + len(spec.gpus)
+    out = {}
+    for s in specs:
+        total = max(gpus_per_node, on_node.get(placement[s.name].name, 0))
+        out[s.name] = max(1, cpus_per_node * len(s.gpus) // total) if s.gpus else 0
+    return out
 
 
 @dataclass
@@ -94,8 +103,8 @@ class SlurmProcesses:
     job_id: str
     run_dir: RunDir
     marker: Marker
-    placement: Mapping[str, AllocatedNode]
-    cpus: Mapping[str, int]
+    placement: dict[str, AllocatedNode]  # an instance added while it runs is placed in (slurm/changes.py)
+    cpus: dict[str, int]
     shared: Mapping[str, int] = field(default_factory=dict)  # instance -> its node's GPUs, where roles share
     step_ids: dict[str, str] = field(default_factory=dict)
     clients: dict[str, SpawnedProcess] = field(default_factory=dict)

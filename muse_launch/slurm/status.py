@@ -78,10 +78,22 @@ def slurm_table(view: SlurmView, health: dict[str, str | None]) -> Table:
     reason = f", {view.job.reason}" if view.job.reason and view.job.reason != "None" else ""
     table = Table(
         title=f"{record.name}: {view.state} (SLURM job {view.job.id} {view.job.state}{reason} on {nodes}; "
-        f"{supervisor}; {record.source})",
+        f"{supervisor}; {record.source})"
+        + (f"\nchanging: {record.change.what} (since {since(record.change.since)})" if record.change else ""),
         title_justify="left",
     )
-    for column in ("role", "kind", "state", "node", "gpus", "url", "ready since", "restarts", "health now"):
+    for column in (
+        "role",
+        "kind",
+        "state",
+        "node",
+        "gpus",
+        "url",
+        "ready since",
+        "restarts",
+        "gen",
+        "health now",
+    ):
         table.add_column(column)
     for role in record.roles:
         seen = health.get(role.name) or (role.reason if role.state is RoleState.FAILED else None)
@@ -94,6 +106,7 @@ def slurm_table(view: SlurmView, health: dict[str, str | None]) -> Table:
             role.url or "-",
             since(role.ready_at),
             str(role.restarts),
+            str(role.generation),
             Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
         )
     return table

@@ -88,7 +88,7 @@ def test_up_on_names_a_remote_backend_only():
             backend_named(name)
 
 
-@pytest.mark.parametrize("name", ["slurm", "k8s"])
+@pytest.mark.parametrize("name", ["k8s"])
 def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
     backend, run_dir = backends()[name], RunDir.of("demo")
     for change, arg in (
@@ -101,17 +101,20 @@ def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
         assert arg in str(caught.value) and caught.value.fix
 
 
-def test_run_time_changes_here_need_the_supervisor_and_say_so_without_one(home):
+@pytest.mark.parametrize(
+    "name, says", [("local", "no supervisor answers"), ("slurm", "no supervisor runs on its SLURM job")]
+)
+def test_run_time_changes_need_the_supervisor_and_say_so_without_one(home, name, says):
     from muse_launch.errors import RuntimeFailure
 
-    backend, run_dir = backends()["local"], RunDir.of("demo")
+    backend, run_dir = backends()[name], RunDir.of("demo")
     run_dir.path.mkdir(parents=True)
     for change, arg in (
         (backend.add_instance, "decode"),
         (backend.remove_instance, "decode-1"),
         (backend.restart_instance, "decode-0"),
     ):
-        with pytest.raises(RuntimeFailure, match="no supervisor answers") as caught:
+        with pytest.raises(RuntimeFailure, match=says) as caught:
             change(run_dir, arg)
         assert "down demo" in caught.value.fix
 

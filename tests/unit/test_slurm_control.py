@@ -1,0 +1,132 @@
+"""`scale` and `restart` on SLURM reach the batch host's supervisor through request and answer files in the
+shared run directory (slurm/control.py), relayed to its control socket: the answer comes back line by line,
+a refusal keeps its kind, a hostile request file is never read through, and a supervisor that stops beating
+is said to be gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from muse_launch.errors import NotSupported, RuntimeFailure
+from muse_launch.run.control import ControlServer
+from muse_launch.run.state import RunDir
+from muse_launch.slurm.control import FileDesk, request
+from muse_launch.slurm.files import SlurmFiles
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch) -> SlurmFiles:
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    run_dir = RunDir.of("demo")
+    run_dir.path.mkdir()
+    return SlurmFiles(run_dir)
+
+
+class BatchHost:
+    """The batch host's half: a heartbeat and the desk polled, as slurm/batch.py's watcher does."""
+
+    def __init__(self, files: SlurmFiles, handler):
+        self.files = files
+        self.server = ControlServer(files.run_dir, handler)
+        self.desk = FileDesk(files)
+        self.desk.open = True
+        self.beating = True
+        self.stop = threading.Event()
+        self.files.write_text(self.files.heartbeat, f"{time.time():.3f}\n")
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stop.is_set():
+            if self.beating:
+                self.files.write_text(self.files.heartbeat, f"{time.time():.3f}\n")
+            self.desk.poll()
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.server.close()
+
+
+def test_a_change_is_answered_through_files_with_its_progress_then_its_result(files):
+    def handler(op, args, say):
+        say(f"doing {op} {args['role']}")
+        say("decode-1: ready in 0.50s")
+        return {"instance": "decode-1"}
+
+    host = BatchHost(files, handler)
+    try:
+        lines: list[str] = []
+        assert request(files, "add", {"role": "decode"}, lines.append, timeout=30) == {"instance": "decode-1"}
+        assert lines == ["doing add decode", "decode-1: ready in 0.50s"]
+        assert list(files.changes.iterdir()) == []  # request and answer removed
+    finally:
+        host.close()
+
+
+def test_a_refusal_comes_back_with_its_kind_and_fix(files):
+    def handler(op, args, say):
+        raise NotSupported("decode spans nodes", fix="give each replica its own role")
+
+    host = BatchHost(files, handler)
+    try:
+        with pytest.raises(NotSupported, match="decode spans nodes") as caught:
+            request(files, "add", {"role": "decode"}, print, timeout=30)
+        assert caught.value.fix == "give each replica its own role"
+    finally:
+        host.close()
+
+
+def test_a_request_that_is_a_link_or_garbage_is_not_followed_nor_run(files, tmp_path):
+    ran = []
+    host = BatchHost(files, lambda op, args, say: ran.append(op) or {})
+    try:
+        files.changes.mkdir(parents=True, exist_ok=True)
+        outside = tmp_path / "outside.json"
+        outside.write_text(json.dumps({"op": "remove", "args": {"instance": "decode"}}))
+        os.symlink(outside, files.changes / f"{'a' * 16}.request")
+        (files.changes / f"{'b' * 16}.request").write_text('{"op": "rm -rf", "args": {}}')
+        (files.changes / f"{'c' * 16}.request").write_bytes(b"x" * (200 << 10))
+        deadline = time.monotonic() + 10
+        while any(p.suffix == ".request" for p in files.changes.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(p.suffix == ".request" for p in files.changes.iterdir())
+        assert outside.exists() and ran == []
+        assert not (files.changes / f"{'a' * 16}.answer").exists()  # a link is removed unread
+        for name in ("b", "c"):
+            answer = json.loads((files.changes / f"{name * 16}.answer").read_text())
+            assert answer["ok"] is False and answer["error"].startswith("bad request")
+    finally:
+        host.close()
+
+
+def test_no_heartbeat_no_request(files):
+    with pytest.raises(RuntimeFailure, match="no supervisor runs") as caught:
+        request(files, "add", {"role": "decode"}, print, timeout=5)
+    assert "down demo" in caught.value.fix
+    assert not files.changes.exists() or list(files.changes.iterdir()) == []
+
+
+def test_a_supervisor_that_stops_beating_mid_change_is_said_gone(files):
+    started = threading.Event()
+
+    def handler(op, args, say):
+        started.set()
+        time.sleep(8)
+        return {}
+
+    host = BatchHost(files, handler)
+    try:
+        threading.Thread(target=lambda: started.wait(10) and setattr(host, "beating", False)).start()
+        began = time.monotonic()
+        with pytest.raises(RuntimeFailure, match="went away before it answered"):
+            request(files, "add", {"role": "decode"}, print, timeout=60)
+        assert time.monotonic() - began < 8  # the heartbeat's staleness, not the change's end
+    finally:
+        host.close()
