@@ -136,10 +136,17 @@ def test_a_second_ctrl_c_kills_what_ignores_sigterm(deployment):
         {"command": stand_in(0, "--ignore-sigterm", "--never-ready")["command"], "stop": {"grace": 600}},
     )
     up = deployment.start("up", topology)
+    log = deployment.run_dir / "logs" / "last.log"
+    # starting, and past the point where it ignores SIGTERM (it says so once it listens): on a loaded
+    # machine a SIGTERM that reaches it before then ends it at once, and there is no grace to wait out
     wait_for(
         lambda: (
-            (deployment.run_dir / "state.json").exists() and deployment.role("last")["state"] == "starting"
-        )
+            (deployment.run_dir / "state.json").exists()
+            and deployment.role("last")["state"] == "starting"
+            and log.exists()
+            and "stand-in pid" in log.read_text(errors="replace")
+        ),
+        timeout=120,
     )
     up.send_signal(signal.SIGINT)
     seen: list[str] = []  # the first Ctrl-C handled (two sent at once could arrive as one)
