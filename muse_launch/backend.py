@@ -48,10 +48,10 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.run.down import DownReport
-    from muse_launch.run.logs import RolePrinter
-    from muse_launch.run.state import DeploymentRecord, RunDir
-    from muse_launch.run.status import OwnerOf
+    from muse_launch.local.down import DownReport
+    from muse_launch.local.status import OwnerOf
+    from muse_launch.rundir.logs import RolePrinter
+    from muse_launch.rundir.state import DeploymentRecord, RunDir
 
 
 Say = Callable[[str], None]
@@ -110,7 +110,7 @@ class Backend(Protocol):
 
 def backends() -> dict[str, Backend]:
     from muse_launch.k8s.seam import K8sBackend
-    from muse_launch.run.local import LocalBackend
+    from muse_launch.local.backend import LocalBackend
     from muse_launch.slurm.backend import SlurmBackend
 
     return {b.name: b for b in (LocalBackend(), SlurmBackend(), K8sBackend())}
@@ -129,7 +129,7 @@ def backend_named(name: str) -> Backend:
 
 def backend_of(run_dir: RunDir) -> Backend:
     """The backend that owns the deployment in `run_dir`."""
-    from muse_launch.run.state import LOCAL, StateDamaged, read_state
+    from muse_launch.rundir.state import LOCAL, StateDamaged, read_state
 
     known = backends()
     try:

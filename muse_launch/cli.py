@@ -126,7 +126,7 @@ def plan(
         installed = installed_here(
             loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True)
         )
-    from .run.start_policy import choose, engine_versions
+    from .supervise.start_policy import choose, engine_versions
 
     policy = choose(loaded_plan.plan, loaded_plan.loaded.topology.start, engine_versions(loaded_plan.plan))
     if policy.note and fmt is PlanFormat.text:

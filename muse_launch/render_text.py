@@ -82,7 +82,8 @@ def plan_text(
     policy: str | None = None,
     start_after: dict[str, tuple[str, ...]] | None = None,
 ) -> str:
-    """`policy`/`start_after`: how `up` will start it (run/start_policy.py); without them, wave by wave."""
+    """`policy`/`start_after`: how `up` will start it (supervise/start_policy.py); without them, wave by
+    wave."""
     steps = start_steps(plan, start_after)
     after = start_after or {s.name: s.depends_on for s in plan.specs}
     head = f"deployment {plan.name}: {len(plan.specs)} processes in {len(steps)} waves"

@@ -20,7 +20,7 @@ from muse_launch.bounded_json import load_answer
 from muse_launch.printable import one_line
 
 if TYPE_CHECKING:
-    from muse_launch.run.state import DeploymentRecord, RoleRecord
+    from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 
 SMOKE_FAILURE_CHARS = 800  # a failure is shown at length; a success in one line
 PLACEHOLDER_MODELS = {"", "unknown", "default"}  # what a router lists for a worker it knows no name of
@@ -310,8 +310,8 @@ def smoke_record(
     from muse_launch.engines import ENGINES
     from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
-    from muse_launch.run.explain import explain_addresses
-    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.local.explain import explain_addresses
+    from muse_launch.rundir.lifecycle import DeploymentState
 
     if record.state is DeploymentState.STOPPED:
         raise RuntimeFailure(

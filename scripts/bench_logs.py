@@ -17,8 +17,8 @@ from pathlib import Path
 
 from muse_launch.plan.spec import LogPolicy
 from muse_launch.proc.process import Marker, open_role_log
-from muse_launch.run import logfiles
-from muse_launch.run.logfiles import LogCaps
+from muse_launch.rundir import logfiles
+from muse_launch.rundir.logfiles import LogCaps
 
 MiB = 1024 * 1024
 WRITER = """
@@ -36,7 +36,7 @@ print(written / (time.monotonic() - start) / 1e6)
 READER = """
 import sys
 from pathlib import Path
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
 log = Path(sys.argv[1])
 if sys.argv[2] == "follow":
     follower = LogFollower({"r": log}, from_end=False)

@@ -20,7 +20,7 @@ import httpx
 from muse_launch.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
-    from muse_launch.run.state import DeploymentRecord, RoleRecord
+    from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 
 GENERATING = ("decode", "worker")  # the roles whose tokens reach the client (a prefill writes one of its own)
 WORKERS = ("encoder", "prefill", "decode", "worker")
@@ -121,7 +121,7 @@ def target_of(
 ) -> Target:
     """Everything bench needs of a running deployment, read through its URLs as its backend sees them now
     (`observe`: on Kubernetes, each pod's address); RuntimeFailure when it is not up."""
-    from muse_launch.run.lifecycle import DeploymentState
+    from muse_launch.rundir.lifecycle import DeploymentState
     from muse_launch.smoke import list_models
 
     record = observe(record)

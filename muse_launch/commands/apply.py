@@ -13,22 +13,22 @@ from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserErr
 from muse_launch.plan.diff import Difference, Instance, Launch, Step, StepKind, diff, own_argv, planned
 from muse_launch.plan.diff_text import difference_lines, plan_lines, start_lines, step_line
 from muse_launch.plan.rehearse import SIMULATED
-from muse_launch.run.lifecycle import DeploymentState, RoleState
-from muse_launch.run.state import LOCAL
+from muse_launch.rundir.lifecycle import DeploymentState, RoleState
+from muse_launch.rundir.state import LOCAL
 
 if TYPE_CHECKING:
     from muse_launch.backend import Backend
     from muse_launch.core import LoadedPlan
     from muse_launch.plan.spec import Plan
-    from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
+    from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
 
 
 def running_record(name: str) -> tuple[RunDir, DeploymentRecord] | None:
     """The deployment of that name when it runs, else None. A damaged state.json of a deployment that is not
     running is left to `up`, which starts it afresh (as it did before it could change one); one whose
     supervisor runs cannot be compared with the file: StateDamaged, whose fix is `down`."""
-    from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.state import RunDir, StateDamaged, is_locked, read_state
+    from muse_launch.rundir.lifecycle import DeploymentState
+    from muse_launch.rundir.state import RunDir, StateDamaged, is_locked, read_state
 
     run_dir = RunDir.of(name)
     try:
@@ -104,7 +104,7 @@ def _as_started_here(loaded: LoadedPlan, record: DeploymentRecord) -> Plan:
     """The plan as this host's `up` runs it: its start policy may set an engine's variable (the encoder
     eviction TTL of an overlapped start); with the versions the running deployment recorded, so that an
     unchanged file adds nothing."""
-    from muse_launch.run.start_policy import choose
+    from muse_launch.supervise.start_policy import choose
 
     versions = {e: v.removesuffix(" (simulated)") if v else v for e, v in record.versions.items()}
     return choose(loaded.plan, loaded.loaded.topology.start, versions).plan
@@ -139,7 +139,7 @@ class Applied:
 
 
 def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
-    from muse_launch.run.state import read_state
+    from muse_launch.rundir.state import read_state
 
     record = read_state(run_dir)
     return {r.name for r in backend.observe(record).roles} if record else set()

@@ -99,7 +99,7 @@ def default_out(run_dir) -> Path:
 
 def _deployment(name: str | None):
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.state import read_state, resolve_name
+    from muse_launch.rundir.state import read_state, resolve_name
 
     run_dir = resolve_name(name)
     record = read_state(run_dir)

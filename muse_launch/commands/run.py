@@ -11,7 +11,7 @@ import typer
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from muse_launch.run.state import DeploymentRecord, RunDir
+    from muse_launch.rundir.state import DeploymentRecord, RunDir
 
 # Start-up time is part of the interface: this module imports typer only, and each command the
 # runtime modules it needs (httpx, rich, psutil, the plan) when it runs. `down` of nothing and
@@ -27,7 +27,7 @@ def _console() -> Console:
 
 def _names(incomplete: str) -> list[str]:
     """Shell completion of NAME: the deployments in the state home."""
-    from muse_launch.run.state import state_home
+    from muse_launch.rundir.state import state_home
 
     home = state_home()
     return (
@@ -40,7 +40,7 @@ def _names(incomplete: str) -> list[str]:
 def _role_names(ctx: typer.Context, incomplete: str) -> list[str]:
     """Shell completion of `logs NAME ROLE...`: the roles of NAME, or of the one running when NAME is left out
     (or is itself a role). Never raises: a completion that fails prints nothing."""
-    from muse_launch.run.state import RunDir, read_state, running_deployments
+    from muse_launch.rundir.state import RunDir, read_state, running_deployments
 
     try:
         name = ctx.params.get("name")
@@ -67,7 +67,7 @@ def _names_or_roles(ctx: typer.Context, incomplete: str) -> list[str]:
 def _deployment(name: str | None) -> tuple[RunDir, DeploymentRecord]:
     """NAME's run directory and record; a clear error when its state is gone or unreadable."""
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.state import read_state, resolve_name
+    from muse_launch.rundir.state import read_state, resolve_name
 
     run_dir = resolve_name(name)
     record = read_state(run_dir)  # StateDamaged (exit 1) when it cannot be read back
@@ -192,7 +192,7 @@ def down(
     import json
 
     from muse_launch.errors import UsageError
-    from muse_launch.run.state import StateDamaged, resolve_name, running_deployments
+    from muse_launch.rundir.state import StateDamaged, resolve_name, running_deployments
 
     damaged: list[StateDamaged] = []
     if name is None and not running_deployments(damaged):
@@ -211,7 +211,7 @@ def down(
     import sys
 
     from muse_launch.backend import backend_of
-    from muse_launch.run.down import format_report, report_json
+    from muse_launch.local.down import format_report, report_json
 
     run_dir = resolve_name(name)
     # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
@@ -288,8 +288,8 @@ def logs(
 
     from muse_launch.backend import backend_of
     from muse_launch.errors import INTERRUPTED, UsageError
-    from muse_launch.run.logs import RolePrinter
-    from muse_launch.run.state import RunDir, running_deployments
+    from muse_launch.rundir.logs import RolePrinter
+    from muse_launch.rundir.state import RunDir, running_deployments
 
     roles = list(roles or [])
     is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
@@ -340,7 +340,7 @@ def ls(
 
     from rich.table import Table
 
-    from muse_launch.run.state import RunDir, StateDamaged, running_deployments
+    from muse_launch.rundir.state import RunDir, StateDamaged, running_deployments
 
     damaged: list[StateDamaged] = []
     running = running_deployments(damaged)

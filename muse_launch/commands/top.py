@@ -26,7 +26,7 @@ def top(
     load per worker. From the engines' and routers' own Prometheus metrics; n/a where a backend has none."""
     import itertools
 
-    from muse_launch.run.state import resolve_name
+    from muse_launch.rundir.state import resolve_name
 
     frames = _frames(resolve_name(name), interval)
     try:
@@ -53,8 +53,8 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     from muse_launch.backend import backend_of
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.state import read_state
-    from muse_launch.run.status import health_now
+    from muse_launch.local.status import health_now
+    from muse_launch.rundir.state import read_state
     from muse_launch.top.collect import read_all, snapshot
 
     backend = backend_of(run_dir)

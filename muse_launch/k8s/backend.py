@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_launch.errors import RuntimeFailure, UsageError
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 from . import record as records
 from .client import Cluster, connect
@@ -47,7 +47,8 @@ class KubernetesBackend:
     # ---- up ----
     def up(self, file: Path, options: K8sOptions, redact: Callable[[str], str]) -> int:
         from muse_launch.export.api import build
-        from muse_launch.run.state import K8S, planned_record, write_state
+        from muse_launch.rundir.state import K8S, write_state
+        from muse_launch.supervise.record import planned_record
 
         if options.flavour not in FLAVOURS:
             raise UsageError(f"--to {options.flavour}: one of {', '.join(FLAVOURS)}")
@@ -100,7 +101,7 @@ class KubernetesBackend:
         return self._follow(run_dir, name)
 
     def _refuse_if_running(self, cluster: Cluster, run_dir: RunDir) -> None:
-        from muse_launch.run.state import is_locked
+        from muse_launch.rundir.state import is_locked
 
         if is_locked(run_dir):
             raise RuntimeFailure(
@@ -273,8 +274,8 @@ class KubernetesBackend:
         return []
 
     def _write_ready(self, run_dir: RunDir) -> None:
-        from muse_launch.run.lifecycle import RoleState
-        from muse_launch.run.state import read_state, write_state
+        from muse_launch.rundir.lifecycle import RoleState
+        from muse_launch.rundir.state import read_state, write_state
 
         state = read_state(run_dir)
         if state is not None:
@@ -297,7 +298,7 @@ class KubernetesBackend:
         """Delete every object `up` applied, then wait until no pod of the deployment is left."""
         from kubernetes.client.exceptions import ApiException
 
-        from muse_launch.run.down import DownReport
+        from muse_launch.local.down import DownReport
 
         rec = self._read(run_dir)
         started = time.monotonic()
@@ -344,8 +345,8 @@ class KubernetesBackend:
             time.sleep(POLL)
 
     def _write_stopped(self, run_dir: RunDir, rec: K8sRecord) -> None:
-        from muse_launch.run.lifecycle import RoleState
-        from muse_launch.run.state import LOCAL, read_state, write_state
+        from muse_launch.rundir.lifecycle import RoleState
+        from muse_launch.rundir.state import LOCAL, read_state, write_state
 
         rec.down_at = time.time()
         records.write(run_dir, rec)
@@ -506,7 +507,7 @@ def _stream_pod(
     one; where the stream ends while the pod is there (a restart), again from the moment it ended."""
     from kubernetes.client.exceptions import ApiException
 
-    from muse_launch.run.logfiles import LineSplitter
+    from muse_launch.rundir.logfiles import LineSplitter
 
     since: int | None = None
     while not done.is_set():

@@ -11,7 +11,7 @@ from typing import Any
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.files import PlantedLink, read_nofollow, replace_file
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 KEYS = ("kubeconfig", "context", "server", "namespace", "flavour", "instance", "objects", "roles")
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
-from muse_launch.run.state import K8S, DeploymentRecord, RunDir
+from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
 from . import record as records
 
@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.run.down import DownReport
-    from muse_launch.run.logs import RolePrinter
-    from muse_launch.run.status import OwnerOf
+    from muse_launch.local.down import DownReport
+    from muse_launch.local.status import OwnerOf
+    from muse_launch.rundir.logs import RolePrinter
 
 
 def _say(text: str) -> None:
@@ -90,7 +90,7 @@ class K8sBackend:
     def observe(self, record: DeploymentRecord) -> DeploymentRecord:
         """The record with the cluster's view: each role's state, and its URL at its pod (the router's: at
         its Service's endpoint). As recorded when the cluster does not answer (`ls` lists it still)."""
-        from muse_launch.run.lifecycle import RoleState
+        from muse_launch.rundir.lifecycle import RoleState
 
         from .backend import KubernetesBackend
 

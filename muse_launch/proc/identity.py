@@ -88,7 +88,8 @@ def session_of(pid: int) -> tuple[int, int] | None:
 
 def holds_open(pid: int, names: set[str]) -> bool:
     """Whether one of the process's open descriptors is one of `names`, as /proc/PID/fd links read: a path,
-    or `socket:[INODE]` (a listener's socket, proc/listeners.py; the deployment's lock file, run/down.py)."""
+    or `socket:[INODE]` (a listener's socket, proc/listeners.py; the deployment's lock file,
+    local/down.py)."""
     try:
         fds = os.scandir(f"/proc/{pid}/fd")
     except OSError:

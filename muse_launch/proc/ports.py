@@ -83,7 +83,7 @@ def port_holder(
     from the marker in its environment (which a process that sets its title, like sglang-router, wipes).
     A role is described by its program alone (its command line may hold its deployment's secrets, which this
     one cannot know); any other process by its command line, secret-looking flags' values hidden, and what
-    `mask` hides (proc/masks.py). `recorded` names a role a running deployment recorded (run/state.py's
+    `mask` hides (proc/masks.py). `recorded` names a role a running deployment recorded (rundir/state.py's
     recorded_role: passed in, this layer reads no deployment state)."""
     for conn in psutil.net_connections(kind="inet"):
         if (

@@ -150,7 +150,7 @@ class SpawnError(Exception):
 def open_role_log(log_path: Path, marker: Marker, append: bool) -> int:
     """The role's log for its stdout and stderr, no link followed below the state home
     (muse_launch/files.py)."""
-    # Always O_APPEND: after the supervisor rotated it by copy-truncate (run/logfiles.py), the role's
+    # Always O_APPEND: after the supervisor rotated it by copy-truncate (rundir/logfiles.py), the role's
     # next write lands at the new end, not at its old offset past a hole.
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
     return open_nofollow(log_path, flags, root=Path(marker.run_dir).parent)

@@ -11,7 +11,7 @@ from collections.abc import Callable as _Callable
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
-from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, read_state
+from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
 
 if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host never loads these
@@ -20,9 +20,9 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.run.down import DownReport
-    from muse_launch.run.logs import RolePrinter
-    from muse_launch.run.status import OwnerOf
+    from muse_launch.local.down import DownReport
+    from muse_launch.local.status import OwnerOf
+    from muse_launch.rundir.logs import RolePrinter
 
 
 Say = _Callable[[str], None]
@@ -84,7 +84,7 @@ class SlurmBackend:
         return slurm_view(RunDir.of(record.name), record).record
 
     def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
-        from muse_launch.run.status import health_now
+        from muse_launch.local.status import health_now
         from muse_launch.slurm.status import slurm_table, slurm_view
 
         view = slurm_view(run_dir, read_state(run_dir))
@@ -99,7 +99,7 @@ class SlurmBackend:
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None:
-        from muse_launch.run.logs import print_files
+        from muse_launch.rundir.logs import print_files
 
         # each step writes its log to the shared run directory
         files = {role: run_dir.log(role) for role in roles}

@@ -30,13 +30,14 @@ from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.errors import UserError
 from muse_launch.proc.process import Marker, ProcessRef
-from muse_launch.run.changes import Changes, Placement
-from muse_launch.run.control import ControlServer
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.logfiles import LogCaps
-from muse_launch.run.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso, planned_record
-from muse_launch.run.supervisor import Outcome, Supervisor
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.logfiles import LogCaps
+from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso
 from muse_launch.signals import reset_inherited
+from muse_launch.supervise.changes import Changes, Placement
+from muse_launch.supervise.control import ControlServer
+from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.supervisor import Outcome, Supervisor
 
 from . import cluster
 from .changes import allocated_gpus, slurm_placement
@@ -198,7 +199,7 @@ def _control(
     gpus_per_node: int,
 ) -> Iterator[None]:
     """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
-    to its control socket on this host (slurm/control.py, run/control.py)."""
+    to its control socket on this host (slurm/control.py, supervise/control.py)."""
     try:
         server = ControlServer(run_dir, Changes(sup, place, client).handle)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""Where a new instance goes in a running SLURM job (run/changes.py's Placement, on the batch host).
+"""Where a new instance goes in a running SLURM job (supervise/changes.py's Placement, on the batch host).
 
 The file's plan with one more replica (its ports stepped as on one host), moved onto the allocation as `up`
 moved it. Each replica of a role keeps the GPU count of the file's instances (SLURM picks the devices: only
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.build import PlanError, build_plan
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.changes import Placement
+from muse_launch.supervise.changes import Placement
 from muse_launch.topology.model import Topology
 
 from .files import SlurmFiles

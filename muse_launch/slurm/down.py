@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 
 from muse_launch.errors import RuntimeFailure
+from muse_launch.local.down import DownReport
 from muse_launch.proc.process import (
     Marker,
     StopReport,
@@ -23,9 +24,8 @@ from muse_launch.proc.process import (
     stop_in_waves,
     stop_roles,
 )
-from muse_launch.run.down import DownReport
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import DeploymentRecord, RunDir, read_state, write_state
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import DeploymentRecord, RunDir, read_state, write_state
 
 from . import cluster
 from .files import SlurmFiles

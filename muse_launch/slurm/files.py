@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from muse_launch.files import PlantedLink, read_nofollow, replace_file
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 HEARTBEAT_SECONDS = 1.0
 HEARTBEAT_STALE = 5.0  # a supervisor silent this long is gone
@@ -84,7 +84,7 @@ class SlurmFiles:
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """An object, or None where the file is gone or damaged (bounded before parsing: bounded_json.py)."""
-        from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
+        from muse_launch.rundir.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
 
         try:
             data = load_state_json(read_nofollow(path, root=self.run_dir.home, limit=MAX_STATE_BYTES + 1))

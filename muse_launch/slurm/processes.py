@@ -28,7 +28,7 @@ from muse_launch.proc.process import (
     open_role_log,
 )
 from muse_launch.proc.programs import program_path
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 from . import cluster
 from .placement import AllocatedNode, node_gpus
@@ -161,7 +161,7 @@ class SlurmProcesses:
         return self.step_ids.get(role)
 
     def stop(self, targets: list[StopTarget], now: float) -> StepStop:
-        """The supervisor's seam (run/supervisor.py Processes): signals now, polled until done."""
+        """The supervisor's seam (supervise/supervisor.py Processes): signals now, polled until done."""
         return StepStop(self.job_id, targets, now, self.clients, self.step_ids)
 
 

@@ -10,10 +10,10 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.progress import STATE_STYLES
-from muse_launch.run.state import DeploymentRecord, RunDir
-from muse_launch.run.status import since
+from muse_launch.local.progress import STATE_STYLES
+from muse_launch.local.status import since
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import DeploymentRecord, RunDir
 
 from . import cluster
 from .files import SlurmFiles

@@ -15,11 +15,12 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.files import open_fresh, replace_file
+from muse_launch.local.progress import LiveProgress, PlainProgress
 from muse_launch.plan.spec import Plan
-from muse_launch.run.lifecycle import DeploymentState, RoleState
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.state import SLURM, RunDir, is_locked, planned_record, read_state, write_state
+from muse_launch.rundir.lifecycle import DeploymentState, RoleState
+from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.rundir.state import SLURM, RunDir, is_locked, read_state, write_state
+from muse_launch.supervise.record import planned_record
 from muse_launch.topology.model import Topology
 
 from . import cluster
@@ -136,7 +137,7 @@ def up_on_slurm(
             f"SLURM job {job_id} on {','.join(job.nodes)}"
         )
         if options.detach:
-            from muse_launch.run.up import ready_hint
+            from muse_launch.local.up import ready_hint
 
             say(ready_hint(plan.name))
             return 0

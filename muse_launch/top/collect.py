@@ -17,7 +17,7 @@ import httpx
 
 from muse_launch.engines import ROUTER_ENGINES
 from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH, ROUTER_METRICS
-from muse_launch.run.state import DeploymentRecord, RoleRecord
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 
 from .prom import FetchError, Parsed, fetch, parse
 

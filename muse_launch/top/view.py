@@ -10,8 +10,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.progress import STATE_STYLES
+from muse_launch.local.progress import STATE_STYLES
+from muse_launch.rundir.lifecycle import RoleState
 
 NA = Text("n/a", style="dim")
 

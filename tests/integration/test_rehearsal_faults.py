@@ -38,7 +38,7 @@ UP_DETACHED = """
 import pickle, sys
 from rich.console import Console
 from muse_launch.errors import UserError
-from muse_launch.run.up import UpOptions, bring_up
+from muse_launch.local.up import UpOptions, bring_up
 plan, source = pickle.loads(open(sys.argv[1], "rb").read())
 try:
     sys.exit(bring_up(plan, source, str, UpOptions(detach=True), Console(width=200)))

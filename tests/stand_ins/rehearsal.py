@@ -17,7 +17,7 @@ from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Plan
 from muse_launch.proc.ports import can_bind, port_holder
 from muse_launch.proc.process import ProcessRef
-from muse_launch.run.logs import last_lines
+from muse_launch.rundir.logs import last_lines
 
 READY_AFTER = "rehearse={ready_after: 0.3}"  # a top-level `rehearse:` for every file (none has one)
 

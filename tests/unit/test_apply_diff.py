@@ -26,9 +26,10 @@ from muse_launch.plan.diff import (
 )
 from muse_launch.plan.diff_text import difference_lines, plan_lines
 from muse_launch.proc.process import ProcessRef
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
-from muse_launch.run.state import RunDir, planned_record, read_state, write_state
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import RunDir, read_state, write_state
+from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.start_policy import choose, engine_versions, recorded_versions
 
 EPD = "topologies/epd-b300.yaml"
 FAST = "rehearse={ready_after: 0.3}"
@@ -361,7 +362,7 @@ def home(tmp_path, monkeypatch):
     def no_start(*args, **kwargs):
         raise AssertionError("up started a deployment")
 
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.bring_up", no_start)
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.bring_up", no_start)
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
 
@@ -429,8 +430,8 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
             f"restarting {instance} alone is not supported on this host yet", fix="down, then up"
         )
 
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.restart_instance", refuse)
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.adopt", lambda self, *a, **k: {})
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", refuse)
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: {})
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
     ran = muse(
@@ -477,7 +478,7 @@ def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
     write_state(RunDir.of(record.name), _supervised(starting))
     called = []
     monkeypatch.setattr(
-        "muse_launch.run.local.LocalBackend.restart_instance", lambda self, *a: called.append(a)
+        "muse_launch.local.backend.LocalBackend.restart_instance", lambda self, *a: called.append(a)
     )
     ran = muse(
         "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", "roles.decode.mem_fraction=0.7"
@@ -487,7 +488,7 @@ def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
 
 
 def test_a_recorded_role_name_with_a_control_character_is_damage(tmp_path):
-    from muse_launch.run.state import StateDamaged
+    from muse_launch.rundir.state import StateDamaged
 
     record, _ = running()
     run_dir = RunDir(tmp_path / "epd-b300")
@@ -523,7 +524,8 @@ def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
 def test_a_deployment_no_supervisor_watches_is_left_to_up(home, monkeypatch):
     started = []
     monkeypatch.setattr(
-        "muse_launch.run.local.LocalBackend.bring_up", lambda self, *a: started.append(a[0].plan.name) or 0
+        "muse_launch.local.backend.LocalBackend.bring_up",
+        lambda self, *a: started.append(a[0].plan.name) or 0,
     )
     record, _ = running()
     write_state(
@@ -555,9 +557,9 @@ def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_
     calls = []
     for method in ("add_instance", "remove_instance", "restart_instance", "adopt"):
         monkeypatch.setattr(
-            f"muse_launch.run.local.LocalBackend.{method}", lambda self, *a, m=method: calls.append(m)
+            f"muse_launch.local.backend.LocalBackend.{method}", lambda self, *a, m=method: calls.append(m)
         )
-    monkeypatch.setattr("muse_launch.run.local.LocalBackend.relaunches", False)  # a backend that cannot
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.relaunches", False)  # a backend that cannot
     _write_running()
     edits = ("roles.decode.mem_fraction=0.7", "roles.encoder.replicas=2", "roles.encoder.tp=1")
     ran = muse(
@@ -574,11 +576,11 @@ def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_
 def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "muse_launch.run.local.LocalBackend.add_instance",
+        "muse_launch.local.backend.LocalBackend.add_instance",
         lambda self, run_dir, role: calls.append(role) or "decode-1",
     )
     monkeypatch.setattr(
-        "muse_launch.run.local.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
+        "muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
     )
     two = ("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
     _write_running(*two)

@@ -11,8 +11,9 @@ import pytest
 from muse_launch.backend import backend_named, backend_of, backends, claim_for
 from muse_launch.errors import NotSupported, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
-from muse_launch.run.state import RunDir, StateDamaged, planned_record, read_state, write_state
+from muse_launch.rundir.state import RunDir, StateDamaged, read_state, write_state
 from muse_launch.slurm.files import SlurmFiles
+from muse_launch.supervise.record import planned_record
 
 PLAN = Plan(
     "demo",

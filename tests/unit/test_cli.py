@@ -299,7 +299,7 @@ def test_shell_completion_is_on(home: Path) -> None:
 @pytest.mark.faults("6. a truncated state.json: ls/status report it for that deployment, down still stops it")
 def test_a_damaged_state_is_reported_for_that_deployment_and_down_still_stops_it(home: Path) -> None:
     from muse_launch.proc.process import Marker
-    from muse_launch.run.state import RunDir
+    from muse_launch.rundir.state import RunDir
 
     run_dir = RunDir(home / "broken")
     run_dir.path.mkdir(parents=True)

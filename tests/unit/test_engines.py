@@ -67,10 +67,22 @@ def test_engine_flags_are_written_in_their_engine_module_only():
     "layer,forbidden",
     [
         *(
-            (f"muse_launch.topology.{m}", ("muse_launch.plan", "muse_launch.checks", "muse_launch.run"))
+            (
+                f"muse_launch.topology.{m}",
+                (
+                    "muse_launch.plan",
+                    "muse_launch.checks",
+                    "muse_launch.rundir",
+                    "muse_launch.supervise",
+                    "muse_launch.local",
+                ),
+            )
             for m in ("model", "load", "hardware", "defaults")
         ),
-        ("muse_launch.plan.build", ("muse_launch.checks", "muse_launch.run")),
+        (
+            "muse_launch.plan.build",
+            ("muse_launch.checks", "muse_launch.rundir", "muse_launch.supervise", "muse_launch.local"),
+        ),
         # the simulated engine imports these facts: no schema, no pydantic (the topology's plain defaults are
         # fine)
         (

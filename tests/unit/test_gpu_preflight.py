@@ -12,10 +12,7 @@ import pytest
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
-from muse_launch.plan.build import build_plan
-from muse_launch.plan.spec import Plan, Probe, ProbeKind
-from muse_launch.proc.process import Marker, ProcessRef
-from muse_launch.run.gpus import (
+from muse_launch.local.gpus import (
     GpuNeed,
     Owners,
     await_gpu_release,
@@ -26,8 +23,11 @@ from muse_launch.run.gpus import (
     preflight_for,
     role_gpu_memory,
 )
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import DeploymentRecord, RoleRecord
+from muse_launch.plan.build import build_plan
+from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 from muse_launch.topology.hardware import PROFILES
 from muse_launch.topology.load import load_topology
 
@@ -143,7 +143,7 @@ def test_a_role_without_a_budget_on_a_held_gpu_cannot_be_told_to_fit():
 
 def test_a_holder_that_leaves_room_is_a_note(monkeypatch):
     monkeypatch.setattr(
-        "muse_launch.run.gpus.command_of", lambda pid: None
+        "muse_launch.local.gpus.command_of", lambda pid: None
     )  # pid 9 is no process visible here
     problems, notes = problems_of(b300s(holders={5: [GpuHolder(9, 2 * GIB, None)]}))
     assert problems == []
@@ -285,7 +285,7 @@ def test_gpu_roles_number_gpus_in_pci_order_unless_the_file_says_otherwise():
 
 
 def test_status_json_carries_each_roles_gpu_memory_or_null():
-    from muse_launch.run.status import gpu_memory_now, status_json
+    from muse_launch.local.status import gpu_memory_now, status_json
 
     record = record_with(None)
     out = status_json(record, {"prefill": None}, gpu_memory={"prefill": {0: 60 * GIB, 1: 50 * GIB}})

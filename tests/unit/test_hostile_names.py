@@ -16,7 +16,7 @@ from cli_run import muse
 from muse_launch.plan.build import PlanError, build_plan
 from muse_launch.proc import cgroups
 from muse_launch.render_text import comment, plan_docker, plan_shell
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 from muse_launch.sim.config import ArgvError
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.slurm.script import render_script
@@ -411,7 +411,8 @@ def test_a_state_naming_another_directory_is_damaged_not_followed(
 ) -> None:
     """A state.json read back names its deployment `../x`: `ls` lists the others and reports it damaged."""
     from muse_launch.plan.spec import LaunchSpec, Plan
-    from muse_launch.run.state import deployments, planned_record, write_state
+    from muse_launch.rundir.state import deployments, write_state
+    from muse_launch.supervise.record import planned_record
 
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     plan = Plan(

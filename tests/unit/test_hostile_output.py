@@ -12,7 +12,8 @@ import pytest
 from cli_run import muse
 
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.state import RunDir, planned_record, write_state
+from muse_launch.rundir.state import RunDir, write_state
+from muse_launch.supervise.record import planned_record
 
 PLAN = Plan(
     "demo",

@@ -1,4 +1,5 @@
-"""The supervisor's control socket (run/control.py), the routers' worker API helpers (run/workers.py) and
+"""The supervisor's control socket (supervise/control.py), the routers' worker API helpers
+(supervise/workers.py) and
 the fields a change adds to state.json: hostile input on both ends is refused, changes are serialized."""
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import pytest
 
 from muse_launch.engines import router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
-from muse_launch.run.control import SOCKET_NAME, ControlServer, parse_request, request
-from muse_launch.run.state import RunDir
-from muse_launch.run.state_schema import check_state
-from muse_launch.run.workers import load_in, running_in
+from muse_launch.rundir.state import RunDir
+from muse_launch.rundir.state_schema import check_state
+from muse_launch.supervise.control import SOCKET_NAME, ControlServer, parse_request, request
+from muse_launch.supervise.workers import load_in, running_in
 
 
 @pytest.fixture
@@ -188,7 +189,7 @@ def test_a_router_list_gives_ids_that_are_safe_in_a_url():
 
 def _state(change: dict | None = None, **role_fields) -> dict:
     from muse_launch.plan.spec import LaunchSpec, Plan
-    from muse_launch.run.state import planned_record
+    from muse_launch.supervise.record import planned_record
 
     spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
     data = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str).to_json()
@@ -217,10 +218,11 @@ def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
 def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_status():
     from dataclasses import replace
 
+    from muse_launch.local.status import status_table
     from muse_launch.plan.spec import LaunchSpec, Plan
-    from muse_launch.run.lifecycle import RoleState
-    from muse_launch.run.state import Change, planned_record
-    from muse_launch.run.status import status_table
+    from muse_launch.rundir.lifecycle import RoleState
+    from muse_launch.rundir.state import Change
+    from muse_launch.supervise.record import planned_record
 
     spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
     record = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str)

@@ -13,8 +13,8 @@ import psutil
 from muse_launch.addresses import connect_host
 from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.proc.process import describe_exit
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.probe import ReadinessCheck
+from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.supervise.probe import ReadinessCheck
 
 
 def test_exit_statuses_read_as_words():
@@ -112,7 +112,7 @@ def _role_log(path):
 
 def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tmp_path):
     from muse_launch.plan.spec import LogPolicy
-    from muse_launch.run.logfiles import LogCaps, rotated
+    from muse_launch.rundir.logfiles import LogCaps, rotated
 
     log = tmp_path / "logs" / "r.log"
     fd = _role_log(log)
@@ -129,7 +129,7 @@ def test_copy_truncate_keeps_the_newest_and_the_writer_appends_at_the_new_end(tm
 
 
 def test_follower_reads_on_across_a_rotation_and_splits_a_line_longer_than_a_chunk(tmp_path):
-    from muse_launch.run.logfiles import READ_CHUNK, rotate
+    from muse_launch.rundir.logfiles import READ_CHUNK, rotate
 
     log = tmp_path / "r.log"
     fd = _role_log(log)
@@ -145,7 +145,7 @@ def test_follower_reads_on_across_a_rotation_and_splits_a_line_longer_than_a_chu
 
 
 def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
-    from muse_launch.run.logfiles import READ_CHUNK
+    from muse_launch.rundir.logfiles import READ_CHUNK
 
     log = tmp_path / "one-line.log"
     log.write_bytes(b"z" * (READ_CHUNK * 50))
@@ -199,7 +199,7 @@ def test_masks_hide_secret_arguments_by_value():
 
 
 def test_up_forgets_an_earlier_runs_rotated_logs_but_never_a_links_target(tmp_path):
-    from muse_launch.run.logfiles import forget_rotated, rotated
+    from muse_launch.rundir.logfiles import forget_rotated, rotated
 
     log = tmp_path / "logs" / "prefill.log"
     log.parent.mkdir()
@@ -219,7 +219,7 @@ def test_a_follower_looking_in_the_middle_of_a_rotation_sees_it_done(tmp_path, m
     r.log.1. Looking at the half-done rotation, it took the log for truncated and read it all twice."""
     import threading
 
-    from muse_launch.run.logfiles import rotate
+    from muse_launch.rundir.logfiles import rotate
 
     log = tmp_path / "home" / "dep" / "logs" / "r.log"
     fd = _role_log(log)
@@ -255,7 +255,7 @@ def test_a_follower_looking_in_the_middle_of_a_rotation_sees_it_done(tmp_path, m
 def test_a_rotation_waits_for_a_followers_look_unless_forced(tmp_path):
     import fcntl
 
-    from muse_launch.run.logfiles import rotate, rotated
+    from muse_launch.rundir.logfiles import rotate, rotated
 
     log = tmp_path / "r.log"
     log.write_text("x\n" * 10)

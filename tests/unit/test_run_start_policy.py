@@ -4,8 +4,8 @@ order")."""
 from __future__ import annotations
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
-from muse_launch.run.start_policy import OVERLAP, WAVES, choose
-from muse_launch.run.wiring import Wire, wiring_checks
+from muse_launch.supervise.start_policy import OVERLAP, WAVES, choose
+from muse_launch.supervise.wiring import Wire, wiring_checks
 
 
 def spec(name: str, kind: str, engine: str, port: int, *depends_on: str, **extra) -> LaunchSpec:

@@ -12,21 +12,15 @@ import pytest
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.proc.process import ProcessRef
-from muse_launch.run.lifecycle import (
+from muse_launch.rundir.lifecycle import (
     DeploymentState,
     InvalidTransition,
     RoleState,
     deployment_state,
     transition,
 )
-from muse_launch.run.state import (
-    DeploymentLock,
-    RunDir,
-    planned_record,
-    read_state,
-    resolve_name,
-    write_state,
-)
+from muse_launch.rundir.state import DeploymentLock, RunDir, read_state, resolve_name, write_state
+from muse_launch.supervise.record import planned_record
 
 
 def test_transitions_are_guarded():
@@ -168,7 +162,7 @@ def test_names_resolve_from_a_name_a_file_or_the_one_running(tmp_path, monkeypat
 
 
 def _damaged_by(tmp_path, change) -> str:
-    from muse_launch.run.state import StateDamaged
+    from muse_launch.rundir.state import StateDamaged
 
     run_dir = RunDir(tmp_path / "demo")
     write_state(run_dir, planned_record(PLAN, "demo.yaml", str))

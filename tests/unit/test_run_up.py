@@ -8,9 +8,9 @@ import socket
 import pytest
 
 from muse_launch.errors import UsageError
+from muse_launch.local.up import select_only
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.proc.ports import busy_ports
-from muse_launch.run.up import select_only
 
 
 def spec(name: str, role: str, port: int, *depends_on: str) -> LaunchSpec:
@@ -69,7 +69,7 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
     from dataclasses import replace
 
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.up import missing_programs, refuse_missing_programs
+    from muse_launch.local.up import missing_programs, refuse_missing_programs
 
     here = replace(spec("prefill", "prefill", 30001), launcher=("sh",), args=("-c", "true"))
     not_there = replace(ROUTER, launcher=("muse-launch-no-such-router",))
@@ -88,8 +88,8 @@ def test_a_program_missing_here_is_refused_before_anything_starts(tmp_path):
 
 def test_a_busy_port_says_how_to_move_the_role():
     """The `--set` names the file's role and key, also for a replica, a node rank or a second side channel."""
+    from muse_launch.local.up import busy_fix
     from muse_launch.proc.ports import BusyPort
-    from muse_launch.run.up import busy_fix
 
     def spec(name: str, role: str) -> LaunchSpec:
         return LaunchSpec(name, role, "decode", "vllm", ("serve",), ())
@@ -110,7 +110,7 @@ def test_a_busy_port_says_how_to_move_the_role():
 
 
 def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
-    from muse_launch.run.down import DownReport, format_report
+    from muse_launch.local.down import DownReport, format_report
 
     assert format_report(DownReport("pd", 0.05, (), (), (), (), ())) == [
         "pd: nothing was running; checked in 0.05s"
@@ -124,7 +124,7 @@ def test_a_missing_program_named_by_a_secret_is_not_printed():
     from dataclasses import replace
 
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.run.up import refuse_missing_programs
+    from muse_launch.local.up import refuse_missing_programs
 
     secret = replace(ROUTER, launcher=("/opt/secret-place/router",))
     with pytest.raises(RuntimeFailure) as refused:
@@ -144,7 +144,7 @@ def test_only_refuses_at_once_when_what_the_role_needs_is_not_up():
 
     import httpx
 
-    from muse_launch.run.up import absent_dependencies
+    from muse_launch.local.up import absent_dependencies
 
     class Healthy(http.server.BaseHTTPRequestHandler):
         def do_GET(self):

@@ -13,7 +13,7 @@ from muse_launch.core import load_plan
 from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.spec import Plan
 from muse_launch.proc.process import Marker
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 from muse_launch.slurm.changes import slurm_placement
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.slurm.placement import AllocatedNode, allocated_plan, placement

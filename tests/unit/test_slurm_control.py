@@ -13,10 +13,10 @@ import time
 import pytest
 
 from muse_launch.errors import NotSupported, RuntimeFailure
-from muse_launch.run.control import ControlServer
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 from muse_launch.slurm.control import FileDesk, request
 from muse_launch.slurm.files import SlurmFiles
+from muse_launch.supervise.control import ControlServer
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.engines.argv import last_value
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.slurm.placement import AllocatedNode, allocated_plan, placement, shape
 from muse_launch.slurm.processes import cpu_shares, shared_gpus, srun_argv
@@ -160,8 +160,8 @@ def test_the_batch_watcher_passes_downs_request_to_the_supervisor_and_keeps_beat
     import threading
     import time
 
-    from muse_launch.run.supervisor import Supervisor
     from muse_launch.slurm.batch import _watch
+    from muse_launch.supervise.supervisor import Supervisor
 
     files = SlurmFiles(RunDir(tmp_path))
     files.dir.mkdir(parents=True)

@@ -18,8 +18,9 @@ from cli_run import muse
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.proc.process import ProcessRef
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import RunDir, planned_record, write_state
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import RunDir, write_state
+from muse_launch.supervise.record import planned_record
 
 
 class FakeRouter(ThreadingHTTPServer):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import httpx
 
 from muse_launch.plan.spec import Probe, ProbeKind
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import DeploymentRecord, RoleRecord
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 from muse_launch.top.collect import Reading, metrics_url, read_role, role_row, router_loads, snapshot
 
 

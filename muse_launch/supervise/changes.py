@@ -1,4 +1,4 @@
-"""Changes of a running deployment on this host, made by its supervisor one at a time (run/control.py
+"""Changes of a running deployment on this host, made by its supervisor one at a time (supervise/control.py
 brings them): an instance added, one taken out, one replaced. What a change does to the roles runs in the
 supervisor's loop (`Supervisor.call`); the waiting (ready, wired, drained) and the routers' worker API are
 here, in the change's own thread, so the loop goes on watching every other role meanwhile.
@@ -29,13 +29,13 @@ from muse_launch.engines import ROUTER_ENGINES, router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.plan.diff import launch_digest
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import planned_record
-from muse_launch.run.wiring import Wire, WiringCheck, wiring_checks
-from muse_launch.run.workers import adds_workers, deregister, in_flight, register
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.wiring import Wire, WiringCheck, wiring_checks
+from muse_launch.supervise.workers import adds_workers, deregister, in_flight, register
 
 if TYPE_CHECKING:
-    from muse_launch.run.supervisor import Supervisor
+    from muse_launch.supervise.supervisor import Supervisor
 
 Say = Callable[[str], None]
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped

@@ -3,7 +3,7 @@ an older muse-launch) may have left anything there. Its size and nesting are bou
 what parses must fit a strict model: every type exact (no "1" for 1, no true for 1), signals ones `down` may
 send, stop waves naming the roles and nothing else, cgroups the deployment's own, times ISO 8601 with a
 zone, URLs http(s). Whatever does not fit is `StateDamaged`, and `down` falls back to the deployment's marker
-and role cgroups (run/down.py)."""
+and role cgroups (local/down.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from muse_launch.bounded_json import Damaged, load_bounded_json
 from muse_launch.proc.cgroups import LAYOUT_DIR, deployment_dir_name
-from muse_launch.run.lifecycle import BACKEND_NAMES, RoleState
+from muse_launch.rundir.lifecycle import BACKEND_NAMES, RoleState
 from muse_launch.topology.model import MAX_GRACE, STOP_SIGNALS
 
 MAX_STATE_BYTES = 8 << 20  # a topology file is at most 1 MiB; its state is a few times that at worst

@@ -11,7 +11,7 @@ late workers: they retry a worker that is not up 1, 2, 3, 4, 5, 5 s apart, so a 
 early saw its workers 1.0-1.5 s after they were ready, against 0.5-0.6 s for a router started then
 (scripts/bench_start_policy.py: PD overlapping the router took 1.16-1.18x the waves' time, and
 --worker-startup-check-interval 1 did not change it). Either way `up` is ready only once the wiring
-shows (run/wiring.py). Other edges (vLLM, `after:`) keep their order.
+shows (supervise/wiring.py). Other edges (vLLM, `after:`) keep their order.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 SOCKET_NAME = "control.sock"
 MAX_LINE = 64 << 10  # a request, or one line of an answer

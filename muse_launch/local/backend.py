@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.run.state import LOCAL, DeploymentRecord, RunDir
+from muse_launch.rundir.state import LOCAL, DeploymentRecord, RunDir
 
 if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads none of these
     import httpx
@@ -15,11 +15,11 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
+    from muse_launch.local.down import DownReport
+    from muse_launch.local.status import OwnerOf
     from muse_launch.plan.spec import Plan
-    from muse_launch.run.changes import Placement
-    from muse_launch.run.down import DownReport
-    from muse_launch.run.logs import RolePrinter
-    from muse_launch.run.status import OwnerOf
+    from muse_launch.rundir.logs import RolePrinter
+    from muse_launch.supervise.changes import Placement
 
 
 class LocalBackend:
@@ -32,8 +32,8 @@ class LocalBackend:
         self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
     ) -> int:
         from muse_launch.host.gpus import read_gpu_view
-        from muse_launch.run.gpus import preflight_for
-        from muse_launch.run.up import UpOptions, bring_up, refuse_multi_node
+        from muse_launch.local.gpus import preflight_for
+        from muse_launch.local.up import UpOptions, bring_up, refuse_multi_node
 
         if not request.rehearse:
             refuse_multi_node(loaded.plan)
@@ -61,12 +61,12 @@ class LocalBackend:
 
     def stop(self, run_dir: RunDir, grace: float | None) -> DownReport:
         from muse_launch.host.gpus import read_gpu_view
-        from muse_launch.run.down import bring_down
+        from muse_launch.local.down import bring_down
 
         return bring_down(run_dir, grace, gpus=read_gpu_view)
 
     def observe(self, record: DeploymentRecord) -> DeploymentRecord:
-        from muse_launch.run.status import observed
+        from muse_launch.local.status import observed
 
         return observed(record)
 
@@ -75,8 +75,7 @@ class LocalBackend:
 
         from muse_launch.host.gpus import read_gpu_view
         from muse_launch.host.versions import deployment_versions
-        from muse_launch.run.state import read_state
-        from muse_launch.run.status import (
+        from muse_launch.local.status import (
             gpu_memory_now,
             health_now,
             local_owners,
@@ -84,6 +83,7 @@ class LocalBackend:
             status_json,
             status_table,
         )
+        from muse_launch.rundir.state import read_state
 
         recorded = read_state(run_dir)  # again at each refresh of --watch
         if recorded is None:
@@ -101,14 +101,14 @@ class LocalBackend:
         return status_table(record, health, versions, gpu_memory)
 
     def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
-        from muse_launch.run.status import local_owners
+        from muse_launch.local.status import local_owners
 
         return local_owners(record, run_dir)
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None:
-        from muse_launch.run.logs import print_files
+        from muse_launch.rundir.logs import print_files
 
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
@@ -122,7 +122,7 @@ class LocalBackend:
         allow_downtime: bool = False,
     ) -> str:
         """One more instance of `role`, ready, wired and registered with its routers; returns its name."""
-        from muse_launch.run.control import request
+        from muse_launch.supervise.control import request
 
         args = {"role": role, "why": why, "allow_downtime": allow_downtime}
         return str(request(run_dir, "add", args, say).get("instance", ""))
@@ -136,7 +136,7 @@ class LocalBackend:
         values), checked as `up` checks it; the roles running are not touched."""
         import json
 
-        from muse_launch.run.control import request
+        from muse_launch.supervise.control import request
 
         return request(run_dir, "adopt", {"file": source, "sets": json.dumps(list(sets))}, say)
 
@@ -150,7 +150,7 @@ class LocalBackend:
         allow_downtime: bool = False,
     ) -> dict:
         """Out of its routers, drained (at most `drain_timeout` s), stopped; returns what it measured."""
-        from muse_launch.run.control import request
+        from muse_launch.supervise.control import request
 
         args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
         if drain_timeout is not None:
@@ -170,7 +170,7 @@ class LocalBackend:
         """Replaced by a fresh process (generation + 1), with no failed request where capacity allows; alone
         and with no room for a surge instance, refused unless `allow_downtime`. Of the same spec, or with
         `relaunch` of the spec the adopted file (`adopt`) gives it now."""
-        from muse_launch.run.control import request
+        from muse_launch.supervise.control import request
 
         args: dict = {
             "instance": instance,
@@ -188,13 +188,13 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     `up` was), and `up`'s port and GPU pre-flight for it."""
     import sys
 
+    from muse_launch.local.gpus import preflight_for
+    from muse_launch.local.up import busy_fix
     from muse_launch.plan.build import build_plan
     from muse_launch.plan.rehearse import rehearsal_plan
     from muse_launch.proc.ports import busy_ports
-    from muse_launch.run.changes import Placement
-    from muse_launch.run.gpus import preflight_for
-    from muse_launch.run.state import recorded_role, running_deployments
-    from muse_launch.run.up import busy_fix
+    from muse_launch.rundir.state import recorded_role, running_deployments
+    from muse_launch.supervise.changes import Placement
 
     topology = loaded.loaded.topology
 

@@ -19,8 +19,8 @@ from muse_launch.bounded_json import load_answer
 from muse_launch.engines import ENGINES, router
 from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
 from muse_launch.errors import RuntimeFailure
-from muse_launch.run.probe import HTTP_TIMEOUT
-from muse_launch.run.wiring import Wire, WiringCheck
+from muse_launch.supervise.probe import HTTP_TIMEOUT
+from muse_launch.supervise.wiring import Wire, WiringCheck
 
 
 class RouterRefused(RuntimeFailure):

@@ -18,7 +18,7 @@ from muse_launch.addresses import connect_host
 from muse_launch.bounded_json import load_answer
 from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, worker_facts
 from muse_launch.plan.spec import Plan
-from muse_launch.run.probe import HTTP_TIMEOUT, base_url
+from muse_launch.supervise.probe import HTTP_TIMEOUT, base_url
 
 ROUTED_KINDS = ("prefill", "decode", "worker")
 

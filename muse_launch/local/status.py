@@ -14,14 +14,14 @@ from rich.text import Text
 
 from muse_launch.errors import UsageError
 from muse_launch.host.gpus import GpuReader, gib
+from muse_launch.local.gpus import role_gpu_memory
+from muse_launch.local.progress import STATE_STYLES
 from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import ListenerOwner
 from muse_launch.proc.process import Marker
-from muse_launch.run.gpus import role_gpu_memory
-from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState
-from muse_launch.run.probe import ReadinessCheck
-from muse_launch.run.progress import STATE_STYLES
-from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
+from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
+from muse_launch.supervise.probe import ReadinessCheck
 
 
 def observed(record: DeploymentRecord) -> DeploymentRecord:

@@ -12,7 +12,7 @@ from typing import TextIO
 
 from muse_launch.files import open_nofollow
 from muse_launch.printable import escaped
-from muse_launch.run.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
+from muse_launch.rundir.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
@@ -205,8 +205,8 @@ def print_files(
     KeyboardInterrupt to the caller."""
     import time
 
-    from muse_launch.run.lifecycle import DeploymentState
-    from muse_launch.run.state import is_locked, read_state
+    from muse_launch.rundir.lifecycle import DeploymentState
+    from muse_launch.rundir.state import is_locked, read_state
 
     follower = LogFollower(files, from_end=True)  # before the tail: no line lost
     for role, path in files.items():

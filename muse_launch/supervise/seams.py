@@ -21,7 +21,7 @@ from muse_launch.proc.process import (
     open_role_log,
     spawn_role,
 )
-from muse_launch.run.state import RunDir
+from muse_launch.rundir.state import RunDir
 
 
 class Wakeup:

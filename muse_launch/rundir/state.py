@@ -14,14 +14,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from muse_launch.addresses import connect_host
-from muse_launch.engines.argv import last_value
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
-from muse_launch.plan.spec import Plan, Probe, ProbeKind
+from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.proc.masks import Masks
 from muse_launch.proc.process import ProcessRef, StopTarget
-from muse_launch.run.lifecycle import (  # noqa: F401 - LOCAL, SLURM, K8S: as the backends import them
+from muse_launch.rundir.lifecycle import (  # noqa: F401 - LOCAL, SLURM, K8S: as the backends import them
     BACKEND_NAMES,
     K8S,
     LIVE_STATES,
@@ -120,7 +118,7 @@ class RoleRecord:
     argv: tuple[str, ...] = ()  # as planned, secrets redacted: what smoke and status read of it
     engine: str = ""  # whose argv reader reads argv
     # Its peers as it lists them, (kind, listed, expected) per kind: a router's prefill, decode and workers,
-    # a language worker's encoders; empty for a role that lists none (run/wiring.py).
+    # a language worker's encoders; empty for a role that lists none (supervise/wiring.py).
     wiring: tuple[tuple[str, int, int], ...] = ()
     cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
     reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
@@ -348,70 +346,6 @@ def _backend_name(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def planned_record(
-    plan: Plan,
-    source: str,
-    redact: Callable[[str], str],
-    versions: Mapping[str, str | None] | None = None,
-    sources: Mapping[str, str] | None = None,
-    backend: str = LOCAL,
-) -> DeploymentRecord:
-    """Every role pending, none of its peers listed yet; URLs redacted, since a host may come from a secret
-    `${env:...}`. `sources`: each value that came from `${env:...}` -> as written (a router's key is kept
-    so)."""
-    from muse_launch.plan.diff import launch_digest
-    from muse_launch.run.wiring import wiring_checks  # reads the engine modules: only `up` needs it
-
-    wiring = {name: check.counts(check.wires) for name, check in wiring_checks(plan).items()}
-    masks = Masks.of({v for s in plan.specs for v in (*s.argv, *s.env.values())}, redact)
-    roles = tuple(
-        RoleRecord(
-            s.name,
-            s.kind,
-            RoleState.PENDING,
-            s.gpus,
-            redact(s.url) if s.url else None,
-            dict(s.ports),
-            s.probe,
-            connect_host(s.bind),
-            s.stop.signal,
-            s.stop.grace,
-            argv=tuple(redact(a) for a in s.argv),
-            engine=s.engine,
-            wiring=wiring.get(s.name, ()),
-            reset_after=s.restart.reset_after,
-            api_key=_api_key(s, redact, sources or {}),
-            role=s.role,
-            env={k: redact(v) for k, v in s.env.items()},
-            launch_sha256=launch_digest(masks.salt, s),
-        )
-        for s in plan.specs
-    )
-    return DeploymentRecord(
-        plan.name,
-        source,
-        plan.stop_waves(),
-        roles,
-        versions=dict(versions or {}),
-        masks=masks,
-        backend=backend,
-    )
-
-
-def _api_key(spec, redact: Callable[[str], str], sources: Mapping[str, str]) -> str | None:
-    """A router's key as written: `${env:NAME}` where it came from the environment; a key written in the file
-    as it is (it is no secret there); None where the reference is lost (shown redacted: `smoke` goes
-    without)."""
-    from muse_launch.engines import ROUTER_ENGINES, router
-
-    key = last_value(spec.argv, router.API_KEY) if spec.engine in ROUTER_ENGINES else None
-    if key is None:
-        return None
-    joined = f"{router.API_KEY}="  # `--api-key=${env:K}` as one argument
-    written = sources.get(key) or sources.get(joined + key, "").removeprefix(joined)
-    return written or (key if redact(key) == key else None)
-
-
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
     """Readers see the old file or the new one, never half of one; a link planted at state.json is
     replaced, not written through."""
@@ -477,7 +411,7 @@ class StateDamaged(RuntimeFailure):
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
-    from muse_launch.run.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_state_json
+    from muse_launch.rundir.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_state_json
 
     try:
         data = read_nofollow(run_dir.state_file, root=run_dir.home, limit=MAX_STATE_BYTES + 1)
@@ -485,7 +419,7 @@ def read_state(run_dir: RunDir) -> DeploymentRecord | None:
         return None
     except OSError as exc:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
-    try:  # untrusted: bounded, then every field checked (run/state_schema.py)
+    try:  # untrusted: bounded, then every field checked (rundir/state_schema.py)
         return DeploymentRecord.from_json(check_state(load_state_json(data), run_dir.name, str(run_dir.path)))
     except Damaged as exc:
         raise StateDamaged(run_dir, str(exc)) from None

@@ -14,9 +14,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.logs import last_lines
-from muse_launch.run.state import DeploymentRecord, RoleRecord, RunDir
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.logs import last_lines
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
 
 STATE_STYLES = {
     RoleState.PENDING: "dim",

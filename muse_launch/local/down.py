@@ -13,6 +13,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import GpuReader
+from muse_launch.local.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
 from muse_launch.proc import cgroups
 from muse_launch.proc.cgroups import BEST_EFFORT_NOTE
 from muse_launch.proc.identity import catches, holds_open
@@ -31,9 +32,8 @@ from muse_launch.proc.process import (
     stop_in_waves,
     stop_roles,
 )
-from muse_launch.run.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.state import (
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.state import (
     DeploymentLock,
     DeploymentRecord,
     RunDir,

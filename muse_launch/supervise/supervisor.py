@@ -36,12 +36,12 @@ from muse_launch.proc.process import (
     describe_exit,
     stop_in_waves,
 )
-from muse_launch.run.lifecycle import SUSPENDED_REASON, RoleState, transition
-from muse_launch.run.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
-from muse_launch.run.seams import Clock, Processes, Stopping, SystemClock, Wakeup
-from muse_launch.run.state import Change, DeploymentRecord, RoleRecord, RunDir, now_iso
-from muse_launch.run.wiring import Wire, WiringCheck, WiringResult, wiring_checks
-from muse_launch.run.workers import adds_workers, reconcile
+from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState, transition
+from muse_launch.rundir.state import Change, DeploymentRecord, RoleRecord, RunDir, now_iso
+from muse_launch.supervise.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
+from muse_launch.supervise.seams import Clock, Processes, Stopping, SystemClock, Wakeup
+from muse_launch.supervise.wiring import Wire, WiringCheck, WiringResult, wiring_checks
+from muse_launch.supervise.workers import adds_workers, reconcile
 
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
@@ -312,7 +312,7 @@ class Supervisor:
 
     def call(self, step: Callable[[], object], timeout: float = 60.0) -> object:
         """Run `step` in the supervisor's loop, the one thread that changes its roles; returns its result.
-        Called from a change's thread (run/changes.py)."""
+        Called from a change's thread (supervise/changes.py)."""
         done: Future = Future()
         self.calls.put((step, done))
         self.wakeup.set()

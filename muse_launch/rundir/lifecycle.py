@@ -72,7 +72,8 @@ class DeploymentState(str, Enum):
 
 
 def deployment_state(roles: Iterable[RoleState], wired: bool = True) -> DeploymentState:
-    """`wired`: every router lists all its workers, every language worker all its encoders (run/wiring.py)."""
+    """`wired`: every router lists all its workers, every language worker all its encoders
+    (supervise/wiring.py)."""
     states = list(roles)
     if not any(s in LIVE_STATES for s in states):
         return DeploymentState.STOPPED

@@ -7,7 +7,7 @@ import re
 from urllib.parse import urlsplit
 
 from muse_launch.engines.router import PREFILL
-from muse_launch.run.state import DeploymentRecord, RoleRecord
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 
 ADDRESS = re.compile(r"(?<![\w.])(\d{1,3}(?:\.\d{1,3}){3}|localhost):(\d{1,5})(?!\d)")
 

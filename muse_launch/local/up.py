@@ -20,35 +20,35 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
+from muse_launch.local.down import refuse_leftovers
+from muse_launch.local.explain import explain_addresses
+from muse_launch.local.gpus import GpuPreflight
+from muse_launch.local.output import BackgroundWriter, LogWriter
+from muse_launch.local.progress import LiveProgress, PlainProgress
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.proc.programs import program_path
-from muse_launch.run.changes import Changes, Placement
-from muse_launch.run.control import ControlServer
-from muse_launch.run.down import refuse_leftovers
-from muse_launch.run.explain import explain_addresses
-from muse_launch.run.gpus import GpuPreflight
-from muse_launch.run.lifecycle import RoleState
-from muse_launch.run.logfiles import LogCaps, forget_rotated
-from muse_launch.run.logs import LogFollower, RolePrinter, last_lines
-from muse_launch.run.output import BackgroundWriter, LogWriter
-from muse_launch.run.progress import LiveProgress, PlainProgress
-from muse_launch.run.seams import LocalProcesses
-from muse_launch.run.start_policy import choose, engine_versions, recorded_versions
-from muse_launch.run.state import (
+from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.logfiles import LogCaps, forget_rotated
+from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.rundir.state import (
     DeploymentLock,
     DeploymentRecord,
     RunDir,
     StateSaver,
-    planned_record,
     read_state,
     recorded_role,
     running_deployments,
     write_state,
 )
-from muse_launch.run.supervisor import Outcome, Supervisor
+from muse_launch.supervise.changes import Changes, Placement
+from muse_launch.supervise.control import ControlServer
+from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.seams import LocalProcesses
+from muse_launch.supervise.start_policy import choose, engine_versions, recorded_versions
+from muse_launch.supervise.supervisor import Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20
 StartAfter = dict[str, tuple[str, ...]]
@@ -86,7 +86,7 @@ def absent_dependencies(plan: Plan, role: str, client: httpx.Client) -> list[str
     """Each dependency of `--only ROLE` whose readiness probe does not answer now, with what it saw. A
     dependency without an endpoint to ask (a log or process probe) is taken as up."""
     from muse_launch.addresses import connect_host
-    from muse_launch.run.probe import ReadinessCheck
+    from muse_launch.supervise.probe import ReadinessCheck
 
     names = {s.name for s in plan.specs if role in (s.name, s.role)}
     absent = []
@@ -356,7 +356,8 @@ def _foreground(
 def _control(
     sup: Supervisor, run_dir: RunDir, client: httpx.Client, options: UpOptions, say: Callable[[str], None]
 ) -> Iterator[None]:
-    """Once ready: `scale` and `restart` reach this supervisor through its control socket (run/control.py)."""
+    """Once ready: `scale` and `restart` reach this supervisor through its control socket
+    (supervise/control.py)."""
     try:
         server = ControlServer(run_dir, Changes(sup, options.placement, client).handle)
     except OSError as exc:  # supervising goes on; changes are refused for want of a socket

@@ -11,7 +11,7 @@ import httpx
 
 from muse_launch.plan.spec import Probe, ProbeKind
 from muse_launch.proc.listeners import ListenerOwner
-from muse_launch.run.logfiles import LineSplitter, read_chunk
+from muse_launch.rundir.logfiles import LineSplitter, read_chunk
 
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 

@@ -22,7 +22,7 @@ from muse_launch.plan.spec import Plan
 from muse_launch.proc import cgroups
 from muse_launch.proc.identity import CREATE_TIME_SLACK, start_ticks
 from muse_launch.proc.process import MARKER_DEPLOYMENT, MARKER_ROLE, ProcessRef
-from muse_launch.run.state import DeploymentRecord
+from muse_launch.rundir.state import DeploymentRecord
 from muse_launch.topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, HardwareProfile
 
 if TYPE_CHECKING:  # `down` and `status` import this module, and need no topology schema
