@@ -409,10 +409,21 @@ class Changes:
         if self.placement is None:
             raise NotSupported(f"{spec.name}: this supervisor cannot relaunch (started by `up --only`)")
         plan = self.placement.replan(self._counts(spec.role, 0))
-        new = next((s for s in plan.specs if s.name == spec.name), None)
+        index = index_of(
+            spec.name, spec.role
+        )  # `decode` runs on as replica 0 where the file now says decode-0
+        new = next(
+            (
+                s
+                for s in plan.specs
+                if s.name == spec.name
+                or (index is not None and s.role == spec.role and index_of(s.name, spec.role) == index)
+            ),
+            None,
+        )
         if new is None:
-            raise RuntimeFailure(f"{spec.name}: the file's plan has no instance of that name")
-        return replace(new, role=spec.role)
+            raise RuntimeFailure(f"{spec.name}: the file's plan has no instance of {spec.role} in its place")
+        return replace(new, name=spec.name, role=spec.role)
 
     def restart(
         self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say, relaunch: bool = False

@@ -1,10 +1,12 @@
 """`up FILE --dry-run` against a real running rehearsal (the simulated engine behind the real sglang-router):
-the edited file's difference is printed as users see it, and nothing of the running deployment changes."""
+the edited file's difference is printed as users see it, and nothing of the running deployment changes;
+then `up FILE` applies it under a steady streaming load with no failed request."""
 
 from __future__ import annotations
 
 import pytest
 from harness import free_ports, port_open
+from steady_load import SteadyLoad
 
 pytestmark = [pytest.mark.rehearsal, pytest.mark.integration]
 
@@ -86,18 +88,25 @@ def test_dry_run_prints_the_edited_files_difference_and_changes_nothing(deployme
         assert not port_open(ports[3])  # no decode-1 was started
         assert deployment.status()["state"] == "ready"
 
-        # Applied, a new launch of decode is refused before any step: this host restarts the launch it runs.
-        apply = deployment.cli("up", topology, "--rehearse")
-        assert apply.returncode == 1, apply.stdout + apply.stderr
-        assert "Traceback" not in apply.stdout + apply.stderr
-        assert (
-            apply.stdout.splitlines()[1] == "  + decode-1 (replicas 1 -> 2)"
-        )  # the difference, printed first
-        assert (
-            f"error: {deployment.name}: a new launch of decode: not made while it runs on local yet"
-        ) in apply.stderr
-        assert "nothing was changed" in apply.stderr and "  fix: `muse-launch down" in apply.stderr
-        assert snapshot(deployment) == before and not port_open(ports[3])
+        # Applied under a steady streaming load: decode-1 added by the edited file, then decode rolled to
+        # the new launch behind it (replica 0 of the file runs on under its running name); no request fails.
+        with SteadyLoad(f"http://127.0.0.1:{ports[4]}", "example/tiny-model") as load:
+            load.wait_for(4)
+            apply = deployment.cli("up", topology, "--rehearse", timeout=300)
+            assert apply.returncode == 0, apply.stdout + apply.stderr
+            load.wait_for(4)
+        assert load.failures == [] and load.ok >= 8, load.failures
+        assert apply.stdout.splitlines()[1] == "  + decode-1 (replicas 1 -> 2)"  # the difference, first
+        assert apply.stdout.rstrip().endswith(f"{deployment.name}: applied (2 steps)"), apply.stdout
+        after = snapshot(deployment)
+        assert set(after) == {"prefill", "decode", "decode-1", "router"}
+        assert after["prefill"] == before["prefill"] and after["router"] == before["router"]  # not touched
+        assert after["decode"][0] != before["decode"][0] and port_open(ports[3])
+        for role in deployment.state_file()["roles"]:
+            if role["name"].startswith("decode"):
+                assert role["argv"][role["argv"].index("--mem-fraction-static") + 1] == "0.75", role["argv"]
+        again = deployment.cli("up", topology, "--rehearse", "--dry-run")
+        assert "changes nothing of it; nothing to do" in again.stdout, again.stdout
     finally:
         down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
