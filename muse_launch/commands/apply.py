@@ -303,9 +303,10 @@ def up_changes(
     run_dir, record = found
     backend = backend_of(run_dir)
     if (on or "local") != backend.name:
-        raise UsageError(
-            f"{record.name} runs on {backend.name}, not {on or 'this host'}; `up` changes a running "
-            "deployment where it runs",
+        where = {"local": "this host", "slurm": "SLURM", "k8s": "Kubernetes"}.get(backend.name, backend.name)
+        raise RuntimeFailure(  # one name, one deployment: it holds the name where it runs
+            f"deployment {record.name!r} is up on {where}, not {'--on ' + on if on else 'this host'}; `up` "
+            "changes a running deployment where it runs",
             fix=f"`up {'--on ' + backend.name + ' ' if backend.name != 'local' else ''}FILE` changes it "
             f"there; to move it, `muse-launch down {record.name}` first",
         )
