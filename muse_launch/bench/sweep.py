@@ -173,6 +173,7 @@ def run_one(
         "run": str(run),
         "state": state,
         **{k: round(v, 2) for k, v in times.items()},
+        "_seconds": sum(times.values()),  # unrounded, for the sweep's sum (not written)
     }
 
 
@@ -203,7 +204,10 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
 
 
 def finish(opts: SweepOptions, results: list[dict], wall: float, echo: Callable[[str], None]) -> int:
-    parts = sum(r.get("up_s", 0) + r.get("bench_s", 0) + r.get("down_s", 0) for r in results)
+    # from the unrounded times: a sum of rounded parts can pass the wall time they were measured in
+    parts = sum(
+        r.pop("_seconds", r.get("up_s", 0) + r.get("bench_s", 0) + r.get("down_s", 0)) for r in results
+    )
     write_json(
         opts.out / SWEEP,
         {
