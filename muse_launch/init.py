@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from .engines import sglang, vllm
+from .engines import sglang, vllm, vllm_router
 from .errors import UsageError
 from .plan.build import DEFAULT_DIST_INIT_PORT
 from .topology.hardware import (
@@ -631,7 +631,7 @@ def _vllm_pd(profile: HardwareProfile, quant: str) -> Draft:
 # `eval "$(bash scripts/vllm_cpu_setup.sh)"`.
 VLLM_CPU_MODEL, VLLM_CPU_PYTHON = "${env:MUSE_LAUNCH_TINY_MODEL}", "${env:MUSE_LAUNCH_VLLM_PYTHON}"
 VLLM_CPU_ARGS = [
-    "--served-model-name",
+    vllm.SERVED_MODEL_NAME,
     "tiny",
     "--dtype",
     "float32",
@@ -698,7 +698,12 @@ def _vllm_cpu(mode: str) -> Draft:
         **metrics,
         "prefill": ["prefill"],
         "decode": ["decode"],
-        "args": ["--policy", "round_robin", "--worker-startup-check-interval", "1"],
+        # its readiness follows its workers' within a second (the router's own start-up default)
+        "args": [
+            "--policy",
+            "round_robin",
+            *(x for pair in vllm_router.FACTS.startup_defaults for x in pair),
+        ],
         "ready": {"http": "/readiness", **SLOW_START},
     }
     return draft

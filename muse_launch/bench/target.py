@@ -103,12 +103,15 @@ def find_tokenizer(client: httpx.Client, workers: list[str], argv_models: list[s
 
 
 def _argv_models(roles: list[RoleRecord]) -> list[str]:
+    """The model and tokenizer paths on the workers' command lines, by each engine's own flags."""
+    from muse_launch.engines import ENGINES
+
     out = []
     for r in roles:
+        engine = ENGINES.get(r.engine)
+        flags = (*getattr(engine, "KEY_FLAGS", {}).get("model", ()), *getattr(engine, "TOKENIZER", ()))
         argv = list(r.argv)
-        for flag in ("--model-path", "--model", "--tokenizer-path", "--tokenizer"):
-            if flag in argv[:-1]:
-                out.append(argv[argv.index(flag) + 1])
+        out += [argv[argv.index(flag) + 1] for flag in flags if flag in argv[:-1]]
     return out
 
 

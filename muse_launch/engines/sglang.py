@@ -55,6 +55,7 @@ MOE_A2A_BACKEND = "--moe-a2a-backend"
 QUANTIZATION = "--quantization"
 ATTENTION_BACKEND = "--attention-backend"
 SERVED_MODEL_NAME = "--served-model-name"
+TOKENIZER = ("--tokenizer-path",)  # a tokenizer directory of its own (bench reads it from the argv)
 REASONING_PARSER = "--reasoning-parser"
 TOOL_CALL_PARSER = "--tool-call-parser"
 SPECULATIVE_ALGORITHM = "--speculative-algorithm"

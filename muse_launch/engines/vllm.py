@@ -88,6 +88,7 @@ HEADLESS = "--headless"
 KV_TRANSFER_CONFIG = "--kv-transfer-config"
 SPECULATIVE_CONFIG = "--speculative-config"
 SERVED_MODEL_NAME = "--served-model-name"
+TOKENIZER = ("--tokenizer",)  # a tokenizer directory of its own (bench reads it from the argv)
 REASONING_PARSER = "--reasoning-parser"
 TOOL_CALL_PARSER = "--tool-call-parser"
 TRANSFER_BACKEND_FLAGS = (KV_TRANSFER_CONFIG,)  # where a pair's KV hand-off protocol is set
