@@ -103,19 +103,31 @@ class ControlServer:
                     }
                 )
                 return
-            try:
-                self.busy_with = f"{op} {' '.join(str(v) for v in args.values())}".strip()
-                result = self.handler(op, args, lambda text: send({"say": text}))
-                send({"ok": True, "result": result})
-            except UserError as exc:
-                kind = next((k for k, t in ERROR_KINDS.items() if isinstance(exc, t)), "failure")
-                send({"ok": False, "kind": kind, "error": str(exc), "fix": exc.fix})
-            except Exception as exc:  # noqa: BLE001  a bug in a change must not take the supervisor down
-                error = f"the change failed: {type(exc).__name__}: {exc}"
-                send({"ok": False, "kind": "failure", "error": error})
+            try:  # the answer goes out after the lock is free: a client that asks again at once is served
+                self.busy_with = describe(op, args)
+                answer = self._run(op, args, send)
             finally:
                 self.busy_with = None
                 self.busy.release()
+            send(answer)
+
+    def _run(self, op: str, args: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        try:
+            return {"ok": True, "result": self.handler(op, args, lambda text: send({"say": text}))}
+        except UserError as exc:
+            kind = next((k for k, t in ERROR_KINDS.items() if isinstance(exc, t)), "failure")
+            return {"ok": False, "kind": kind, "error": str(exc), "fix": exc.fix}
+        except Exception as exc:  # noqa: BLE001  a bug in a change must not take the supervisor down
+            error = f"the change failed: {type(exc).__name__}: {exc}"
+            return {"ok": False, "kind": "failure", "error": error}
+
+
+def describe(op: str, args: dict[str, Any]) -> str:
+    """The change in progress as `status` and a refused client see it: `restart prefill-0`."""
+    target = args.get("role" if op == "add" else "instance")
+    if op == "adopt":
+        return "up of an edited file"
+    return f"{op} {target}" if isinstance(target, str) else op
 
 
 def parse_request(line: bytes) -> tuple[str, dict[str, Any]]:

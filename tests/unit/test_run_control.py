@@ -78,6 +78,58 @@ def test_a_second_change_while_one_runs_is_refused_at_once(run_dir):
         server.close()
 
 
+def test_a_change_asked_for_the_moment_the_last_one_answered_is_served(run_dir, monkeypatch):
+    """A rolling restart asks for the next instance as soon as the last one's answer arrives: the lock is
+    free before the answer goes out, however late the serving thread runs after sending it (CI: a rolling
+    restart was refused 'another change is in progress' between its two instances)."""
+    from muse_launch.supervise import control
+
+    real_sender = control._sender
+
+    def slow_after_the_answer(conn):
+        send = real_sender(conn)
+
+        def late(message):
+            send(message)
+            if "ok" in message:
+                time.sleep(0.5)  # the serving thread descheduled right after the answer
+
+        return late
+
+    monkeypatch.setattr(control, "_sender", slow_after_the_answer)
+    server = ControlServer(run_dir, lambda op, args, say: {"instance": args["instance"]})
+    try:
+        for name in ("prefill-0", "prefill-1", "decode-0"):
+            assert request(run_dir, "restart", {"instance": name, "allow_downtime": False}, print) == {
+                "instance": name
+            }
+    finally:
+        server.close()
+
+
+def test_the_change_in_progress_is_named_in_words_not_as_its_arguments(run_dir):
+    started, release = threading.Event(), threading.Event()
+
+    def handler(op, args, say):
+        started.set()
+        release.wait(10)
+        return {}
+
+    server = ControlServer(run_dir, handler)
+    try:
+        args = {"instance": "prefill-0", "allow_downtime": False, "drain_timeout": 120.0}
+        first = threading.Thread(target=request, args=(run_dir, "restart", args, print))
+        first.start()
+        assert started.wait(10)
+        with pytest.raises(RuntimeFailure) as caught:
+            request(run_dir, "remove", {"instance": "decode-1"}, print)
+        assert str(caught.value) == "another change is in progress (restart prefill-0)"
+        release.set()
+        first.join(10)
+    finally:
+        server.close()
+
+
 def test_a_planted_link_where_the_socket_goes_is_replaced_not_followed(run_dir, tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep me")
