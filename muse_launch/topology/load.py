@@ -43,6 +43,7 @@ class LoadedTopology:
     # the same values -> as written, `${env:NAME}` and all: what a later command resolves in its environment
     secret_sources: Mapping[str, str] = field(default_factory=dict)
     overrides: Mapping[Path_, str] = field(default_factory=dict)  # a key --set gave -> that --set argument
+    env_names: frozenset[str] = frozenset()  # each NAME of a `${env:NAME}` the file and --set refer to
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -230,6 +231,7 @@ def parse_topology(
     secrets: set[str] = set()
     values: dict[str, str] = {}
     sources: dict[str, str] = {}
+    names = frozenset(_env_names(data))
     data = _substitute_env(data, (), environ, secrets, problems, path, lines, values, sources)
     if problems:
         raise TopologyError(problems)
@@ -244,8 +246,26 @@ def parse_topology(
     if clashes:
         raise TopologyError(clashes)
     return LoadedTopology(
-        topology, path, lines, loaded_secrets, values, secret_sources=sources, overrides=overrides
+        topology,
+        path,
+        lines,
+        loaded_secrets,
+        values,
+        secret_sources=sources,
+        overrides=overrides,
+        env_names=names,
     )
+
+
+def _env_names(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _env_names(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _env_names(v)
+    elif isinstance(value, str):
+        yield from ENV_REF.findall(value)
 
 
 def _name_clashes(topology: Topology, path: Path, lines: Mapping[Path_, int]) -> list[str]:
@@ -426,9 +446,9 @@ def _apply_set(data: dict[str, Any], assignment: str, texts: dict[Path_, str] | 
         if part not in target:
             if depth == 1 and parts[0] == "roles":  # a typo'd role name would start a new, empty role
                 return f"--set {assignment}: no role {part!r}; roles: {', '.join(target)}"
-            target[
-                part
-            ] = {}  # e.g. `rehearse.ready_after` in a file without `rehearse:`; the schema checks the name
+            target[part] = {}  # `rehearse.ready_after` in a file without `rehearse:`; the schema checks it
+        elif isinstance(target[part], dict):  # a copy: a mapping YAML aliases (`env: *nvlink`) is shared,
+            target[part] = dict(target[part])  # and --set roles.decode.env.X=1 must not change prefill's
         target = target[part]
     if not isinstance(target, dict):
         return f"--set {assignment}: {'.'.join(parts[:-1])} is not a mapping"

@@ -156,6 +156,16 @@ def test_set_adds_a_key_and_top_level_keys() -> None:
     assert loaded.topology.host == "10.0.0.7"
 
 
+def test_set_under_a_mapping_the_file_shares_by_alias_changes_that_role_alone() -> None:
+    """epd-b300.yaml gives prefill and decode one `env: &mooncake_nvlink` mapping; a --set of decode's
+    env must not reach prefill's (nor the anchor's other users), and both keep the file's keys."""
+    loaded = load_topology(EPD, ["roles.decode.env.DECODE_ONLY=1"], environ={})
+    roles = loaded.topology.roles
+    assert roles["decode"].env["DECODE_ONLY"] == "1"
+    assert "DECODE_ONLY" not in roles["prefill"].env
+    assert roles["prefill"].env["MC_INTRANODE_NVLINK"] == roles["decode"].env["MC_INTRANODE_NVLINK"]
+
+
 def test_set_of_an_unknown_path_is_a_usage_error() -> None:
     result = cli("validate", str(EPD), "--set", "roles.prefil.mem_fraction=0.7")
     assert result.returncode == 2
