@@ -26,8 +26,9 @@ A backend implements the Backend protocol below (structurally: it need not impor
   fresh process (its generation + 1) with no failed request where capacity allows (another instance
   serves, or a surge instance does meanwhile); else refused unless `allow_downtime`. Of the same spec, or
   with `relaunch` of the one the adopted file gives it now.
-  `adopt(run_dir, source, sets, say)`: `up FILE` of the running deployment: later changes (placement,
-  relaunch) are planned from this file and these --set values; nothing running is touched.
+  `adopt(run_dir, source, sets, say, environ)`: `up FILE` of the running deployment: later changes
+  (placement, relaunch) are planned from this file, these --set values and the `${env:...}` values of
+  `environ` (those `up` read now, not those its supervisor was started with); nothing running is touched.
   Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
   change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
   cannot avoid them (a router that takes workers on its command line only is restarted with its new
@@ -39,7 +40,7 @@ files are in the run directory (`owns`), else the local host.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of nothing load none of these
@@ -105,7 +106,14 @@ class Backend(Protocol):
         relaunch: bool = False,
     ) -> dict: ...
 
-    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict: ...
+    def adopt(
+        self,
+        run_dir: RunDir,
+        source: str,
+        sets: tuple[str, ...],
+        say: Say = print,
+        environ: Mapping[str, str] | None = None,
+    ) -> dict: ...
 
 
 def backends() -> dict[str, Backend]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,18 +33,23 @@ class LoadedPlan:
 
 
 def check_file(
-    path: str | Path, sets: Iterable[str] = ()
+    path: str | Path, sets: Iterable[str] = (), environ: Mapping[str, str] | None = None
 ) -> tuple[LoadedTopology, list[Finding], Plan | None]:
-    loaded = load_topology(path, sets)
+    loaded = load_topology(path, sets, environ)
     findings, plan = run_checks(loaded)
     return loaded, findings, plan
 
 
 def load_plan(
-    path: str | Path, sets: Iterable[str] = (), rehearse: bool = False, strict: bool = False
+    path: str | Path,
+    sets: Iterable[str] = (),
+    rehearse: bool = False,
+    strict: bool = False,
+    environ: Mapping[str, str] | None = None,
 ) -> LoadedPlan:
-    """Load, check and plan a topology file. Raises TopologyError (exit 2) or CheckFailed (exit 1)."""
-    loaded, findings, plan = check_file(path, sets)
+    """Load, check and plan a topology file (`${env:...}` read from `environ`, by default this process's).
+    Raises TopologyError (exit 2) or CheckFailed (exit 1)."""
+    loaded, findings, plan = check_file(path, sets, environ)
     stop = [f for f in findings if f.severity is Severity.ERROR or strict]
     if stop or plan is None:
         raise CheckFailed("\n".join(f.format(loaded) for f in findings))

@@ -5,6 +5,7 @@ errors.NotSupported, which ends here as one clear error, the deployment left as 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -333,6 +334,9 @@ def up_changes(
         )
     refuse_what_the_seam_cannot_carry(difference, backend, record.name)
     if relaunches(backend):  # what it adds and relaunches is planned from this file from now on
-        backend.adopt(run_dir, str(loaded.source.resolve()), sets, lambda text: say(loaded.redact(text)))
+        # with the `${env:...}` values read here: a changed secret is what the difference was made of
+        environ = {n: os.environ[n] for n in loaded.loaded.env_names if n in os.environ}
+        source, hidden = str(loaded.source.resolve()), lambda text: say(loaded.redact(text))
+        backend.adopt(run_dir, source, sets, hidden, environ=environ)
     execute(difference, backend, run_dir, say, redact=loaded.redact)
     return 0

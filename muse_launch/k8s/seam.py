@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Callable as _Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -222,7 +222,14 @@ class K8sBackend:
             fix="the kubelet restarts a container that dies by the pod's restart policy",
         )
 
-    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict:
+    def adopt(
+        self,
+        run_dir: RunDir,
+        source: str,
+        sets: tuple[str, ...],
+        say: Say = print,
+        environ: Mapping[str, str] | None = None,
+    ) -> dict:
         name = run_dir.name
         raise NotSupported(
             f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",

@@ -130,15 +130,22 @@ class LocalBackend:
     relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
 
     def adopt(
-        self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Callable[[str], None] = print
+        self,
+        run_dir: RunDir,
+        source: str,
+        sets: tuple[str, ...],
+        say: Callable[[str], None] = print,
+        environ: Mapping[str, str] | None = None,
     ) -> dict:
         """From now on the supervisor places and relaunches instances by this file (with these --set
-        values), checked as `up` checks it; the roles running are not touched."""
+        values and `${env:...}` values), checked as `up` checks it; the roles running are not touched. The
+        values go over the control socket, which only the deployment's own user may open."""
         import json
 
         from muse_launch.supervise.control import request
 
-        return request(run_dir, "adopt", {"file": source, "sets": json.dumps(list(sets))}, say)
+        args = {"file": source, "sets": json.dumps(list(sets)), "env": json.dumps(dict(environ or {}))}
+        return request(run_dir, "adopt", args, say)
 
     def remove_instance(
         self,
@@ -221,15 +228,19 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         )
         preflight_for(part, topology, read_gpus, skipped).require(part, running_deployments, say)
 
-    def reload(source: str, sets: tuple[str, ...]) -> Placement:
+    def reload(source: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Placement:
         """The same rules from an edited file, as `up FILE` of it checks it (the roles are not touched)."""
         from pathlib import Path
 
         from muse_launch.core import load_plan
 
-        fresh = load_plan(Path(source), list(sets), rehearse=request.rehearse)
+        fresh = load_plan(Path(source), list(sets), rehearse=request.rehearse, environ=environ)
         return placement(fresh, request, read_gpus)
 
     return Placement(
-        replan, preflight, gpus_checked=not (request.skip_gpu_check or request.rehearse), reload=reload
+        replan,
+        preflight,
+        gpus_checked=not (request.skip_gpu_check or request.rehearse),
+        reload=reload,
+        redact=loaded.redact,
     )

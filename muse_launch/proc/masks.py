@@ -33,6 +33,14 @@ class Masks:
         hidden = {v: redact(v) for v in values}
         return cls(salt, {_digest(salt, v): shown for v, shown in hidden.items() if shown != v})
 
+    def adding(self, values: Iterable[str], redact: Callable[[str], str]) -> Masks:
+        """These masks and those of `values` (an edited file's secrets, once its launches run), one salt."""
+        if not self.salt:
+            return Masks.of(values, redact)
+        values = {w for v in values for w in (v, *_words(v)) if w}
+        more = {_digest(self.salt, v): shown for v in values if (shown := redact(v)) != v}
+        return Masks(self.salt, {**self.shown, **more})
+
     def text(self, line: str) -> str:
         """A line of a role's log with every word that is a secret shown as ***: `logs` knows the digests
         only, not the values (`up`, which knows them, hides them the same way)."""

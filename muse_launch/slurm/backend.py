@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Callable as _Callable
 from typing import TYPE_CHECKING
 
@@ -154,7 +154,14 @@ class SlurmBackend:
             args["drain_timeout"] = drain_timeout
         return request(SlurmFiles(run_dir), "restart", args, say)
 
-    def adopt(self, run_dir: RunDir, source: str, sets: tuple[str, ...], say: Say = print) -> dict:
+    def adopt(
+        self,
+        run_dir: RunDir,
+        source: str,
+        sets: tuple[str, ...],
+        say: Say = print,
+        environ: Mapping[str, str] | None = None,
+    ) -> dict:
         name = run_dir.name
         raise NotSupported(
             f"changing {name} by an edited file while it runs on SLURM is not supported yet",

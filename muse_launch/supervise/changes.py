@@ -17,6 +17,8 @@ here, in the change's own thread, so the loop goes on watching every other role 
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -42,6 +44,7 @@ DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves
 DRAIN_POLL = 0.1
 WAIT_POLL = 0.05
 SCALABLE_KINDS = ("prefill", "decode", "worker")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,10 @@ class Placement:
     replan: Callable[[Mapping[str, int]], Plan]  # role -> its replicas (the others as the file has them)
     preflight: Callable[[Plan, Say], None]
     gpus_checked: bool = True  # False in a rehearsal or with --skip-gpu-check, as `up` did
-    # The same rules from an edited file and its --set values (`up FILE` of a running deployment)
-    reload: Callable[[str, tuple[str, ...]], Placement] | None = None
+    # The same rules from an edited file, its --set values and `${env:...}` values (`up FILE` of a running
+    # deployment)
+    reload: Callable[[str, tuple[str, ...], Mapping[str, str]], Placement] | None = None
+    redact: Callable[[str], str] = lambda text: text  # hides the file's `${env:...}` values
 
 
 def index_of(name: str, role: str) -> int | None:
@@ -78,7 +83,7 @@ class Changes:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
         self.allow_downtime = args.get("allow_downtime") is True
         if op == "adopt":
-            return self.adopt(args.get("file"), args.get("sets"), say)
+            return self.adopt(args.get("file"), args.get("sets"), args.get("env", "{}"), say)
         target = args.get("role" if op == "add" else "instance")
         if not isinstance(target, str):
             raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
@@ -382,25 +387,40 @@ class Changes:
 
     # ---- adopt: the file later changes are planned from ---------------------------------------------
 
-    def adopt(self, source: object, sets: object, say: Say) -> dict[str, Any]:
+    def adopt(self, source: object, sets: object, env: object, say: Say) -> dict[str, Any]:
         """`up FILE` of the running deployment: from now on new instances are placed, and relaunched ones
-        started, by this file. Loaded and checked here as `up` checks it; nothing running is touched."""
-        import json
-
-        if not isinstance(source, str) or not isinstance(sets, str):
-            raise UsageError("adopt: a file and its --set values")
-        try:
-            values = json.loads(sets)
-        except ValueError:
-            values = None
+        started, by this file, its --set values and the `${env:...}` values `up` read (not this process's:
+        a changed secret is the change). Loaded and checked here as `up` checks it; nothing running is
+        touched. The new file's secrets are hidden from then on, in state.json and in what `logs` and
+        `down` show, as the first file's are."""
+        if not isinstance(source, str) or not isinstance(sets, str) or not isinstance(env, str):
+            raise UsageError("adopt: a file, its --set values and its environment")
+        values = _json_or_none(sets)
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise UsageError("adopt: --set values must be a list of strings")
+        environ = _json_or_none(env)
+        if not isinstance(environ, dict) or not all(
+            isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
+            for k, v in environ.items()
+        ):
+            raise UsageError("adopt: the environment must map variable names to strings")
         if self.placement is None or self.placement.reload is None:
             raise NotSupported("this supervisor cannot take a new file (started by `up --only`)")
-        fresh = self.placement.reload(source, tuple(values))
-        if fresh.replan({}).name != self.sup.plan.name:
+        fresh = self.placement.reload(source, tuple(values), {**os.environ, **environ})
+        plan = fresh.replan({})
+        if plan.name != self.sup.plan.name:
             raise UsageError(f"{source} names another deployment than {self.sup.plan.name}")
         self.placement = fresh
+        shown = {v for s in plan.specs for v in (*s.argv, *s.env.values())}
+
+        def hide_from_now_on() -> None:
+            self.sup.redactions.append(fresh.redact)
+            self.sup.record = replace(
+                self.sup.record, masks=self.sup.record.masks.adding(shown, fresh.redact)
+            )
+            self.sup.on_change(self.sup.record)
+
+        self.sup.call(hide_from_now_on)
         say(f"{self.sup.plan.name}: later changes planned from {source}")
         return {"file": source}
 
@@ -508,6 +528,13 @@ class Changes:
                 else ""
             ),
         )
+
+
+def _json_or_none(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:

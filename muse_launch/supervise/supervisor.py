@@ -140,7 +140,7 @@ class Supervisor:
         self.on_change = on_change
         self.ports_taken = ports_taken
         self.probes = probes or probe_pool(plan)
-        self.redact = redact
+        self.redactions = [redact]  # the first file's, then each adopted file's (supervise/changes.py)
         self.tend = tend
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
         self.start_after = {
@@ -309,6 +309,12 @@ class Supervisor:
         return report
 
     # ---- changes of the running deployment: each step runs in the loop, through `call` ----------------
+
+    def redact(self, text: str) -> str:
+        """`text` with every file's `${env:...}` values hidden (the first file's, and each adopted one's)."""
+        for hide in self.redactions:
+            text = hide(text)
+        return text
 
     def call(self, step: Callable[[], object], timeout: float = 60.0) -> object:
         """Run `step` in the supervisor's loop, the one thread that changes its roles; returns its result.

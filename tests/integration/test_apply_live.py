@@ -5,6 +5,10 @@ roles the edit leaves alone keep their processes, and nothing is left alive afte
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import httpx
 import pytest
 from harness import free_ports
@@ -111,4 +115,40 @@ def test_one_decode_edited_is_replaced_behind_a_surge_instance_and_replicas_adde
         argv = argv_of(d, name)
         assert argv[argv.index("--mem-fraction-static") + 1] == "0.7", argv
     assert sorted(after) == ["decode", "decode-1", "prefill", "router"]
+    down_clean(d)
+
+
+def test_a_changed_secret_is_rolled_with_the_value_up_read_and_never_shown(deployment, monkeypatch):
+    """decode's environment holds `${env:DECODE_TOKEN}`; the user exports a new value and runs `up FILE`
+    again. Each decode is relaunched with the value this `up` read (not the one its supervisor was started
+    with), so the next `up` has nothing to do; the new value is in no line printed and nowhere in clear in
+    state.json, whose masks now hide it from `logs` and `down` as they hide the first one."""
+    d = deployment
+    ports = free_ports(5)
+    old, new = "tok-old-8c1f2e9a77", "tok-new-5d3b0a16c4"
+    monkeypatch.setenv("DECODE_TOKEN", old)
+    topology = write(d, ports, {"replicas": 2, "env": {"DECODE_TOKEN": "${env:DECODE_TOKEN}"}})
+    cli_ok(d, "up", topology, "--rehearse", "-d")
+    before = pids(d)
+    monkeypatch.setenv("DECODE_TOKEN", new)
+    router_url = f"http://127.0.0.1:{ports[2]}"
+    with SteadyLoad(router_url, MODEL) as load:
+        load.wait_for(4)
+        out = cli_ok(d, "up", topology, "--rehearse")
+        assert f"{d.name}: applied (2 steps)" in out, out
+        load.wait_for(4)
+    assert load.failures == [], load.failures
+    assert new not in out and old not in out, out
+    after = pids(d)
+    assert after["prefill"] == before["prefill"] and after["router"] == before["router"]
+    for name in ("decode-0", "decode-1"):
+        assert after[name] != before[name], name
+        environ = Path(f"/proc/{after[name]}/environ").read_bytes().split(b"\0")
+        assert f"DECODE_TOKEN={new}".encode() in environ, name
+    assert "nothing to do" in cli_ok(d, "up", topology, "--rehearse")  # what runs is what the file says
+    state = (d.run_dir / "state.json").read_text()  # raw, as a reader of the disk finds it
+    assert new not in state and old not in state
+    masks = json.loads(state)["masks"]
+    digest = hashlib.sha256(f"{masks['salt']}\0{new}".encode()).hexdigest()
+    assert digest in masks["sha256"], "the new secret is not masked in what `logs` and `down` print"
     down_clean(d)

@@ -612,3 +612,45 @@ def test_a_refusal_after_a_removal_adds_an_instance_back(tmp_path):
         execute(difference, backend, RunDir(tmp_path / "x"), lambda _: None, lambda: set(backend.instances))
     assert backend.calls == [("remove", "decode-1"), ("restart", "router"), ("add", "decode")]
     assert len(backend.instances) == before
+
+
+def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(home, monkeypatch):
+    """A changed `${env:...}` secret is the change: the supervisor must relaunch with the value this `up`
+    read, not the one it was started with, so `up` hands it those values (and no other variable)."""
+    seen = {}
+    monkeypatch.setattr(
+        "muse_launch.local.backend.LocalBackend.adopt",
+        lambda self, run_dir, source, sets, say=print, environ=None: seen.update(environ or {}),
+    )
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", lambda *a, **k: {})
+    secret = ("roles.decode.env.DECODE_TOKEN=${env:DECODE_TOKEN}",)
+    monkeypatch.setenv("DECODE_TOKEN", "first-value-1")
+    _write_running(*secret)
+    monkeypatch.setenv("DECODE_TOKEN", "second-value-2")
+    monkeypatch.setenv("UNRELATED_SECRET", "not-for-the-supervisor")
+    ran = muse("up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", secret[0])
+    assert ran.returncode == 0, ran.stderr
+    assert seen == {"DECODE_TOKEN": "second-value-2"}
+    assert "  ~ decode: a secret value changed (not shown) (rolled, one instance at a time)" in ran.stdout
+    assert "unchanged, not touched: encoder, prefill, router" in ran.stdout  # prefill shares the env by alias
+    assert "second-value-2" not in ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        '["DECODE_TOKEN"]',
+        '{"1BAD": "x"}',
+        '{"A B": "x"}',
+        '{"TOKEN": 1}',
+        '{"TOKEN": "a\\u0000b"}',
+        "not json",
+    ],
+)
+def test_the_supervisor_refuses_an_environment_that_is_not_names_to_strings(env):
+    from muse_launch.errors import UsageError
+    from muse_launch.supervise.changes import Changes
+
+    changes = Changes(None, None, None)  # refused before anything of the supervisor is touched
+    with pytest.raises(UsageError, match="environment"):
+        changes.adopt("/a/file.yaml", "[]", env, print)

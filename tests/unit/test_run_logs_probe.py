@@ -263,3 +263,19 @@ def test_a_rotation_waits_for_a_followers_look_unless_forced(tmp_path):
         fcntl.flock(reader, fcntl.LOCK_SH)  # a follower in the middle of a look
         assert rotate(log, keep=1) is False and log.stat().st_size == 20 and not rotated(log).exists()
         assert rotate(log, keep=1, force=True) is True and log.stat().st_size == 0 and rotated(log).exists()
+
+
+def test_masks_grow_with_an_adopted_files_secrets_under_the_same_salt():
+    """`up FILE` of a running deployment with a new secret: the masks `logs` and `down` read hide the new
+    value and still the first one (what the first launches print is still in their logs)."""
+    from muse_launch.proc.masks import Masks
+
+    first = Masks.of(["--api-key", "first-s3cret"], lambda v: "***" if v == "first-s3cret" else v)
+    grown = first.adding(["--api-key", "second-s3cret", "plain"], lambda v: "***" if "second" in v else v)
+    assert grown.salt == first.salt
+    line = "started with first-s3cret, now second-s3cret on plain"
+    assert grown.text(line) == "started with ***, now *** on plain"
+    assert (
+        first.text(line) == "started with ***, now second-s3cret on plain"
+    )  # the record before is unchanged
+    assert Masks().adding(["x-s3cret"], lambda v: "***").text("x-s3cret") == "***"  # no masks yet: a salt
