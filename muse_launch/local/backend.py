@@ -202,17 +202,25 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     from muse_launch.proc.ports import busy_ports
     from muse_launch.rundir.state import recorded_role, running_deployments
     from muse_launch.supervise.changes import Placement
+    from muse_launch.supervise.start_policy import choose, engine_versions
 
     topology = loaded.loaded.topology
+    versions: dict[str, str | None] = {}  # the engines' releases, read once: they do not change as it runs
 
     def replan(counts: Mapping[str, int]) -> Plan:
+        """As `up` runs it: with its start policy, which may set an engine's variable (the encoder eviction
+        TTL of an overlapped start), so that a new or relaunched instance runs what `up` of the file would
+        start."""
         roles = dict(topology.roles)
         for role, replicas in counts.items():
             if role in roles and not roles[role].nodes:
                 roles[role] = roles[role].model_copy(update={"replicas": replicas})
         changed = topology.model_copy(update={"roles": roles})
         plan = build_plan(changed)
-        return rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan
+        plan = rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan
+        if not versions:
+            versions.update(engine_versions(plan))
+        return choose(plan, topology.start, versions).plan
 
     def preflight(part: Plan, say: Callable[[str], None]) -> None:
         if busy := busy_ports(part, loaded.redact, recorded_role):
