@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
-from muse_launch.plan.diff import Difference, Instance, Launch, Step, StepKind, diff, own_argv, planned
+from muse_launch.plan.diff import (
+    Difference,
+    Instance,
+    Launch,
+    Step,
+    StepKind,
+    diff,
+    listed_encoders,
+    own_argv,
+    planned,
+)
 from muse_launch.plan.diff_text import difference_lines, plan_lines, start_lines, step_line
 from muse_launch.plan.rehearse import SIMULATED
 from muse_launch.rundir.lifecycle import DeploymentState, RoleState
@@ -74,6 +84,7 @@ def recorded_instances(record: DeploymentRecord, planned_roles: set[str]) -> tup
                 tuple(r.gpus),
                 tuple(sorted(r.ports.items())),
                 r.launch_sha256,
+                listed_encoders(r.engine, r.argv),
             ),
             r.url,
             None if r.state not in DOWN else f"{r.state.value}{': ' + r.reason if r.reason else ''}",
@@ -153,16 +164,16 @@ def relaunches(backend: Backend) -> bool:
 
 
 def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, name: str) -> None:
-    """Before any step. A role the running deployment does not have is not added while it runs (its routers
-    and peers would need new command lines); a changed launch needs a backend that `relaunches`. Refused
-    with nothing changed, the error saying what is applied live instead."""
-    live = relaunches(backend)
-    changed = [
+    """Before any step. A changed launch, and a role the running deployment does not have (placed by the
+    edited file), need a backend that `relaunches` (takes the file: `adopt`). Refused with nothing changed,
+    the error saying what is applied live instead."""
+    if relaunches(backend):
+        return
+    new_launch = [
         s.instance
         for s in difference.steps
         if s.kind in (StepKind.ROLL, StepKind.RESTART_ROUTER) and not (s.old and s.old.down)
     ]
-    new_launch = [] if live else changed
     new_roles = [
         s.instance for s in difference.steps if s.kind is StepKind.ADD and difference.role(s.role).before == 0
     ]
@@ -171,12 +182,12 @@ def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, 
     parts = [f"a new launch of {', '.join(new_launch)}"] if new_launch else []
     if new_roles:
         parts.append(f"the new role instance{'s' if len(new_roles) > 1 else ''} {', '.join(new_roles)}")
-    if live:
-        why = "a role is added by `up` of a deployment that is not running"
-        rest = "the file's other changes (the new role left out) are made while it runs"
-    else:
-        why = "its restart starts the launch an instance already runs"
-        rest = "a change of replicas alone (the file's other changes undone) is made while it runs"
+    why = (
+        "its restart starts the launch an instance already runs"
+        if new_launch
+        else "it places instances by the file it was started with"
+    )
+    rest = "a change of replicas alone (the file's other changes undone) is made while it runs"
     raise NotSupported(
         f"{name}: {'; '.join(parts)}: not made while it runs on {backend.name} ({why}); nothing was changed",
         fix=f"`muse-launch down {name}`, then `up` the file again; {rest}",

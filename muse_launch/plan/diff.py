@@ -7,7 +7,9 @@ printable without a secret.
 What counts as a change of an instance is what is launched: its program and arguments, its environment,
 GPUs, ports, engine and kind. Not its probe, stop or log policy, and not the peer lists it is started with
 (a router's `--prefill`/`--decode`/`--worker-urls`, a language worker's `--encoder-urls`): adding or removing
-a peer registers or unregisters it at run time, it does not restart the instances that list it.
+a peer registers or unregisters it at run time, it does not restart the instances that list it. Except where
+the file adds or drops an encoder role: a language worker takes its encoders on its command line, so one
+whose list changes with it is rolled.
 
 Replicas are grouped into their role. Within a role, a running instance whose launch the plan still holds is
 kept (under the name it runs as: `decode` stays `decode` when replicas 1 -> 2 plans `decode-0`); the others
@@ -58,6 +60,21 @@ def own_argv(engine: str, argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def listed_encoders(engine: str, argv: Sequence[str]) -> tuple[str, ...]:
+    """The encoders `argv` lists (each value of a peer flag of kind `encoders`: `--encoder-urls A B`)."""
+    flags = {flag for flag, kind in peer_flags(engine).items() if kind == "encoders"}
+    out: list[str] = []
+    taking = False
+    for arg in argv:
+        if arg in flags:
+            taking = True
+        elif taking and not _FLAG.match(arg):
+            out.append(arg)
+        else:
+            taking = False
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Launch:
     """What an instance runs: equal launches need no restart. argv and env are as shown (secrets redacted);
@@ -71,6 +88,7 @@ class Launch:
     gpus: tuple[int, ...]
     ports: tuple[tuple[str, int], ...]
     digest: str | None = field(default=None, compare=False)
+    encoders: tuple[str, ...] = field(default=(), compare=False)  # a language worker's, as shown
 
     def same_as(self, other: Launch) -> bool:
         if (self.engine, self.kind, self.argv, self.gpus, self.ports) != (
@@ -118,6 +136,7 @@ def planned(plan: Plan, redact: Callable[[str], str], salt: str | None = None) -
                 tuple(s.gpus),
                 tuple(sorted(s.ports.items())),
                 launch_digest(salt, s) if salt else None,
+                tuple(redact(u) for u in listed_encoders(s.engine, s.argv)),
             ),
             redact(s.url) if s.url else None,
         )
@@ -168,6 +187,8 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
     """The steps from `running` to `new`, ordered to keep capacity (see the module's docstring)."""
     running, new = tuple(running), tuple(new)
     order = list(dict.fromkeys([i.role for i in new] + [i.role for i in running]))
+    encoder_roles = [{i.role for i in side if i.launch.kind == "encoder"} for side in (running, new)]
+    relisted = encoder_roles[0] != encoder_roles[1]  # an encoder role added or dropped
     adds, rolls, removes, routers = [], [], [], []
     counts, unchanged, kept = [], [], []
     for role in order:
@@ -176,12 +197,17 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
         counts.append(RoleChange(role, len(old_side), len(new_side)))
         pairs, left_old, left_new = _match(old_side, new_side)
         kept += [(o.name, n.name) for o, n in pairs if o.name != n.name]
+        touched = False
         for o, n in pairs:  # the same launch, but not running: started again, as the file wants it
             if o.down:
                 kind = StepKind.RESTART_ROUTER if o.launch.engine in ROUTER_ENGINES else StepKind.ROLL
                 (routers if kind is StepKind.RESTART_ROUTER else rolls).append(
                     Step(kind, role, o.name, (f"not running ({o.down})",), o, n)
                 )
+            elif relisted and o.launch.encoders != n.launch.encoders:  # its new list is on its command line
+                shown = [" ".join(e.launch.encoders) or "none" for e in (o, n)]
+                rolls.append(Step(StepKind.ROLL, role, o.name, (f"encoders {shown[0]} -> {shown[1]}",), o, n))
+                touched = True
         for o, n in zip(left_old, left_new, strict=False):
             changed = changes(o.launch, n.launch)
             if n.launch.engine in ROUTER_ENGINES or o.launch.engine in ROUTER_ENGINES:
@@ -190,7 +216,7 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
                 rolls.append(Step(StepKind.ROLL, role, o.name, changed, o, n))
         adds += [Step(StepKind.ADD, role, n.name, new=n) for n in left_new[len(left_old) :]]
         removes += [Step(StepKind.REMOVE, role, o.name, old=o) for o in left_old[len(left_new) :]]
-        if not left_old and not left_new and old_side and not any(o.down for o in old_side):
+        if not left_old and not left_new and old_side and not any(o.down for o in old_side) and not touched:
             unchanged.append(role)
 
     def rank(step: Step) -> int:

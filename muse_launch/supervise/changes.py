@@ -75,6 +75,11 @@ class Changes:
         self.placement = placement
         self.client = client
         self.allow_downtime = False  # the change's own --allow-downtime
+        # Roles the adopted file has and the deployment did not run when it was adopted, and the reverse:
+        # their instances are added (or removed) whatever their kind, the last one too.
+        self.new_roles: frozenset[str] = frozenset()
+        self.gone_roles: frozenset[str] = frozenset()
+        self._wiring_by_plan: dict[str, WiringCheck] = {}
 
     def handle(self, op: str, args: dict[str, Any], say: Say) -> dict[str, Any]:
         why = args.get("why") if isinstance(args.get("why"), str) else None
@@ -127,13 +132,15 @@ class Changes:
 
         return self.sup.call(read)
 
-    def _counts(self, role: str, change: int) -> dict[str, int]:
-        """Each replicated role's instances now, `role`'s changed by `change`: the plan to render from."""
+    def _counts(self, role: str | None = None, change: int = 0) -> dict[str, int]:
+        """Each replicated role's instances now, `role`'s changed by `change`: the plan to render from (a
+        role the deployment does not run has the file's replicas)."""
         counts: dict[str, int] = {}
         for spec in self._specs().values():
             if not spec.node:
                 counts[spec.role] = counts.get(spec.role, 0) + 1
-        counts[role] += change
+        if role in counts:
+            counts[role] += change
         return counts
 
     def _restart_routers(self, role: str, counts: dict[str, int], say: Say) -> None:
@@ -166,20 +173,26 @@ class Changes:
         return result
 
     def place(self, role: str, say: Say) -> LaunchSpec:
-        """The next replica of `role` by the file's rules, checked like `up`'s pre-flight."""
+        """The next replica of `role` by the file's rules, checked like `up`'s pre-flight. A role the
+        adopted file brings in gets the instances that file gives it, of any kind."""
         current = self._instances(role)
         names = ", ".join(sorted({s.role for s in self._specs().values()}))
-        if not current:
+        introduced = role in self.new_roles
+        if not current and not introduced:
             raise UsageError(f"{role}: no such role; roles: {names}")
-        self._refuse_unscalable(current[0])
+        if not introduced:
+            self._refuse_unscalable(current[0])
         if self.placement is None:
             raise NotSupported(f"{role}: this supervisor cannot place new instances (started by `up --only`)")
         used = {index_of(s.name, role) for s in current}
         index = next(i for i in range(len(used) + 1) if i not in used)
-        plan = self.placement.replan({**self._counts(role, 0), role: max(index + 1, 2)})
+        counts = self._counts() if introduced else {**self._counts(), role: max(index + 1, 2)}
+        plan = self.placement.replan(counts)
         spec = next((s for s in plan.specs if s.role == role and index_of(s.name, role) == index), None)
         if spec is None:
             raise RuntimeFailure(f"{role}: the file's plan has no replica {index} of it")
+        if introduced:
+            self._refuse_static_routers_of(spec, wiring_checks(plan))
         if bad := [p for p in spec.ports.values() if not 0 < p < 65536]:
             raise RuntimeFailure(f"{spec.name}: its port would be {bad[0]}, past 65535")
         held = self._own_gpus(spec) if self.placement.gpus_checked else ""
@@ -193,12 +206,48 @@ class Changes:
         self._wiring_by_plan = wiring_checks(plan)
         return spec
 
+    def _refuse_static_routers_of(self, spec: LaunchSpec, checks: Mapping[str, WiringCheck]) -> None:
+        """A new role's instance that a running router taking workers on its command line only would
+        route: that router cannot be given it while it runs."""
+        for name, check in checks.items():
+            run = self.sup.runs.get(name)
+            if run is None or run.spec.engine not in ROUTER_ENGINES or adds_workers(run.spec.engine):
+                continue
+            if any(w.peer == spec.name for w in check.wires):
+                raise NotSupported(
+                    f"{spec.role}: {name} ({run.spec.engine}) takes its workers on its command line only, "
+                    f"so it cannot be given {spec.name} while it runs",
+                    fix=f"`muse-launch down {self.sup.record.name}`, then `up` the file; or route with "
+                    "sglang-router or smg, which take workers at run time",
+                )
+
+    def _routers_of(self, spec: LaunchSpec) -> dict[str, WiringCheck]:
+        """The running routers that take `spec` at run time: those that route its role, and for a role the
+        adopted file brings in, those that file wires it to."""
+        found = self._routers(spec.role)
+        if spec.role not in self.new_roles:
+            return found
+
+        def planned() -> dict[str, WiringCheck]:
+            runs = self.sup.runs
+            return {
+                n: runs[n].wiring
+                for n, check in self._wiring_by_plan.items()
+                if n in runs
+                and runs[n].spec.engine in ROUTER_ENGINES
+                and adds_workers(runs[n].spec.engine)
+                and runs[n].wiring
+                and any(w.peer == spec.name for w in check.wires)
+            }
+
+        return {**self.sup.call(planned), **found}
+
     def _own_gpus(self, spec: LaunchSpec) -> str:
         mine = {g for s in self._specs().values() for g in s.gpus}
         return ",".join(str(g) for g in sorted(set(spec.gpus) & mine))
 
     def _wiring_of(self, spec: LaunchSpec) -> WiringCheck | None:
-        return getattr(self, "_wiring_by_plan", {}).get(spec.name)
+        return self._wiring_by_plan.get(spec.name)
 
     def _refuse_unscalable(self, spec: LaunchSpec) -> None:
         if spec.node:
@@ -256,7 +305,7 @@ class Changes:
         say(f"{spec.name}: ready in {ready:.2f}s")
         wire = Wire(spec.name, spec.kind, spec.url or "", spec.ports.get("bootstrap"))
         try:
-            for name, check in self._routers(spec.role).items():
+            for name, check in self._routers_of(spec).items():
                 if not any(w.peer == spec.name for w in check.wires):
                     self._enrol(name, check, wire, say)
         except (RuntimeFailure, httpx.HTTPError):
@@ -331,15 +380,25 @@ class Changes:
     # ---- remove -------------------------------------------------------------------------------------
 
     def remove(self, instance: str, drain_timeout: float, say: Say) -> dict[str, Any]:
+        """One instance out. Of a role the adopted file drops (or brought in: `up` undoing what it added),
+        any kind and the last one too; else a worker role keeps one."""
         spec = self._spec_of(instance)
-        self._refuse_unscalable(spec)
-        if len(self._instances(spec.role)) < 2:
-            raise UsageError(
-                f"{instance} is the last instance of {spec.role}; a deployment keeps one of each role",
-                fix=f"`muse-launch down {self.sup.record.name}` stops the whole deployment",
-            )
+        if spec.role in self.gone_roles or spec.role in self.new_roles:
+            self._refuse_static_routers(spec.role)
+        else:
+            self._refuse_unscalable(spec)
+            if len(self._instances(spec.role)) < 2:
+                raise UsageError(
+                    f"{instance} is the last instance of {spec.role}; a deployment keeps one of each role",
+                    fix=f"`muse-launch down {self.sup.record.name}` stops the whole deployment",
+                )
         self._restart_routers(spec.role, self._counts(spec.role, -1), say)  # no new requests to it
-        return self._take_out(spec, drain_timeout, say)
+        if spec.kind in SCALABLE_KINDS:
+            return self._take_out(spec, drain_timeout, say)
+        began = time.monotonic()  # a router, an encoder, a command: nothing drains through it
+        self._forget(spec.name)
+        say(f"{spec.name}: stopped in {time.monotonic() - began:.2f}s")
+        return {"instance": spec.name}
 
     def _take_out(self, spec: LaunchSpec, drain_timeout: float, say: Say) -> dict[str, Any]:
         """Out of its routers, drained, stopped."""
@@ -411,6 +470,9 @@ class Changes:
         if plan.name != self.sup.plan.name:
             raise UsageError(f"{source} names another deployment than {self.sup.plan.name}")
         self.placement = fresh
+        running = {s.role for s in self._specs().values()}
+        self.new_roles = frozenset({s.role for s in plan.specs} - running)
+        self.gone_roles = frozenset(running - {s.role for s in plan.specs})
         shown = {v for s in plan.specs for v in (*s.argv, *s.env.values())}
 
         def hide_from_now_on() -> None:
@@ -424,8 +486,9 @@ class Changes:
         say(f"{self.sup.plan.name}: later changes planned from {source}")
         return {"file": source}
 
-    def _relaunched(self, spec: LaunchSpec) -> LaunchSpec:
-        """The spec the adopted file gives this instance now, with the replicas running."""
+    def _relaunched(self, spec: LaunchSpec) -> tuple[LaunchSpec, WiringCheck | None]:
+        """The spec the adopted file gives this instance now, with the replicas running, and the wiring that
+        file gives it (a language worker's encoders: one the file adds or drops is in it, or not)."""
         if self.placement is None:
             raise NotSupported(f"{spec.name}: this supervisor cannot relaunch (started by `up --only`)")
         plan = self.placement.replan(self._counts(spec.role, 0))
@@ -443,14 +506,19 @@ class Changes:
         )
         if new is None:
             raise RuntimeFailure(f"{spec.name}: the file's plan has no instance of {spec.role} in its place")
-        return replace(new, name=spec.name, role=spec.role)
+        check = wiring_checks(plan).get(new.name)
+        return replace(new, name=spec.name, role=spec.role), replace(check, role=spec.name) if check else None
 
     def restart(
         self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say, relaunch: bool = False
     ) -> dict:
         old = self._spec_of(instance)
-        spec = self._relaunched(old) if relaunch else old
         wiring = self.sup.call(lambda: self.sup.runs[instance].wiring)
+        spec = old
+        if relaunch:
+            spec, planned = self._relaunched(old)
+            if spec.engine not in ROUTER_ENGINES:  # a router keeps the workers it was given since
+                wiring = planned
         if spec.kind in SCALABLE_KINDS and self._routers(spec.role, static=True):
             self._refuse_static_routers(
                 spec.role

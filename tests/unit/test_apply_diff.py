@@ -654,3 +654,50 @@ def test_the_supervisor_refuses_an_environment_that_is_not_names_to_strings(env)
     changes = Changes(None, None, None)  # refused before anything of the supervisor is touched
     with pytest.raises(UsageError, match="environment"):
         changes.adopt("/a/file.yaml", "[]", env, print)
+
+
+ENCODER2 = (
+    "roles.encoder2={kind: encoder, gpus: [2, 3], tp: 2, port: 30011, "
+    "encoder_transfer_backend: zmq_to_tokenizer}",
+    "roles.prefill.encoders=[encoder, encoder2]",
+    "roles.decode.encoders=[encoder, encoder2]",
+)
+
+
+def test_a_second_encoder_role_rolls_the_language_workers_that_list_it():
+    """Their own launch is the same; their encoder list (on their command line) is not: each is rolled after
+    the new encoder starts, and the router is left alone."""
+    record, _ = running()
+    difference = against(record, *ENCODER2)
+    assert [(s.kind.value, s.instance) for s in difference.steps] == [
+        ("add", "encoder2"),
+        ("roll", "prefill"),
+        ("roll", "decode"),
+    ]
+    assert difference.steps[1].changes == (
+        "encoders http://127.0.0.1:30010 -> http://127.0.0.1:30010 http://127.0.0.1:30011",
+    )
+    assert difference.unchanged == ("encoder", "router")
+
+
+def test_dropping_that_encoder_role_rolls_them_first_then_stops_it():
+    record, _ = running(*ENCODER2)
+    difference = against(record)
+    assert [(s.kind.value, s.instance) for s in difference.steps] == [
+        ("roll", "prefill"),
+        ("roll", "decode"),
+        ("remove", "encoder2"),
+    ]
+
+
+def test_a_peer_list_alone_changes_no_launch_where_no_encoder_role_comes_or_goes():
+    record, _ = running("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
+    difference = against(
+        record,
+        "roles.decode.gpus=[4, 5, 6, 7]",
+        "roles.decode.replicas=2",
+        "roles.decode.tp=2",
+        "roles.decode.ep=2",
+    )
+    assert [(s.kind.value, s.instance) for s in difference.steps] == [("add", "decode-1")]  # the router's
+    # --decode list grows; it takes decode-1 at run time
