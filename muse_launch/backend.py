@@ -26,9 +26,11 @@ A backend implements the Backend protocol below (structurally: it need not impor
   fresh process (its generation + 1) with no failed request where capacity allows (another instance
   serves, or a surge instance does meanwhile); else refused unless `allow_downtime`. Of the same spec, or
   with `relaunch` of the one the adopted file gives it now.
-  `adopt(run_dir, source, sets, say, environ)`: `up FILE` of the running deployment: later changes
+  `adopt(run_dir, source, sets, say, environ, sha256)`: `up FILE` of the running deployment: later changes
   (placement, relaunch) are planned from this file, these --set values and the `${env:...}` values of
-  `environ` (those `up` read now, not those its supervisor was started with); nothing running is touched.
+  `environ` (those `up` read now, not those its supervisor was started with); refused where the file's
+  bytes are no longer those of `sha256` (the file `up` printed the difference of); nothing running is
+  touched.
   Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
   change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
   cannot avoid them (a router that takes workers on its command line only is restarted with its new
@@ -113,6 +115,7 @@ class Backend(Protocol):
         sets: tuple[str, ...],
         say: Say = print,
         environ: Mapping[str, str] | None = None,
+        sha256: str | None = None,
     ) -> dict: ...
 
 

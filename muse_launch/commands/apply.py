@@ -348,6 +348,6 @@ def up_changes(
         # with the `${env:...}` values read here: a changed secret is what the difference was made of
         environ = {n: os.environ[n] for n in loaded.loaded.env_names if n in os.environ}
         source, hidden = str(loaded.source.resolve()), lambda text: say(loaded.redact(text))
-        backend.adopt(run_dir, source, sets, hidden, environ=environ)
+        backend.adopt(run_dir, source, sets, hidden, environ=environ, sha256=loaded.loaded.sha256)
     execute(difference, backend, run_dir, say, redact=loaded.redact)
     return 0

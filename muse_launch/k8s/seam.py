@@ -229,6 +229,7 @@ class K8sBackend:
         sets: tuple[str, ...],
         say: Say = print,
         environ: Mapping[str, str] | None = None,
+        sha256: str | None = None,
     ) -> dict:
         name = run_dir.name
         raise NotSupported(

@@ -136,6 +136,7 @@ class LocalBackend:
         sets: tuple[str, ...],
         say: Callable[[str], None] = print,
         environ: Mapping[str, str] | None = None,
+        sha256: str | None = None,
     ) -> dict:
         """From now on the supervisor places and relaunches instances by this file (with these --set
         values and `${env:...}` values), checked as `up` checks it; the roles running are not touched. The
@@ -145,6 +146,8 @@ class LocalBackend:
         from muse_launch.supervise.control import request
 
         args = {"file": source, "sets": json.dumps(list(sets)), "env": json.dumps(dict(environ or {}))}
+        if sha256:  # the file must be the one whose difference `up` printed
+            args["sha256"] = sha256
         return request(run_dir, "adopt", args, say)
 
     def remove_instance(
@@ -251,4 +254,5 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         gpus_checked=not (request.skip_gpu_check or request.rehearse),
         reload=reload,
         redact=loaded.redact,
+        sha256=loaded.loaded.sha256,
     )

@@ -161,6 +161,7 @@ class SlurmBackend:
         sets: tuple[str, ...],
         say: Say = print,
         environ: Mapping[str, str] | None = None,
+        sha256: str | None = None,
     ) -> dict:
         name = run_dir.name
         raise NotSupported(

@@ -59,6 +59,7 @@ class Placement:
     # deployment)
     reload: Callable[[str, tuple[str, ...], Mapping[str, str]], Placement] | None = None
     redact: Callable[[str], str] = lambda text: text  # hides the file's `${env:...}` values
+    sha256: str | None = None  # of the file's bytes as they were read
 
 
 def index_of(name: str, role: str) -> int | None:
@@ -88,7 +89,9 @@ class Changes:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
         self.allow_downtime = args.get("allow_downtime") is True
         if op == "adopt":
-            return self.adopt(args.get("file"), args.get("sets"), args.get("env", "{}"), say)
+            return self.adopt(
+                args.get("file"), args.get("sets"), args.get("env", "{}"), say, args.get("sha256")
+            )
         target = args.get("role" if op == "add" else "instance")
         if not isinstance(target, str):
             raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
@@ -446,7 +449,9 @@ class Changes:
 
     # ---- adopt: the file later changes are planned from ---------------------------------------------
 
-    def adopt(self, source: object, sets: object, env: object, say: Say) -> dict[str, Any]:
+    def adopt(
+        self, source: object, sets: object, env: object, say: Say, sha256: object = None
+    ) -> dict[str, Any]:
         """`up FILE` of the running deployment: from now on new instances are placed, and relaunched ones
         started, by this file, its --set values and the `${env:...}` values `up` read (not this process's:
         a changed secret is the change). Loaded and checked here as `up` checks it; nothing running is
@@ -466,6 +471,12 @@ class Changes:
         if self.placement is None or self.placement.reload is None:
             raise NotSupported("this supervisor cannot take a new file (started by `up --only`)")
         fresh = self.placement.reload(source, tuple(values), {**os.environ, **environ})
+        if isinstance(sha256, str) and fresh.sha256 != sha256:  # what `up` printed is what is applied
+            raise RuntimeFailure(
+                f"{source} changed while `up` ran (it is not the file whose difference was printed); "
+                "nothing was changed",
+                fix="run the same `up` again: it prints the difference the file makes now",
+            )
         plan = fresh.replan({})
         if plan.name != self.sup.plan.name:
             raise UsageError(f"{source} names another deployment than {self.sup.plan.name}")

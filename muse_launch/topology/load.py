@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import difflib
 import errno
+import hashlib
 import os
 import re
 import stat
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class LoadedTopology:
     secret_sources: Mapping[str, str] = field(default_factory=dict)
     overrides: Mapping[Path_, str] = field(default_factory=dict)  # a key --set gave -> that --set argument
     env_names: frozenset[str] = frozenset()  # each NAME of a `${env:NAME}` the file and --set refer to
+    sha256: str | None = None  # of the bytes read: a later reader of the path knows it read the same file
 
     def line_of(self, path: Path_) -> int | None:
         """The line of the deepest part of `path` that appears in the file."""
@@ -116,7 +118,8 @@ def load_topology(
             ],
             fix="save the file as UTF-8",
         ) from None
-    return parse_topology(text, path, sets, os.environ if environ is None else environ)
+    loaded = parse_topology(text, path, sets, os.environ if environ is None else environ)
+    return replace(loaded, sha256=hashlib.sha256(raw).hexdigest())
 
 
 def read_regular_file(path: Path) -> bytes:

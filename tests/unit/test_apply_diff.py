@@ -620,7 +620,7 @@ def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(
     seen = {}
     monkeypatch.setattr(
         "muse_launch.local.backend.LocalBackend.adopt",
-        lambda self, run_dir, source, sets, say=print, environ=None: seen.update(environ or {}),
+        lambda self, run_dir, source, sets, say=print, environ=None, **_: seen.update(environ or {}),
     )
     monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", lambda *a, **k: {})
     secret = ("roles.decode.env.DECODE_TOKEN=${env:DECODE_TOKEN}",)
@@ -701,3 +701,29 @@ def test_a_peer_list_alone_changes_no_launch_where_no_encoder_role_comes_or_goes
     )
     assert [(s.kind.value, s.instance) for s in difference.steps] == [("add", "decode-1")]  # the router's
     # --decode list grows; it takes decode-1 at run time
+
+
+def test_the_supervisor_refuses_a_file_that_changed_after_up_printed_its_difference():
+    """`up` prints the difference of the bytes it read; the supervisor reads the path again. Edited in
+    between, it would apply a difference nobody saw: refused, nothing changed."""
+    from muse_launch.errors import RuntimeFailure as Failure
+    from muse_launch.supervise.changes import Changes, Placement
+
+    def never(*_):
+        raise AssertionError("nothing is planned from a file refused")
+
+    edited = Placement(never, never, sha256="b" * 64)
+    first = Placement(never, never, reload=lambda source, sets, environ: edited, sha256="a" * 64)
+    changes = Changes(None, first, None)
+    with pytest.raises(Failure, match="changed while `up` ran"):
+        changes.adopt("/a/file.yaml", "[]", "{}", print, "a" * 64)
+    assert changes.placement is first
+
+
+def test_a_loaded_file_carries_the_digest_of_the_bytes_read(tmp_path):
+    import hashlib
+
+    from muse_launch.topology.load import load_topology
+
+    raw = open(EPD, "rb").read()
+    assert load_topology(EPD, environ={}).sha256 == hashlib.sha256(raw).hexdigest()
