@@ -31,6 +31,9 @@ A backend implements the Backend protocol below (structurally: it need not impor
   `environ` (those `up` read now, not those its supervisor was started with); refused where the file's
   bytes are no longer those of `sha256` (the file `up` printed the difference of); nothing running is
   touched.
+  A backend says what `up FILE` of a running deployment may ask of it: `relaunches = True` where
+  `adopt` and `restart_instance(relaunch=True)` start the edited file's launches, `adds_roles = True`
+  where `add_instance` also places a role the adopted file brings in.
   Each is one change, serialized with the others; `say` gets its progress lines, `why` names the larger
   change it is part of (`scale decode 1 -> 3`); `allow_downtime` accepts failed requests where a change
   cannot avoid them (a router that takes workers on its command line only is restarted with its new

@@ -97,7 +97,14 @@ def _is_rehearsal(argvs) -> bool:
     return any(SIMULATED in tuple(argv)[:4] for argv in argvs)
 
 
-def difference_of(loaded: LoadedPlan, record: DeploymentRecord, rehearse: bool) -> Difference:
+def difference_of(
+    loaded: LoadedPlan,
+    record: DeploymentRecord,
+    rehearse: bool,
+    as_started: Callable[[Plan], Plan] | None = None,
+) -> Difference:
+    """`as_started`: the file's plan as the deployment's backend runs it (moved onto a SLURM job's nodes);
+    else on this host as its `up` runs it, elsewhere as planned."""
     plan = loaded.plan
     if _is_rehearsal(r.argv for r in record.roles) != rehearse:
         running_as = "a rehearsal (--rehearse)" if not rehearse else "with real engines"
@@ -106,7 +113,9 @@ def difference_of(loaded: LoadedPlan, record: DeploymentRecord, rehearse: bool) 
             fix=f"give the same mode as the running deployment ({'with' if not rehearse else 'without'} "
             f"--rehearse), or `muse-launch down {plan.name}` first",
         )
-    if record.backend in (None, LOCAL):
+    if as_started is not None:
+        plan = as_started(plan)
+    elif record.backend in (None, LOCAL):
         plan = _as_started_here(loaded, record)
     roles = {s.role for s in plan.specs}
     return diff(recorded_instances(record, roles), planned(plan, loaded.redact, record.masks.salt or None))
@@ -167,16 +176,16 @@ def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, 
     """Before any step. A changed launch, and a role the running deployment does not have (placed by the
     edited file), need a backend that `relaunches` (takes the file: `adopt`). Refused with nothing changed,
     the error saying what is applied live instead."""
-    if relaunches(backend):
-        return
     new_launch = [
         s.instance
         for s in difference.steps
         if s.kind in (StepKind.ROLL, StepKind.RESTART_ROUTER) and not (s.old and s.old.down)
     ]
+    new_launch = [] if relaunches(backend) else new_launch
     new_roles = [
         s.instance for s in difference.steps if s.kind is StepKind.ADD and difference.role(s.role).before == 0
     ]
+    new_roles = [] if getattr(backend, "adds_roles", False) is True else new_roles
     if not new_launch and not new_roles:
         return
     parts = [f"a new launch of {', '.join(new_launch)}"] if new_launch else []
@@ -185,6 +194,8 @@ def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, 
     why = (
         "its restart starts the launch an instance already runs"
         if new_launch
+        else "it places a new role's instances by the allocation it was started with"
+        if relaunches(backend)
         else "it places instances by the file it was started with"
     )
     rest = "a change of replicas alone (the file's other changes undone) is made while it runs"
@@ -329,7 +340,9 @@ def up_changes(
         say(f"{record.name}: no supervisor watches it; `up` starts it afresh once what is left of it stops")
         print_would_start(say, loaded)
         return 0
-    difference = difference_of(loaded, record, rehearse)
+    moved = getattr(backend, "as_started", None)  # a backend that moves the plan as its `up` did
+    as_started = (lambda plan: moved(run_dir, loaded, rehearse)) if callable(moved) else None
+    difference = difference_of(loaded, record, rehearse, as_started)
     print_difference(say, record.name, str(loaded.source), difference)
     if dry_run:
         if not difference.empty:

@@ -128,6 +128,7 @@ class LocalBackend:
         return str(request(run_dir, "add", args, say).get("instance", ""))
 
     relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
+    adds_roles = True  # add_instance of a role the adopted file brings in
 
     def adopt(
         self,

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Callable as _Callable
 from typing import TYPE_CHECKING
 
-from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
 
@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.local.down import DownReport
     from muse_launch.local.status import OwnerOf
+    from muse_launch.plan.spec import Plan
     from muse_launch.rundir.logs import RolePrinter
 
 
@@ -154,6 +155,38 @@ class SlurmBackend:
             args["drain_timeout"] = drain_timeout
         return request(SlurmFiles(run_dir), "restart", args, say)
 
+    def as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
+        """The file's plan moved onto the job's nodes, as the batch host moved the first one
+        (placement.json, read as untrusted: a node is a name and an address, or it is not used)."""
+        import sys
+
+        from muse_launch.plan.build import PlanError, build_plan
+        from muse_launch.slurm.placement import AllocatedNode, allocated_plan
+
+        placed = SlurmFiles(run_dir).read_json(SlurmFiles(run_dir).placement) or {}
+        nodes = placed.get("nodes") if isinstance(placed.get("nodes"), list) else []
+        allocation = [
+            AllocatedNode(n["name"], n["address"])
+            for n in nodes
+            if isinstance(n, dict) and isinstance(n.get("name"), str) and isinstance(n.get("address"), str)
+        ]
+        if not allocation:
+            raise RuntimeFailure(
+                f"{run_dir.name}: its job's nodes are not recorded ({SlurmFiles(run_dir).placement})",
+                fix=f"`muse-launch down {run_dir.name}`, then `up --on slurm` the file again",
+            )
+        topology = loaded.loaded.topology
+        try:
+            return allocated_plan(build_plan(topology), topology, allocation, rehearse, sys.executable)
+        except (PlanError, ValueError, IndexError, KeyError) as exc:
+            raise RuntimeFailure(
+                f"{loaded.source} does not fit the job's {len(allocation)} nodes: {exc}",
+                fix=f"`muse-launch down {run_dir.name}`, then `up --on slurm` the file",
+            ) from None
+
+    relaunches = True  # the batch supervisor takes the edited file (adopt) and relaunches by it
+    adds_roles = False  # a new role would need a place in the allocation `up` planned: refused before
+
     def adopt(
         self,
         run_dir: RunDir,
@@ -163,8 +196,24 @@ class SlurmBackend:
         environ: Mapping[str, str] | None = None,
         sha256: str | None = None,
     ) -> dict:
-        name = run_dir.name
-        raise NotSupported(
-            f"changing {name} by an edited file while it runs on SLURM is not supported yet",
-            fix=f"`muse-launch down {name}`, then `up --on slurm` the file again",
-        )
+        """The batch supervisor reads the edited file from a copy in the run directory, as it read the
+        first one (the allocation shares the run directory), and relaunches changed instances by it on the
+        nodes they run on. Requests are files: the `${env:...}` values go as salted digests
+        (the deployment's masks' salt), so a new secret is refused there, never written down."""
+        from pathlib import Path
+
+        from muse_launch.files import replace_file
+        from muse_launch.slurm.control import request
+        from muse_launch.supervise.changes import env_digest
+        from muse_launch.topology.load import read_regular_file
+
+        record = read_state(run_dir)
+        salt = record.masks.salt if record else ""
+        digests = {n: env_digest(salt, n, v) for n, v in (environ or {}).items()}
+        files = SlurmFiles(run_dir)
+        copy = files.dir / "adopted.yaml"  # the batch host plans from a copy in the run directory, as `up`'s
+        replace_file(copy, read_regular_file(Path(source)), root=run_dir.home)
+        args = {"file": str(copy), "sets": json.dumps(list(sets)), "env_sha256": json.dumps(digests)}
+        if sha256:
+            args["sha256"] = sha256
+        return request(SlurmFiles(run_dir), "adopt", args, say)

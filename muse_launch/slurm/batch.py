@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +27,7 @@ import httpx
 
 from muse_launch.addresses import is_wildcard
 from muse_launch.checks import Severity, recheck_placement
-from muse_launch.core import load_plan
+from muse_launch.core import LoadedPlan, load_plan
 from muse_launch.errors import UserError
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
@@ -135,16 +135,30 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: sup.request_stop())
         asked: dict = {}
-        place = slurm_placement(
-            checked.plan,
-            loaded.topology,
-            allocation,
-            args.rehearse,
-            processes,
-            files,
-            gpus_per_node,
-            lambda: sup.call(lambda: [r.spec for r in sup.runs.values()]),
-        )
+        current = lambda: sup.call(lambda: [r.spec for r in sup.runs.values()])  # noqa: E731
+
+        def placed_by(file: LoadedPlan) -> Placement:
+            """Where new instances go by this file (the first, or one `up FILE` of it brings later)."""
+
+            def reload(path: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Placement:
+                return placed_by(load_plan(path, list(sets), environ=environ))
+
+            topology = file.loaded.topology
+            return slurm_placement(
+                file.plan,
+                topology,
+                allocation,
+                args.rehearse,
+                processes,
+                files,
+                gpus_per_node,
+                current,
+                reload,
+                file.redact,
+                file.loaded.sha256,
+            )
+
+        place = placed_by(checked)
         desk = FileDesk(files)
         control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node)  # noqa: E731
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)

@@ -50,8 +50,11 @@ def slurm_placement(
     files: SlurmFiles,
     gpus_per_node: int,
     current: Callable[[], list[LaunchSpec]],
+    reload: Callable[[str, tuple[str, ...], Mapping[str, str]], Placement] | None = None,
+    redact: Callable[[str], str] = lambda text: text,
+    sha256: str | None = None,
 ) -> Placement:
-    """`current()`: the instances the supervisor runs now."""
+    """`current()`: the instances the supervisor runs now; `reload`: the same from an edited file."""
     per_instance = {}
     for spec in checked.specs:
         per_instance.setdefault(spec.role, len(spec.gpus))
@@ -81,7 +84,8 @@ def slurm_placement(
             _record_node(files, spec.name, node)
             say(f"{spec.name}: placed on {node.name} ({len(spec.gpus)} GPU{'s' * (len(spec.gpus) != 1)})")
 
-    return Placement(replan, preflight, gpus_checked=False)  # GPU indices mean nothing here: SLURM picks
+    # GPU indices mean nothing here: SLURM picks
+    return Placement(replan, preflight, gpus_checked=False, reload=reload, redact=redact, sha256=sha256)
 
 
 def _node_of(spec: LaunchSpec, allocation: Sequence[AllocatedNode]) -> AllocatedNode:

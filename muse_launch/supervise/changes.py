@@ -17,6 +17,7 @@ here, in the change's own thread, so the loop goes on watching every other role 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -90,7 +91,12 @@ class Changes:
         self.allow_downtime = args.get("allow_downtime") is True
         if op == "adopt":
             return self.adopt(
-                args.get("file"), args.get("sets"), args.get("env", "{}"), say, args.get("sha256")
+                args.get("file"),
+                args.get("sets"),
+                args.get("env", "{}"),
+                say,
+                args.get("sha256"),
+                args.get("env_sha256"),
             )
         target = args.get("role" if op == "add" else "instance")
         if not isinstance(target, str):
@@ -450,7 +456,13 @@ class Changes:
     # ---- adopt: the file later changes are planned from ---------------------------------------------
 
     def adopt(
-        self, source: object, sets: object, env: object, say: Say, sha256: object = None
+        self,
+        source: object,
+        sets: object,
+        env: object,
+        say: Say,
+        sha256: object = None,
+        env_sha256: object = None,
     ) -> dict[str, Any]:
         """`up FILE` of the running deployment: from now on new instances are placed, and relaunched ones
         started, by this file, its --set values and the `${env:...}` values `up` read (not this process's:
@@ -470,6 +482,8 @@ class Changes:
             raise UsageError("adopt: the environment must map variable names to strings")
         if self.placement is None or self.placement.reload is None:
             raise NotSupported("this supervisor cannot take a new file (started by `up --only`)")
+        if env_sha256 is not None:
+            self._refuse_other_values(env_sha256)
         fresh = self.placement.reload(source, tuple(values), {**os.environ, **environ})
         if isinstance(sha256, str) and fresh.sha256 != sha256:  # what `up` printed is what is applied
             raise RuntimeFailure(
@@ -497,6 +511,25 @@ class Changes:
         say(f"{self.sup.plan.name}: later changes planned from {source}")
         return {"file": source}
 
+    def _refuse_other_values(self, given: object) -> None:
+        """Where `up` cannot hand its `${env:...}` values over (SLURM: requests are files), it hands their
+        salted digests: a value that is not the one this supervisor was started with is refused."""
+        digests = _json_or_none(given) if isinstance(given, str) else None
+        if not isinstance(digests, dict) or not all(
+            isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in digests.items()
+        ):
+            raise UsageError("adopt: the environment's digests must map variable names to strings")
+        salt = self.sup.record.masks.salt
+        other = sorted(n for n, d in digests.items() if env_digest(salt, n, os.environ.get(n)) != d)
+        if other:
+            refs = ", ".join(f"${{env:{n}}}" for n in other)
+            raise NotSupported(
+                f"{refs}: not the value{'s' * (len(other) > 1)} {self.sup.record.name} was started with; a "
+                "new secret is not carried to it while it runs (it would be written to a file); nothing "
+                "was changed",
+                fix=f"`muse-launch down {self.sup.record.name}`, then `up` the file again with the new value",
+            )
+
     def _relaunched(self, spec: LaunchSpec) -> tuple[LaunchSpec, WiringCheck | None]:
         """The spec the adopted file gives this instance now, with the replicas running, and the wiring that
         file gives it (a language worker's encoders: one the file adds or drops is in it, or not)."""
@@ -517,6 +550,11 @@ class Changes:
         )
         if new is None:
             raise RuntimeFailure(f"{spec.name}: the file's plan has no instance of {spec.role} in its place")
+        if new.host != spec.host:
+            raise NotSupported(
+                f"{spec.name}: the edited file places it on {new.host}, not on {spec.host} where it runs",
+                fix=f"`muse-launch down {self.sup.record.name}`, then `up` the file again",
+            )
         check = wiring_checks(plan).get(new.name)
         return replace(new, name=spec.name, role=spec.role), replace(check, role=spec.name) if check else None
 
@@ -607,6 +645,13 @@ class Changes:
                 else ""
             ),
         )
+
+
+def env_digest(salt: str, name: str, value: str | None) -> str:
+    """A `${env:NAME}` value as a request file may hold it: salted (the deployment's masks' salt), never
+    the value; unset differs from every value."""
+    body = "\0" if value is None else f"={value}"
+    return hashlib.sha256(f"{salt}\0{name}{body}".encode(errors="surrogateescape")).hexdigest()
 
 
 def _json_or_none(text: str) -> Any:

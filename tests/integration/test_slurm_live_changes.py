@@ -6,6 +6,7 @@ refused with the node and what it lacks, nothing changed."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -125,5 +126,75 @@ def test_a_scale_past_the_allocation_is_refused_with_the_node_and_nothing_change
         down = d.cli("down", d.name, timeout=180)
         assert down.returncode == 0, down.stdout + down.stderr
         assert_nothing_left(d, job)
+    finally:
+        cancel_and_kill(d)
+
+
+def test_an_edited_file_is_rolled_on_slurm_and_what_it_cannot_carry_is_refused(
+    cluster,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """`up FILE --on slurm` of the running job: decode's new mem_fraction is rolled (its only instance,
+    behind a surge step on its node) under a steady load with no failed request; then the same file has
+    nothing to do. A new `${env:...}` value (requests are files: it is never written down) and a new role
+    (no place in the allocation `up` planned) are refused before anything changes."""
+    d = Deployment(tmp_path / "home", "live-slurm")
+    d.home.mkdir()
+    monkeypatch.setenv("DECODE_TOKEN", "tok-first-6a1e93c2")
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["name"] = d.name
+    data["roles"]["decode"]["env"] = {"DECODE_TOKEN": "${env:DECODE_TOKEN}"}
+    path = d.home.parent / f"{d.name}.yaml"
+
+    def write(**decode) -> Path:
+        edited = {**data, "roles": {**data["roles"], "decode": {**data["roles"]["decode"], **decode}}}
+        path.write_text(yaml.safe_dump(edited))
+        return path
+
+    result = d.cli("up", write(), "--on", "slurm", "--rehearse", "-d", "--sbatch=--gres=gpu:2", timeout=240)
+    if result.returncode != 0:
+        cancel_and_kill(d)
+        raise AssertionError(f"up: {result.stdout}{result.stderr}\n{tails(d)}")
+    try:
+        job = job_id(d)
+        router_url = d.role("router")["url"]
+        before = {r["name"]: r["pid"] for r in d.status()["roles"]}
+        with SteadyLoad(router_url, MODEL) as load:
+            load.wait_for(4)
+            out = d.cli("up", write(mem_fraction=0.7), "--on", "slurm", "--rehearse", timeout=300)
+            assert out.returncode == 0, f"{out.stdout}{out.stderr}\n{tails(d)}"
+            assert "carries its traffic while it is replaced" in out.stdout, out.stdout
+            load.wait_for(4)
+        assert load.failures == [] and load.ok >= 8, load.failures
+        roles = {r["name"]: r for r in d.status()["roles"]}
+        assert sorted(roles) == ["decode", "prefill", "router"] and roles["decode"]["generation"] == 1
+        argv = next(r["argv"] for r in d.state_file()["roles"] if r["name"] == "decode")
+        assert argv[argv.index("--mem-fraction-static") + 1] == "0.7", argv
+        assert roles["prefill"]["pid"] == before["prefill"] and roles["router"]["pid"] == before["router"]
+        again = d.cli("up", path, "--on", "slurm", "--rehearse", timeout=120)
+        assert again.returncode == 0 and "nothing to do" in again.stdout, again.stdout + again.stderr
+
+        monkeypatch.setenv("DECODE_TOKEN", "tok-second-0b7d55f1")
+        refused = d.cli("up", path, "--on", "slurm", "--rehearse", timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "${env:DECODE_TOKEN}: not the value live-slurm was started with" in refused.stderr
+        assert "tok-second" not in refused.stdout + refused.stderr
+        assert not any(
+            "tok-second" in p.read_text(errors="replace") for p in d.run_dir.rglob("*") if p.is_file()
+        )
+        monkeypatch.setenv("DECODE_TOKEN", "tok-first-6a1e93c2")
+
+        data["roles"]["long"] = {"kind": "decode", "host": "10.0.0.2", "gpus": [1], "port": 30003}
+        data["roles"]["router"] = {**data["roles"]["router"], "decode": ["decode", "long"]}
+        refused = d.cli("up", write(mem_fraction=0.7), "--on", "slurm", "--rehearse", timeout=120)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "the new role instance long: not made while it runs on slurm" in refused.stderr, refused.stderr
+        after = {r["name"]: (r["pid"], r["generation"]) for r in d.status()["roles"]}
+        assert after == {n: (r["pid"], r["generation"]) for n, r in roles.items()}
+        down = d.cli("down", d.name, timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert_nothing_left(d, job)
+        assert not d.ports_held()
     finally:
         cancel_and_kill(d)

@@ -130,3 +130,59 @@ def test_a_supervisor_that_stops_beating_mid_change_is_said_gone(files):
         assert time.monotonic() - began < 8  # the heartbeat's staleness, not the change's end
     finally:
         host.close()
+
+
+def test_an_edited_file_goes_to_the_batch_host_as_a_copy_and_its_secrets_as_digests(files, tmp_path):
+    """`up FILE --on slurm` of a running job: the request names a copy in the run directory (the batch host
+    may not see the user's path) and carries each `${env:...}` value as a salted digest, never the value."""
+    from muse_launch.slurm.backend import SlurmBackend
+    from muse_launch.supervise.changes import env_digest
+
+    seen = {}
+
+    def handler(op, args, say):
+        seen.update(op=op, **args)
+        return {"file": args["file"]}
+
+    edited = tmp_path / "edited.yaml"
+    edited.write_text("version: 1\n")
+    host = BatchHost(files, handler)
+    try:
+        SlurmBackend().adopt(
+            files.run_dir, str(edited), ("a=1",), print, {"TOKEN": "s3cret-value-9"}, "ab" * 32
+        )
+    finally:
+        host.close()
+    assert seen["op"] == "adopt" and seen["sets"] == '["a=1"]' and seen["sha256"] == "ab" * 32
+    assert seen["file"] == str(files.dir / "adopted.yaml")
+    assert (files.dir / "adopted.yaml").read_text() == "version: 1\n"
+    assert json.loads(seen["env_sha256"]) == {"TOKEN": env_digest("", "TOKEN", "s3cret-value-9")}
+    assert "env" not in seen
+    on_disk = "".join(p.read_text(errors="replace") for p in files.run_dir.path.rglob("*") if p.is_file())
+    assert "s3cret-value-9" not in on_disk and "s3cret-value-9" not in json.dumps(seen)
+
+
+@pytest.mark.parametrize(
+    "placed",
+    [None, {}, {"nodes": "n0"}, {"nodes": [{"name": 1, "address": "10.0.0.1"}]}, {"nodes": [["n0"]]}],
+)
+def test_a_job_whose_nodes_are_not_recorded_is_not_diffed(files, placed):
+    from muse_launch.core import load_plan
+    from muse_launch.slurm.backend import SlurmBackend
+
+    if placed is not None:
+        files.write_json(files.placement, placed)
+    loaded = load_plan("examples/slurm-scale.yaml")
+    with pytest.raises(RuntimeFailure, match="its job's nodes are not recorded"):
+        SlurmBackend().as_started(files.run_dir, loaded, rehearse=True)
+
+
+def test_the_edited_file_is_moved_onto_the_jobs_nodes(files):
+    from muse_launch.core import load_plan
+    from muse_launch.slurm.backend import SlurmBackend
+
+    nodes = [{"name": "n0", "address": "10.9.0.1"}, {"name": "n1", "address": "10.9.0.2"}]
+    files.write_json(files.placement, {"nodes": nodes})
+    plan = SlurmBackend().as_started(files.run_dir, load_plan("examples/slurm-scale.yaml"), rehearse=True)
+    hosts = {s.name: s.host for s in plan.specs}
+    assert hosts == {"prefill": "10.9.0.1", "decode": "10.9.0.2", "router": "10.9.0.1"}
