@@ -136,29 +136,7 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
             signal.signal(sig, lambda *_: sup.request_stop())
         asked: dict = {}
         current = lambda: sup.call(lambda: [r.spec for r in sup.runs.values()])  # noqa: E731
-
-        def placed_by(file: LoadedPlan) -> Placement:
-            """Where new instances go by this file (the first, or one `up FILE` of it brings later)."""
-
-            def reload(path: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Placement:
-                return placed_by(load_plan(path, list(sets), environ=environ))
-
-            topology = file.loaded.topology
-            return slurm_placement(
-                file.plan,
-                topology,
-                allocation,
-                args.rehearse,
-                processes,
-                files,
-                gpus_per_node,
-                current,
-                reload,
-                file.redact,
-                file.loaded.sha256,
-            )
-
-        place = placed_by(checked)
+        place = _placement(checked, args.rehearse, allocation, processes, files, gpus_per_node, current)
         desk = FileDesk(files)
         control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node)  # noqa: E731
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)
@@ -171,6 +149,37 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     print(f"muse-launch: {plan.name} stopped", flush=True)
     failed = any(r.state is RoleState.FAILED for r in sup.record.roles)
     return 1 if failed else 0
+
+
+def _placement(
+    file: LoadedPlan,
+    rehearse: bool,
+    allocation: list[AllocatedNode],
+    processes: SlurmProcesses,
+    files: SlurmFiles,
+    gpus_per_node: int,
+    current: Callable[[], list],
+) -> Placement:
+    """Where new instances go by this file: the first, or one `up FILE` of the job brings later (its copy
+    in the run directory, read with the environment this supervisor was started with)."""
+
+    def reload(path: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Placement:
+        edited = load_plan(path, list(sets), environ=environ)
+        return _placement(edited, rehearse, allocation, processes, files, gpus_per_node, current)
+
+    return slurm_placement(
+        file.plan,
+        file.loaded.topology,
+        allocation,
+        rehearse,
+        processes,
+        files,
+        gpus_per_node,
+        current,
+        reload,
+        file.redact,
+        file.loaded.sha256,
+    )
 
 
 def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
