@@ -87,7 +87,13 @@ class Backend(Protocol):
     ) -> None: ...
 
     def add_instance(
-        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+        self,
+        run_dir: RunDir,
+        role: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> str: ...
 
     def remove_instance(
@@ -98,6 +104,7 @@ class Backend(Protocol):
         why: str = "",
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> dict: ...
 
     def restart_instance(

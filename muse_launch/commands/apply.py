@@ -209,11 +209,11 @@ def _make(backend: Backend, run_dir: RunDir, step: Step, instances: Callable[[],
     """The step; for an add, the new instance's name (as the backend returns it, else as it appears)."""
     if step.kind is StepKind.ADD:
         before = instances()
-        named = backend.add_instance(run_dir, step.role)
+        named = backend.add_instance(run_dir, step.role, by_file=True)
         appeared = sorted(instances() - before)
         return named if isinstance(named, str) and named else (appeared[0] if appeared else None)
     if step.kind is StepKind.REMOVE:
-        backend.remove_instance(run_dir, step.instance)
+        backend.remove_instance(run_dir, step.instance, by_file=True)
     elif relaunches(backend):  # with the launch the adopted file gives it
         backend.restart_instance(run_dir, step.instance, relaunch=True)
     else:
@@ -268,14 +268,14 @@ def _undo(backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[st
     for role in reversed(applied.removed):
         say(f"undo: adding back an instance of {role}, which this `up` removed")
         try:
-            backend.add_instance(run_dir, role)
+            backend.add_instance(run_dir, role, by_file=True)
         except UserError as exc:
             say(f"undo: {role} stays one instance short: {exc}")
             left.append(f"remove of an instance of {role}")
     for _, name in reversed(applied.added):
         say(f"undo: removing {name}, which this `up` added")
         try:
-            backend.remove_instance(run_dir, name)
+            backend.remove_instance(run_dir, name, by_file=True)
         except UserError as exc:
             say(f"undo: {name} stays: {exc}")
             left.append(f"add {name}")

@@ -185,7 +185,13 @@ class K8sBackend:
         printer.flush()
 
     def add_instance(
-        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+        self,
+        run_dir: RunDir,
+        role: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> str:
         raise NotSupported(
             f"adding an instance of {role} on Kubernetes is not supported by muse-launch yet",
@@ -201,6 +207,7 @@ class K8sBackend:
         why: str = "",
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> dict:
         raise NotSupported(
             f"removing {instance} on Kubernetes is not supported by muse-launch yet",

@@ -120,11 +120,12 @@ class LocalBackend:
         say: Callable[[str], None] = print,
         why: str = "",
         allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> str:
         """One more instance of `role`, ready, wired and registered with its routers; returns its name."""
         from muse_launch.supervise.control import request
 
-        args = {"role": role, "why": why, "allow_downtime": allow_downtime}
+        args = {"role": role, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
         return str(request(run_dir, "add", args, say).get("instance", ""))
 
     relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
@@ -159,11 +160,12 @@ class LocalBackend:
         why: str = "",
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> dict:
         """Out of its routers, drained (at most `drain_timeout` s), stopped; returns what it measured."""
         from muse_launch.supervise.control import request
 
-        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
         if drain_timeout is not None:
             args["drain_timeout"] = drain_timeout
         return request(run_dir, "remove", args, say)

@@ -107,12 +107,18 @@ class SlurmBackend:
         print_files(run_dir, files, lines, follow, printer)
 
     def add_instance(
-        self, run_dir: RunDir, role: str, say: Say = print, why: str = "", allow_downtime: bool = False
+        self,
+        run_dir: RunDir,
+        role: str,
+        say: Say = print,
+        why: str = "",
+        allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> str:
         """A new step where the allocation has room (slurm/changes.py), ready, wired and registered."""
         from muse_launch.slurm.control import request
 
-        args = {"role": role, "why": why, "allow_downtime": allow_downtime}
+        args = {"role": role, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
         return str(request(SlurmFiles(run_dir), "add", args, say).get("instance", ""))
 
     def remove_instance(
@@ -123,11 +129,12 @@ class SlurmBackend:
         why: str = "",
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
+        by_file: bool = False,
     ) -> dict:
         """Out of its routers, drained, its step stopped."""
         from muse_launch.slurm.control import request
 
-        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime}
+        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
         if drain_timeout is not None:
             args["drain_timeout"] = drain_timeout
         return request(SlurmFiles(run_dir), "remove", args, say)

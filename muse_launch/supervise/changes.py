@@ -77,6 +77,7 @@ class Changes:
         self.placement = placement
         self.client = client
         self.allow_downtime = False  # the change's own --allow-downtime
+        self.by_file = False
         # Roles the adopted file has and the deployment did not run when it was adopted, and the reverse:
         # their instances are added (or removed) whatever their kind, the last one too.
         self.new_roles: frozenset[str] = frozenset()
@@ -89,6 +90,7 @@ class Changes:
         if not isinstance(drain, int | float) or isinstance(drain, bool) or not 0 <= drain <= 86400:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
         self.allow_downtime = args.get("allow_downtime") is True
+        self.by_file = args.get("by_file") is True  # a step of `up FILE`: the adopted file's roles come, go
         if op == "adopt":
             return self.adopt(
                 args.get("file"),
@@ -186,7 +188,7 @@ class Changes:
         adopted file brings in gets the instances that file gives it, of any kind."""
         current = self._instances(role)
         names = ", ".join(sorted({s.role for s in self._specs().values()}))
-        introduced = role in self.new_roles
+        introduced = self.by_file and role in self.new_roles
         if not current and not introduced:
             raise UsageError(f"{role}: no such role; roles: {names}")
         if not introduced:
@@ -234,7 +236,7 @@ class Changes:
         """The running routers that take `spec` at run time: those that route its role, and for a role the
         adopted file brings in, those that file wires it to."""
         found = self._routers(spec.role)
-        if spec.role not in self.new_roles:
+        if not self.by_file or spec.role not in self.new_roles:
             return found
 
         def planned() -> dict[str, WiringCheck]:
@@ -392,7 +394,7 @@ class Changes:
         """One instance out. Of a role the adopted file drops (or brought in: `up` undoing what it added),
         any kind and the last one too; else a worker role keeps one."""
         spec = self._spec_of(instance)
-        if spec.role in self.gone_roles or spec.role in self.new_roles:
+        if self.by_file and (spec.role in self.gone_roles or spec.role in self.new_roles):
             self._refuse_static_routers(spec.role)
         else:
             self._refuse_unscalable(spec)

@@ -133,6 +133,10 @@ def test_an_encoder_role_added_rolls_the_language_workers_with_their_new_list(de
     assert d.status()["state"] == "ready"
     again = cli_ok(d, "up", write(d, ports, encoder=True), "--rehearse")
     assert "nothing to do" in again, out + "\n----\n" + again
+    scaled = d.cli(
+        "scale", d.name, "encoder", "2", timeout=120
+    )  # brought in by a file, scaled as any encoder
+    assert scaled.returncode == 1 and "encoder instances are not added or removed" in scaled.stderr, scaled
     with SteadyLoad(router_url, MODEL) as load:  # and dropped again: the workers first, then the encoder
         load.wait_for(4)
         out = cli_ok(d, "up", write(d, ports), "--rehearse")

@@ -280,12 +280,12 @@ class Recording:
         if (method, arg) in self.fail:
             raise RuntimeFailure(f"{arg} did not get ready")
 
-    def add_instance(self, run_dir, role):
+    def add_instance(self, run_dir, role, **_):
         self._call("add", role)
         self.added += 1
         self.instances.add(f"{role}-new{self.added}")
 
-    def remove_instance(self, run_dir, instance):
+    def remove_instance(self, run_dir, instance, **_):
         self._call("remove", instance)
         self.instances.remove(instance)
 
@@ -577,7 +577,7 @@ def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
     calls = []
     monkeypatch.setattr(
         "muse_launch.local.backend.LocalBackend.add_instance",
-        lambda self, run_dir, role: calls.append(role) or "decode-1",
+        lambda self, run_dir, role, **_: calls.append(role) or "decode-1",
     )
     monkeypatch.setattr(
         "muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
