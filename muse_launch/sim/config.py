@@ -206,7 +206,7 @@ def _split_urls(values: list[str] | None) -> list[str]:
 def parse_sglang(argv: list[str]) -> SimConfig:
     p = _Parser(prog="sglang serve", add_help=False, allow_abbrev=False)
     p.add_argument(*SGLANG_FLAGS["model"], dest="model_path")
-    p.add_argument("--tokenizer-path", dest="tokenizer_path")
+    p.add_argument(*sgl.TOKENIZER, dest="tokenizer_path")
     p.add_argument(sgl.SERVED_MODEL_NAME, dest="served_model_name")
     p.add_argument(sgl.HOST, dest="host", default="127.0.0.1")
     p.add_argument(sgl.PORT, dest="port", type=int, default=30000)
@@ -292,7 +292,7 @@ def _vllm_parser() -> _Parser:
     """`vllm serve`'s options that the simulated engine acts on; the rest are ignored (and listed)."""
     p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=False)
     p.add_argument(*VLLM_FLAGS["model"], dest="model")
-    p.add_argument("--tokenizer", dest="tokenizer")
+    p.add_argument(*vllm.TOKENIZER, dest="tokenizer")
     p.add_argument(vllm.SERVED_MODEL_NAME, dest="served_model_name", nargs="+")
     p.add_argument(vllm.HOST, dest="host", default=None)
     p.add_argument(vllm.PORT, dest="port", type=int, default=8000)
