@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.rundir.state import LOCAL, DeploymentRecord, RunDir
+from muse_launch.supervise.requests import SupervisedChanges
 
 if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads none of these
     import httpx
@@ -22,8 +23,13 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from muse_launch.supervise.changes import Placement
 
 
-class LocalBackend:
+class LocalBackend(SupervisedChanges):
     name = LOCAL
+
+    def _request(self, run_dir: RunDir, op: str, args: dict, say: Callable[[str], None]) -> dict:
+        from muse_launch.supervise.control import request
+
+        return request(run_dir, op, args, say)
 
     def owns(self, run_dir: RunDir) -> bool:
         return True  # what no other backend claims runs here
@@ -113,21 +119,6 @@ class LocalBackend:
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
 
-    def add_instance(
-        self,
-        run_dir: RunDir,
-        role: str,
-        say: Callable[[str], None] = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> str:
-        """One more instance of `role`, ready, wired and registered with its routers; returns its name."""
-        from muse_launch.supervise.control import request
-
-        args = {"role": role, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
-        return str(request(run_dir, "add", args, say).get("instance", ""))
-
     relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
     adds_roles = True  # add_instance of a role the adopted file brings in
 
@@ -151,49 +142,6 @@ class LocalBackend:
         if sha256:  # the file must be the one whose difference `up` printed
             args["sha256"] = sha256
         return request(run_dir, "adopt", args, say)
-
-    def remove_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Callable[[str], None] = print,
-        why: str = "",
-        drain_timeout: float | None = None,
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> dict:
-        """Out of its routers, drained (at most `drain_timeout` s), stopped; returns what it measured."""
-        from muse_launch.supervise.control import request
-
-        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
-        if drain_timeout is not None:
-            args["drain_timeout"] = drain_timeout
-        return request(run_dir, "remove", args, say)
-
-    def restart_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Callable[[str], None] = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        drain_timeout: float | None = None,
-        relaunch: bool = False,
-    ) -> dict:
-        """Replaced by a fresh process (generation + 1), with no failed request where capacity allows; alone
-        and with no room for a surge instance, refused unless `allow_downtime`. Of the same spec, or with
-        `relaunch` of the spec the adopted file (`adopt`) gives it now."""
-        from muse_launch.supervise.control import request
-
-        args: dict = {
-            "instance": instance,
-            "why": why,
-            "allow_downtime": allow_downtime,
-            "relaunch": relaunch,
-        }
-        if drain_timeout is not None:
-            args["drain_timeout"] = drain_timeout
-        return request(run_dir, "restart", args, say)
 
 
 def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
+from muse_launch.supervise.requests import SupervisedChanges
 
 if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host never loads these
     import httpx
@@ -29,8 +30,14 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
 Say = _Callable[[str], None]
 
 
-class SlurmBackend:
+class SlurmBackend(SupervisedChanges):
     name = SLURM
+
+    def _request(self, run_dir: RunDir, op: str, args: dict, say: Say) -> dict:
+        """Through request and answer files in the run directory, relayed by the batch host's watcher."""
+        from muse_launch.slurm.control import request
+
+        return request(SlurmFiles(run_dir), op, args, say)
 
     def owns(self, run_dir: RunDir) -> bool:
         return SlurmFiles(run_dir).exists()
@@ -105,62 +112,6 @@ class SlurmBackend:
         # each step writes its log to the shared run directory
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
-
-    def add_instance(
-        self,
-        run_dir: RunDir,
-        role: str,
-        say: Say = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> str:
-        """A new step where the allocation has room (slurm/changes.py), ready, wired and registered."""
-        from muse_launch.slurm.control import request
-
-        args = {"role": role, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
-        return str(request(SlurmFiles(run_dir), "add", args, say).get("instance", ""))
-
-    def remove_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Say = print,
-        why: str = "",
-        drain_timeout: float | None = None,
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> dict:
-        """Out of its routers, drained, its step stopped."""
-        from muse_launch.slurm.control import request
-
-        args: dict = {"instance": instance, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
-        if drain_timeout is not None:
-            args["drain_timeout"] = drain_timeout
-        return request(SlurmFiles(run_dir), "remove", args, say)
-
-    def restart_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Say = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        drain_timeout: float | None = None,
-        relaunch: bool = False,
-    ) -> dict:
-        """Replaced by a fresh step of the same spec (generation + 1), as on one host."""
-        from muse_launch.slurm.control import request
-
-        args: dict = {
-            "instance": instance,
-            "why": why,
-            "allow_downtime": allow_downtime,
-            "relaunch": relaunch,
-        }
-        if drain_timeout is not None:
-            args["drain_timeout"] = drain_timeout
-        return request(SlurmFiles(run_dir), "restart", args, say)
 
     def as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
         """The file's plan moved onto the job's nodes, as the batch host moved the first one
