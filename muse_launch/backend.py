@@ -20,6 +20,9 @@ A backend implements the Backend protocol below (structurally: it need not impor
   ones until the deployment stops (Ctrl-C: KeyboardInterrupt); the printer hides secrets and escapes.
 - `add_instance(run_dir, role, say, why, allow_downtime)`: one more instance of a worker role, placed by
   the file's rules, ready, wired and registered with its routers before it returns its name.
+  `scale_role(run_dir, role, replicas, say, why, drain_timeout, allow_downtime)`: the role to that many
+  instances as one change, all or nothing: each new one placed on GPUs and ports nobody holds before any
+  starts (no room: refused, nothing started), a change that cannot complete undone and said so.
   `remove_instance(run_dir, instance, say, why, drain_timeout, allow_downtime)`: out of its routers, drained
   (its own in-flight count 0, at most `drain_timeout` seconds), stopped; returns what it measured.
   `restart_instance(run_dir, instance, say, why, allow_downtime, drain_timeout, relaunch)`: replaced by a
@@ -95,6 +98,17 @@ class Backend(Protocol):
         allow_downtime: bool = False,
         by_file: bool = False,
     ) -> str: ...
+
+    def scale_role(
+        self,
+        run_dir: RunDir,
+        role: str,
+        replicas: int,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict: ...
 
     def remove_instance(
         self,

@@ -34,10 +34,25 @@ def _role_of(record, role: str) -> list[str]:
     return instances
 
 
+def _replicas(text: str, role: str) -> int:
+    """A count as typed: ASCII digits only (int() also reads `٣`), within the file's own cap."""
+    from muse_launch.errors import UsageError
+    from muse_launch.topology.model import MAX_REPLICAS
+
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_REPLICAS:
+        fix = "`down` stops it all" if text.isascii() and text.isdigit() and int(text) == 0 else None
+        raise UsageError(
+            f"scale {role} {text}: REPLICAS must be a whole number from 1 to {MAX_REPLICAS} "
+            "(a role keeps at least 1 instance)",
+            fix=fix,
+        )
+    return int(text)
+
+
 def scale(
     name: str = typer.Argument(..., help="deployment name", autocompletion=_names),
     role: str = typer.Argument(..., help="a worker role of it (prefill, decode, worker)"),
-    replicas: int = typer.Argument(..., help="how many instances it should have"),
+    replicas: str = typer.Argument(..., help="how many instances it should have (1-256)"),
     drain_timeout: float = typer.Option(
         120.0, "--drain-timeout", help="seconds an instance taken out may finish its requests"
     ),
@@ -47,35 +62,24 @@ def scale(
         help="accept failed requests where the change cannot avoid them (vllm-router is restarted)",
     ),
 ) -> None:
-    """More or fewer instances of a worker role of a running deployment, with no failed request."""
+    """More or fewer instances of a worker role of a running deployment, with no failed request: all or
+    nothing (no room for every new instance: refused before any starts)."""
     from muse_launch.backend import backend_of
-    from muse_launch.errors import UsageError
-    from muse_launch.supervise.changes import index_of
 
-    if replicas < 1:
-        raise UsageError(
-            f"scale {role} {replicas}: a role keeps at least 1 instance", fix="`down` stops it all"
-        )
+    count = _replicas(replicas, role)
     run_dir, record = _deployment(name)
     instances = _role_of(record, role)
-    backend = backend_of(run_dir)
-    why = f"scale {role} {len(instances)} -> {replicas}"
-    began = time.monotonic()
-    if replicas == len(instances):
-        typer.echo(f"{role}: already {replicas} instance{'s' * (replicas > 1)} ({', '.join(instances)})")
+    if count == len(instances):
+        typer.echo(f"{role}: already {count} instance{'s' * (count > 1)} ({', '.join(instances)})")
         return
-    for _ in range(replicas - len(instances)):
-        added = backend.add_instance(run_dir, role, _say, why, allow_downtime)
-        _say(f"{added}: serving")
-    leaving = sorted(instances, key=lambda n: index_of(n, role) or 0, reverse=True)[
-        : len(instances) - replicas
-    ]
-    for instance in leaving:
-        backend.remove_instance(run_dir, instance, _say, why, drain_timeout, allow_downtime)
-    _, after = _deployment(name)
-    now = _instances(after, role)
+    backend = backend_of(run_dir)
+    why = f"scale {role} {len(instances)} -> {count}"
+    began = time.monotonic()
+    result = backend.scale_role(run_dir, role, count, _say, why, drain_timeout, allow_downtime)
+    now = result.get("instances") if isinstance(result.get("instances"), list) else []
     typer.echo(
-        f"{role}: {why.split(' ', 2)[2]} instances in {time.monotonic() - began:.1f}s ({', '.join(now)})"
+        f"{role}: {len(instances)} -> {len(now)} instances in {time.monotonic() - began:.1f}s "
+        f"({', '.join(map(str, now))})"
     )
 
 

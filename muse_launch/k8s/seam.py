@@ -199,6 +199,22 @@ class K8sBackend:
             "and `up --on k8s` it again",
         )
 
+    def scale_role(
+        self,
+        run_dir: RunDir,
+        role: str,
+        replicas: int,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict:
+        raise NotSupported(
+            f"scaling {role} on Kubernetes is not supported by muse-launch yet",
+            fix=f"set roles.{role}.replicas to {replicas} in the file, then "
+            f"`muse-launch down {run_dir.name}` and `up --on k8s` it again",
+        )
+
     def remove_instance(
         self,
         run_dir: RunDir,

@@ -149,27 +149,26 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     `up` was), and `up`'s port and GPU pre-flight for it."""
     import sys
 
-    from muse_launch.local.gpus import preflight_for
+    from muse_launch.local.gpus import Owners, preflight_for
     from muse_launch.local.up import busy_fix
     from muse_launch.plan.build import build_plan
+    from muse_launch.plan.placement import Room, with_replicas
     from muse_launch.plan.rehearse import rehearsal_plan
-    from muse_launch.proc.ports import busy_ports
+    from muse_launch.proc.ports import busy_ports, can_bind
+    from muse_launch.rundir.lifecycle import LOCAL, RoleState
     from muse_launch.rundir.state import recorded_role, running_deployments
     from muse_launch.supervise.changes import Placement
     from muse_launch.supervise.start_policy import choose, engine_versions
+    from muse_launch.topology.hardware import PROFILES
 
     topology = loaded.loaded.topology
     versions: dict[str, str | None] = {}  # the engines' releases, read once: they do not change as it runs
 
-    def replan(counts: Mapping[str, int]) -> Plan:
+    def replan(counts: Mapping[str, int], ports: Mapping[str, Mapping[str, int]] | None = None) -> Plan:
         """As `up` runs it: with its start policy, which may set an engine's variable (the encoder eviction
         TTL of an overlapped start), so that a new or relaunched instance runs what `up` of the file would
         start."""
-        roles = dict(topology.roles)
-        for role, replicas in counts.items():
-            if role in roles and not roles[role].nodes:
-                roles[role] = roles[role].model_copy(update={"replicas": replicas})
-        changed = topology.model_copy(update={"roles": roles})
+        changed = with_replicas(topology, counts, ports)
         plan = build_plan(changed)
         plan = rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan
         if not versions:
@@ -190,6 +189,35 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         )
         preflight_for(part, topology, read_gpus, skipped).require(part, running_deployments, say)
 
+    def room(own: str) -> Room:
+        """This host's GPUs and who holds them, but for deployment `own`'s instances (its supervisor
+        knows those): the other deployments' records, and NVML's holders where the GPU check reads the
+        host; else the hardware profile's GPUs, as a real host of it has (a rehearsal places the same)."""
+        profile = PROFILES[topology.hardware]
+        if not profile.has_gpus:
+            return Room(())
+        records = running_deployments()
+        held: dict[int, str] = {}
+        for record in records:
+            if record.name == own or record.backend not in (None, LOCAL):
+                continue
+            for role in record.roles:
+                if role.state not in (RoleState.STOPPED, RoleState.FAILED):
+                    for gpu in role.gpus:
+                        held.setdefault(gpu, f"{role.name} of {record.name}")
+        gpus = tuple(range(profile.gpus_per_node))
+        source = f"the {profile.name} hardware profile"
+        view = read_gpus() if not (request.skip_gpu_check or request.rehearse) else None
+        if view is not None and view.available:
+            gpus, source = tuple(g.index for g in view.gpus), view.source
+            owners = Owners(records)
+            for gpu in view.gpus:
+                for holder in gpu.holders:
+                    owner = owners.of(holder.pid)
+                    if owner is None or owner[0] != own:
+                        held.setdefault(gpu.index, owners.label(holder))
+        return Room(gpus, held, source)
+
     def reload(source: str, sets: tuple[str, ...], environ: Mapping[str, str]) -> Placement:
         """The same rules from an edited file, as `up FILE` of it checks it (the roles are not touched)."""
         from pathlib import Path
@@ -202,7 +230,9 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     return Placement(
         replan,
         preflight,
-        gpus_checked=not (request.skip_gpu_check or request.rehearse),
+        room=room,
+        port_free=can_bind,
+        hardware=topology.hardware,
         reload=reload,
         redact=loaded.redact,
         sha256=loaded.loaded.sha256,

@@ -168,7 +168,6 @@ def _placement(
         return _placement(edited, rehearse, allocation, processes, files, gpus_per_node, current)
 
     return slurm_placement(
-        file.plan,
         file.loaded.topology,
         allocation,
         rehearse,

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.build import PlanError, build_plan
+from muse_launch.plan.placement import with_replicas
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.supervise.changes import Placement
 from muse_launch.topology.model import Topology
@@ -42,7 +43,6 @@ def allocated_gpus(fallback: int) -> int:
 
 
 def slurm_placement(
-    checked: Plan,
     topology: Topology,
     allocation: Sequence[AllocatedNode],
     rehearse: bool,
@@ -55,19 +55,9 @@ def slurm_placement(
     sha256: str | None = None,
 ) -> Placement:
     """`current()`: the instances the supervisor runs now; `reload`: the same from an edited file."""
-    per_instance = {}
-    for spec in checked.specs:
-        per_instance.setdefault(spec.role, len(spec.gpus))
 
-    def replan(counts: Mapping[str, int]) -> Plan:
-        roles = dict(topology.roles)
-        for role, replicas in counts.items():
-            if role in roles and not roles[role].nodes:
-                update: dict = {"replicas": replicas}
-                if per_instance.get(role):
-                    update["gpus"] = list(range(per_instance[role] * replicas))
-                roles[role] = roles[role].model_copy(update=update)
-        changed = topology.model_copy(update={"roles": roles})
+    def replan(counts: Mapping[str, int], ports: Mapping[str, Mapping[str, int]] | None = None) -> Plan:
+        changed = with_replicas(topology, counts, ports)
         try:
             return allocated_plan(build_plan(changed), changed, allocation, rehearse, sys.executable)
         except (PlanError, ValueError) as exc:
@@ -85,7 +75,7 @@ def slurm_placement(
             say(f"{spec.name}: placed on {node.name} ({len(spec.gpus)} GPU{'s' * (len(spec.gpus) != 1)})")
 
     # GPU indices mean nothing here: SLURM picks
-    return Placement(replan, preflight, gpus_checked=False, reload=reload, redact=redact, sha256=sha256)
+    return Placement(replan, preflight, reload=reload, redact=redact, sha256=sha256)
 
 
 def _node_of(spec: LaunchSpec, allocation: Sequence[AllocatedNode]) -> AllocatedNode:

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,9 @@ import httpx
 
 from muse_launch.engines import ROUTER_ENGINES, router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.host.gpus import index_ranges
 from muse_launch.plan.diff import launch_digest
+from muse_launch.plan.placement import PORT_FIELDS, Room, choose_gpus, on_gpus
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.supervise.record import planned_record
@@ -53,14 +55,20 @@ class Placement:
     """What placing a new instance needs from `up`: the file's plan with N replicas of a role, and the
     pre-flight of a part of it (ports, GPUs; raises RuntimeFailure)."""
 
-    replan: Callable[[Mapping[str, int]], Plan]  # role -> its replicas (the others as the file has them)
+    # role -> its replicas (the others as the file has them); and role -> {port kind: port} its new
+    # instance takes instead of its stepped ports (plan/placement.py with_replicas)
+    replan: Callable[..., Plan]
     preflight: Callable[[Plan, Say], None]
-    gpus_checked: bool = True  # False in a rehearsal or with --skip-gpu-check, as `up` did
     # The same rules from an edited file, its --set values and `${env:...}` values (`up FILE` of a running
     # deployment)
     reload: Callable[[str, tuple[str, ...], Mapping[str, str]], Placement] | None = None
     redact: Callable[[str], str] = lambda text: text  # hides the file's `${env:...}` values
     sha256: str | None = None  # of the file's bytes as they were read
+    # The node's GPUs and who holds them, but for the named deployment's own instances (plan/placement.py);
+    # None where GPU indices mean nothing to the backend (SLURM gives a step its GPUs by count).
+    room: Callable[[str], Room] | None = None
+    hardware: str = ""  # the file's hardware profile: which variable makes an instance's GPUs visible
+    port_free: Callable[[str, int], bool] | None = None  # (bind address, port): nothing holds it here
 
 
 def index_of(name: str, role: str) -> int | None:
@@ -100,11 +108,15 @@ class Changes:
                 args.get("sha256"),
                 args.get("env_sha256"),
             )
-        target = args.get("role" if op == "add" else "instance")
+        of_role = op in ("add", "scale")
+        target = args.get("role" if of_role else "instance")
         if not isinstance(target, str):
-            raise UsageError(f"{op}: which {'role' if op == 'add' else 'instance'}?")
-        self.sup.call(lambda: self.sup.set_change(f"{op} {target}" + (f" ({why})" if why else "")))
+            raise UsageError(f"{op}: which {'role' if of_role else 'instance'}?")
+        what = (why or f"scale {target}") if op == "scale" else f"{op} {target}" + (f" ({why})" if why else "")
+        self.sup.call(lambda: self.sup.set_change(what))
         try:
+            if op == "scale":
+                return self.scale(target, args.get("replicas"), float(drain), say)
             if op == "add":
                 return self.add(target, say)
             if op == "remove":
@@ -175,6 +187,99 @@ class Changes:
             raise UsageError(f"{instance}: no such instance; instances: {', '.join(specs)}")
         return specs[instance]
 
+    # ---- scale: a role to N instances, all or nothing ---------------------------------------------------
+
+    def scale(self, role: str, replicas: object, drain_timeout: float, say: Say) -> dict[str, Any]:
+        """`role` to `replicas` instances as one change: every new instance placed before any starts (no
+        room: refused, nothing started), then each brought in; the highest replicas taken out first. A
+        change that cannot complete is undone (what it started is drained and stopped, what it took out
+        comes back) and says so."""
+        from muse_launch.topology.model import MAX_REPLICAS  # the file's own cap on `replicas`
+
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= MAX_REPLICAS:
+            raise UsageError(f"scale {role}: replicas must be a whole number from 1 to {MAX_REPLICAS}")
+        current = sorted(self._instances(role), key=lambda s: index_of(s.name, role) or 0)
+        if not current:
+            names = ", ".join(sorted({s.role for s in self._specs().values()}))
+            raise UsageError(f"{role}: no such role; roles: {names}")
+        self._refuse_unscalable(current[0])
+        before = len(current)
+        change = f"scale {role} {before} -> {replicas}"
+        if replicas > before:
+            placed: list[LaunchSpec] = []
+            for _ in range(replicas - before):
+                try:
+                    placed.append(self.place(role, say, reserved=placed))
+                except RuntimeFailure as exc:
+                    fits = (
+                        f"room for {len(placed)} more ({', '.join(s.name for s in placed)})" if placed else ""
+                    )
+                    raise RuntimeFailure(
+                        f"{change}: {fits + '; ' if fits else ''}{exc}", fix=exc.fix
+                    ) from None
+            wiring = self._wiring_by_plan
+            added: list[LaunchSpec] = []
+            try:
+                for spec in placed:
+                    self._bring_in(spec, wiring.get(spec.name), 0, say)
+                    added.append(spec)
+                    say(f"{spec.name}: serving")
+                self._restart_routers(role, self._counts(role, 0), say)
+            except (RuntimeFailure, NotSupported, httpx.HTTPError) as exc:
+                self._undo(change, role, added, [], drain_timeout, say)
+                raise self._undone(change, role, before, exc) from None
+            return {"role": role, "before": before, "instances": self._names(role)}
+        leaving = sorted(current, key=lambda s: index_of(s.name, role) or 0, reverse=True)[
+            : before - replicas
+        ]
+        removed: list[LaunchSpec] = []
+        try:
+            for spec in leaving:
+                self.remove(spec.name, drain_timeout, say)
+                removed.append(spec)
+        except (RuntimeFailure, NotSupported, httpx.HTTPError) as exc:
+            self._undo(change, role, [], removed, drain_timeout, say)
+            raise self._undone(change, role, before, exc) from None
+        return {"role": role, "before": before, "instances": self._names(role)}
+
+    def _names(self, role: str) -> list[str]:
+        return [s.name for s in sorted(self._instances(role), key=lambda s: index_of(s.name, role) or 0)]
+
+    def _undo(
+        self,
+        change: str,
+        role: str,
+        added: Sequence[LaunchSpec],
+        removed: Sequence[LaunchSpec],
+        drain_timeout: float,
+        say: Say,
+    ) -> None:
+        """Back to where the change began: each instance it started drained and stopped, each it took out
+        placed and brought in again (best effort: what cannot be undone is said)."""
+        for spec in reversed(added):
+            say(f"{change}: undoing it: taking {spec.name} out again")
+            try:
+                if spec.name in self._specs():
+                    self.remove(spec.name, drain_timeout, say)
+            except (RuntimeFailure, NotSupported, UsageError, httpx.HTTPError) as exc:
+                say(f"{change}: {spec.name} could not be taken out: {exc}")
+        for spec in removed:
+            say(f"{change}: undoing it: bringing {role} back to its instances before")
+            try:
+                again = self.place(role, say)
+                self._bring_in(again, self._wiring_of(again), 0, say)
+            except (RuntimeFailure, NotSupported, UsageError, httpx.HTTPError) as exc:
+                say(f"{change}: {spec.name} could not be brought back: {exc}")
+
+    def _undone(self, change: str, role: str, before: int, exc: Exception) -> RuntimeFailure:
+        now = self._names(role)
+        state = (
+            f"undone: {role} has its {before} instance{'s' * (before != 1)} again ({', '.join(now)})"
+            if len(now) == before
+            else f"not fully undone: {role} has {len(now)} instances now ({', '.join(now)})"
+        )
+        return RuntimeFailure(f"{change} failed: {exc}; {state}", fix=getattr(exc, "fix", None))
+
     # ---- add ----------------------------------------------------------------------------------------
 
     def add(self, role: str, say: Say) -> dict[str, Any]:
@@ -183,9 +288,12 @@ class Changes:
         self._restart_routers(role, self._counts(role, 0), say)
         return result
 
-    def place(self, role: str, say: Say) -> LaunchSpec:
-        """The next replica of `role` by the file's rules, checked like `up`'s pre-flight. A role the
-        adopted file brings in gets the instances that file gives it, of any kind."""
+    def place(self, role: str, say: Say, reserved: Sequence[LaunchSpec] = ()) -> LaunchSpec:
+        """The next replica of `role`: the file's flags and ports for it, exactly one instance's GPUs from
+        those nobody holds (plan/placement.py), checked like `up`'s pre-flight; refused (RuntimeFailure)
+        before anything starts where there is no room. `reserved`: instances this change placed and has
+        not started yet. A role the adopted file brings in gets the instances that file gives it, of any
+        kind."""
         current = self._instances(role)
         names = ", ".join(sorted({s.role for s in self._specs().values()}))
         introduced = self.by_file and role in self.new_roles
@@ -195,27 +303,149 @@ class Changes:
             self._refuse_unscalable(current[0])
         if self.placement is None:
             raise NotSupported(f"{role}: this supervisor cannot place new instances (started by `up --only`)")
-        used = {index_of(s.name, role) for s in current}
+        used = {index_of(s.name, role) for s in [*current, *reserved] if s.role == role}
         index = next(i for i in range(len(used) + 1) if i not in used)
         counts = self._counts() if introduced else {**self._counts(), role: max(index + 1, 2)}
-        plan = self.placement.replan(counts)
+        plan = self._replan(counts)
         spec = next((s for s in plan.specs if s.role == role and index_of(s.name, role) == index), None)
         if spec is None:
             raise RuntimeFailure(f"{role}: the file's plan has no replica {index} of it")
         if introduced:
             self._refuse_static_routers_of(spec, wiring_checks(plan))
-        if bad := [p for p in spec.ports.values() if not 0 < p < 65536]:
-            raise RuntimeFailure(f"{spec.name}: its port would be {bad[0]}, past 65535")
-        held = self._own_gpus(spec) if self.placement.gpus_checked else ""
-        if held:
-            raise RuntimeFailure(
-                f"{spec.name}: the file gives it GPU {held}, which this deployment already runs on "
-                f"(replicas split roles.{role}.gpus)",
-                fix=f"list more GPUs in roles.{role}.gpus, then `up` the file again",
-            )
+        if moved := self._free_ports(spec, reserved):  # its stepped ports are held: the next free ones
+            plan = self._replan(counts, {role: moved})
+            spec = next(s for s in plan.specs if s.role == role and index_of(s.name, role) == index)
+        self._require_ports(spec, reserved)
+        spec = self._on_free_gpus(spec, index, reserved)
+        if moved:
+            ports = ", ".join(f"{kind} {port}" for kind, port in spec.ports.items())
+            say(f"{spec.name}: on ports {ports} (those the file steps to are held)")
         self.placement.preflight(Plan(plan.name, (spec,), ((spec.name,),)), say)
         self._wiring_by_plan = wiring_checks(plan)
         return spec
+
+    def _replan(
+        self, counts: Mapping[str, int], ports: Mapping[str, Mapping[str, int]] | None = None
+    ) -> Plan:
+        if self.placement is None:
+            raise NotSupported("this supervisor cannot plan new instances (started by `up --only`)")
+        try:
+            return self.placement.replan(counts, ports) if ports else self.placement.replan(counts)
+        except ValueError as exc:  # a PlanError: the file's rules cannot give these replicas
+            raise RuntimeFailure(f"the file's plan with these replicas does not work: {exc}") from None
+
+    def _taken_ports(self, spec: LaunchSpec, reserved: Sequence[LaunchSpec]) -> dict[int, str]:
+        return {
+            port: other.name
+            for other in [*self._specs().values(), *reserved]
+            if other.host == spec.host and other.name != spec.name
+            for port in other.ports.values()
+        }
+
+    def _free_ports(self, spec: LaunchSpec, reserved: Sequence[LaunchSpec]) -> dict[str, int]:
+        """For each of the new instance's ports that an instance of this deployment has, or that something
+        on the host holds, the next port up that is free (those a role's field sets: plan/placement.py)."""
+        taken = self._taken_ports(spec, reserved)
+        free = self.placement.port_free if self.placement else None
+
+        def held(port: int) -> bool:
+            return port in taken or (free is not None and not free(spec.bind, port))
+
+        used = set(taken) | set(spec.ports.values())
+        moved: dict[str, int] = {}
+        for kind, port in spec.ports.items():
+            if kind not in PORT_FIELDS or not 0 < port < 65536 or not held(port):
+                continue
+            candidate = port + 1
+            while candidate < min(port + 1000, 65536) and (candidate in used or held(candidate)):
+                candidate += 1
+            if candidate < 65536 and candidate not in used:
+                moved[kind] = candidate
+                used.add(candidate)
+        return moved
+
+    def _require_ports(self, spec: LaunchSpec, reserved: Sequence[LaunchSpec]) -> None:
+        """Its ports: in range, and none that an instance of this deployment has (started or placed)."""
+        if bad := [p for p in spec.ports.values() if not 0 < p < 65536]:
+            raise RuntimeFailure(f"{spec.name}: its port would be {bad[0]}, past 65535")
+        taken = self._taken_ports(spec, reserved)
+        for key, port in spec.ports.items():
+            if port in taken:
+                raise RuntimeFailure(
+                    f"{spec.name}: its {key} port {port} is {taken[port]}'s; nothing was started",
+                    fix=f"give roles.{spec.role} ports that step clear of the other roles' (its `port`, "
+                    "`bootstrap_port`), then `up` the file again",
+                )
+
+    def _on_free_gpus(
+        self,
+        spec: LaunchSpec,
+        index: int | None,
+        reserved: Sequence[LaunchSpec] = (),
+        own: tuple[int, ...] = (),
+    ) -> LaunchSpec:
+        """`spec` on exactly one instance's GPUs (as many as the file gives a replica of its role) that no
+        instance of any deployment holds: the file's own for this replica where they are free. `own`: the
+        GPUs it holds now and gives up (a relaunch in place)."""
+        need = len(spec.gpus)
+        if not need or self.placement is None or self.placement.room is None or spec.node:
+            return spec
+        room = self._room(spec, reserved)
+        gpus = choose_gpus(need, room, self._files_gpus(spec.role, index), own)
+        if gpus is None:
+            raise self._no_room(spec, room, own)
+        return on_gpus(spec, gpus, self.placement.hardware)
+
+    def _room(self, spec: LaunchSpec, reserved: Sequence[LaunchSpec] = ()) -> Room:
+        assert self.placement is not None and self.placement.room is not None
+        mine = [
+            s for s in [*self._specs().values(), *reserved] if s.host == spec.host and s.name != spec.name
+        ]
+        return self.placement.room(self.sup.record.name).holding({g: s.name for s in mine for g in s.gpus})
+
+    def _files_gpus(self, role: str, index: int | None) -> tuple[int, ...]:
+        """The GPUs the file itself gives this replica of `role` (none where it has fewer replicas)."""
+        try:
+            plan = self._replan({})
+        except RuntimeFailure:
+            return ()
+        found = next((s for s in plan.specs if s.role == role and index_of(s.name, role) == index), None)
+        if found is None and index == 0:
+            found = next((s for s in plan.specs if s.role == role and s.name == role), None)
+        return found.gpus if found else ()
+
+    def _no_room(self, spec: LaunchSpec, room: Room, own: tuple[int, ...] = ()) -> RuntimeFailure:
+        """What one instance needs, what is free, who holds the rest, and fixes that work when typed."""
+        need = len(spec.gpus)
+        free = room.free(own)
+        by_holder: dict[str, list[int]] = {}
+        for gpu in room.gpus:
+            if gpu in room.held and gpu not in own:
+                by_holder.setdefault(room.held[gpu], []).append(gpu)
+        held = "; ".join(f"GPU {index_ranges(gpus)}: {who}" for who, gpus in by_holder.items())
+        free_text = f"GPU {index_ranges(free)}" if free else "none"  # "GPU 6, 7" / "none"
+        name = self.sup.record.name
+        fixes = []
+        short = need - len(free)
+        for role in sorted({s.role for s in self._specs().values()}):
+            instances = self._instances(role)
+            per = len(instances[0].gpus) if instances else 0
+            if role == spec.role or not per or instances[0].kind not in SCALABLE_KINDS or instances[0].node:
+                continue
+            drop = -(-short // per)
+            if drop < len(instances):
+                fixes.append(f"`muse-launch scale {name} {role} {len(instances) - drop}` frees {drop * per}")
+        others = sorted({who.split(" of ", 1)[1] for who in by_holder if " of " in who})
+        fixes += [f"`muse-launch down {other}`" for other in others]
+        fixes.append(
+            f"run it on a host with more GPUs, or give roles.{spec.role} fewer GPUs per instance in the file"
+        )
+        return RuntimeFailure(
+            f"{spec.name}: no room on this host: one instance of {spec.role} needs {need} "
+            f"GPU{'s' * (need != 1)}; free: {free_text} of {len(room.gpus)} ({room.source}); "
+            f"held: {held or 'none'}. Nothing was started",
+            fix=", or ".join(fixes),
+        )
 
     def _refuse_static_routers_of(self, spec: LaunchSpec, checks: Mapping[str, WiringCheck]) -> None:
         """A new role's instance that a running router taking workers on its command line only would
@@ -252,10 +482,6 @@ class Changes:
             }
 
         return {**self.sup.call(planned), **found}
-
-    def _own_gpus(self, spec: LaunchSpec) -> str:
-        mine = {g for s in self._specs().values() for g in s.gpus}
-        return ",".join(str(g) for g in sorted(set(spec.gpus) & mine))
 
     def _wiring_of(self, spec: LaunchSpec) -> WiringCheck | None:
         return self._wiring_by_plan.get(spec.name)
@@ -419,8 +645,8 @@ class Changes:
             pending = self.sup.call(lambda n=name, w=wires: self.sup.rewire(n, w))
             if pending is not None:  # a re-registration begun before: it must not bring it back after us
                 pending.exception(timeout=60)
-            if deregister(self.client, check, url):
-                say(f"{name}: removed {spec.name}; no new requests go to it")
+            deregister(self.client, check, url)  # False: the supervisor's reconcile took it out first
+            say(f"{name}: removed {spec.name}; no new requests go to it")
         drained = self._drain(spec, drain_timeout, say) if url else {}
         began = time.monotonic()
         self._forget(spec.name)
@@ -558,7 +784,9 @@ class Changes:
                 fix=f"`muse-launch down {self.sup.record.name}`, then `up` the file again",
             )
         check = wiring_checks(plan).get(new.name)
-        return replace(new, name=spec.name, role=spec.role), replace(check, role=spec.name) if check else None
+        # Where it runs, or the file's GPUs for it where they are free: never a share of GPUs others hold
+        new = self._on_free_gpus(replace(new, name=spec.name, role=spec.role), index, own=spec.gpus)
+        return new, replace(check, role=spec.name) if check else None
 
     def restart(
         self, instance: str, allow_downtime: bool, drain_timeout: float, say: Say, relaunch: bool = False
@@ -589,7 +817,7 @@ class Changes:
                 raise self._downtime(spec, f"{spec.name} is the deployment's only {spec.kind}")
             return self._replace(old, spec, wiring, generation, drain_timeout, say)
         try:
-            surge = self.place(spec.role, say)
+            surge = self.place(spec.role, say, reserved=(spec,))  # not on the GPUs its relaunch takes
         except (RuntimeFailure, NotSupported) as exc:
             if not allow_downtime:
                 raise self._downtime(spec, f"no room for a surge instance: {exc}", exc.fix) from None
@@ -638,14 +866,8 @@ class Changes:
         return RuntimeFailure(
             f"restarting {spec.name} would stop what it serves: {why}. Nothing serves {spec.role} for "
             f"{cost}; requests in flight on it and sent meanwhile fail",
-            fix="add --allow-downtime to accept that, or make room for one more instance"
-            + (f" ({room})" if room else "")
-            + (
-                f", or `muse-launch scale {self.sup.record.name} {spec.role} 2` first (then restart rolls "
-                "with no failed request)"
-                if spec.kind in SCALABLE_KINDS
-                else ""
-            ),
+            fix="add --allow-downtime to accept that"
+            + (f", or make room for a surge instance: {room}" if room else ""),
         )
 
 

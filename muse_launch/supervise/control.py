@@ -29,7 +29,7 @@ SOCKET_NAME = "control.sock"
 MAX_LINE = 64 << 10  # a request, or one line of an answer
 MAX_ANSWER_LINES = 100_000
 REQUEST_READ_TIMEOUT = 5.0  # a client that connects and says nothing is dropped
-OPS = ("add", "remove", "restart", "adopt")
+OPS = ("add", "remove", "restart", "adopt", "scale")
 MAX_VALUE = 8192  # one string argument (a file's path, its --set values as JSON)
 ERROR_KINDS = {"usage": UsageError, "not_supported": NotSupported, "failure": RuntimeFailure}
 
@@ -118,13 +118,13 @@ class ControlServer:
             kind = next((k for k, t in ERROR_KINDS.items() if isinstance(exc, t)), "failure")
             return {"ok": False, "kind": kind, "error": str(exc), "fix": exc.fix}
         except Exception as exc:  # noqa: BLE001  a bug in a change must not take the supervisor down
-            error = f"the change failed: {type(exc).__name__}: {exc}"
+            error = f"the change failed: {exc}" if str(exc) else "the change failed"
             return {"ok": False, "kind": "failure", "error": error}
 
 
 def describe(op: str, args: dict[str, Any]) -> str:
     """The change in progress as `status` and a refused client see it: `restart prefill-0`."""
-    target = args.get("role" if op == "add" else "instance")
+    target = args.get("role" if op in ("add", "scale") else "instance")
     if op == "adopt":
         return "up of an edited file"
     return f"{op} {target}" if isinstance(target, str) else op

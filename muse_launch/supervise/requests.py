@@ -31,6 +31,23 @@ class SupervisedChanges:
         args = {"role": role, "why": why, "allow_downtime": allow_downtime, "by_file": by_file}
         return str(self._request(run_dir, "add", args, say).get("instance", ""))
 
+    def scale_role(
+        self,
+        run_dir: RunDir,
+        role: str,
+        replicas: int,
+        say: Say = print,
+        why: str = "",
+        drain_timeout: float | None = None,
+        allow_downtime: bool = False,
+    ) -> dict:
+        """`role` to `replicas` instances as one change, all or nothing: new instances placed before any
+        starts, the highest replicas taken out first; returns the role's instances after."""
+        args: dict = {"role": role, "replicas": replicas, "why": why, "allow_downtime": allow_downtime}
+        if drain_timeout is not None:
+            args["drain_timeout"] = drain_timeout
+        return self._request(run_dir, "scale", args, say)
+
     def remove_instance(
         self,
         run_dir: RunDir,

@@ -26,10 +26,21 @@ REHEARSE = {"ready_after": 0.5, "itl_ms": 25}
 
 
 def pd_topology(
-    d, ports: list[int], replicas: int = 1, decode_replicas: int | None = None, rehearse: dict = REHEARSE
+    d,
+    ports: list[int],
+    replicas: int = 1,
+    decode_replicas: int | None = None,
+    rehearse: dict = REHEARSE,
+    gpus: bool = False,
 ):
+    """`gpus`: on an 8xB300 host, prefill on GPUs 0-3 and decode on 4-7 (TP4): a full host."""
     prefill, decode, router, boot, metrics = ports[:5]
     probe = {"http": "/health", "interval": 0.1, "timeout": 120}
+    on = (
+        {"prefill": {"gpus": [0, 1, 2, 3], "tp": 4}, "decode": {"gpus": [4, 5, 6, 7], "tp": 4}}
+        if gpus
+        else {}
+    )
     return d.write(
         {
             "prefill": {
@@ -38,12 +49,14 @@ def pd_topology(
                 "bootstrap_port": boot,
                 "replicas": replicas,
                 "ready": probe,
+                **on.get("prefill", {}),
             },
             "decode": {
                 "kind": "decode",
                 "port": decode,
                 "replicas": decode_replicas or replicas,
                 "ready": probe,
+                **on.get("decode", {}),
             },
             "router": {
                 "kind": "router",
@@ -56,6 +69,7 @@ def pd_topology(
         engine="sglang",
         model=MODEL,
         rehearse=rehearse,
+        **({"hardware": "b300"} if gpus else {}),
     )
 
 
@@ -114,7 +128,7 @@ def test_scale_decode_1_2_1_under_load_fails_no_request(deployment):
     router_url = f"http://127.0.0.1:{ports[2]}"
     with SteadyLoad(router_url, MODEL) as load:
         load.wait_for(4)
-        out = scale_watching_the_change(d, "decode", "2", "add decode (scale decode 1 -> 2)")
+        out = scale_watching_the_change(d, "decode", "2", "scale decode 1 -> 2")
         assert "decode: 1 -> 2 instances" in out and "registered decode-1 (decode)" in out, out
         new_url = f"http://127.0.0.1:{ports[1] + 1}"  # replica 1: the role's port + 1
         assert listed(router_url)[new_url]["worker_type"] == "decode"
@@ -201,21 +215,38 @@ def test_a_router_sigkilled_after_a_scale_up_comes_back_with_every_worker(deploy
 
 
 def test_restarting_the_only_instance_with_no_room_for_a_surge_is_refused_saying_the_cost(deployment):
+    """No room as a real 8-GPU host has none: prefill on GPUs 0-3 and decode on 4-7 (TP4 each), so a surge
+    decode has no 4 free GPUs. (Before placement was exact this test blocked the surge's port instead; a
+    held port is now stepped past, as a real host's free port would be taken.)"""
+    d = deployment
+    ports = free_ports(5)
+    up(d, pd_topology(d, ports, gpus=True))
+    result = d.cli("restart", d.name, "decode", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no room for a surge instance" in result.stderr and "--allow-downtime" in result.stderr
+    assert "requests in flight on it and sent meanwhile fail" in result.stderr
+    assert "needs 4 GPUs; free: none of 8" in result.stderr and "GPU 4-7: decode" in result.stderr
+    assert f"scale {d.name} decode 2" not in result.stderr and "--set" not in result.stderr  # neither works
+    status = d.status()
+    assert sorted(r["name"] for r in status["roles"]) == ["decode", "prefill", "router"]
+    assert status["state"] == "ready" and status["change"] is None
+    assert json.loads(d.cli("ls", "--json").stdout)[0]["state"] == "ready"
+    out = change(d, "restart", d.name, "decode", "--allow-downtime")  # the fix printed, as typed
+    assert "decode: replaced (generation 1)" in out, out
+    down_clean(d)
+
+
+def test_a_surge_instance_whose_stepped_port_is_held_takes_the_next_free_one(deployment):
     d = deployment
     ports = free_ports(5)
     up(d, pd_topology(d, ports))
     blocker = socket.create_server(("127.0.0.1", ports[1] + 1))  # where a surge decode-1 would listen
     try:
-        result = d.cli("restart", d.name, "decode", timeout=120)
+        out = change(d, "restart", d.name, "decode")
     finally:
         blocker.close()
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "no room for a surge instance" in result.stderr and "--allow-downtime" in result.stderr
-    assert "requests in flight on it and sent meanwhile fail" in result.stderr
-    status = d.status()
-    assert sorted(r["name"] for r in status["roles"]) == ["decode", "prefill", "router"]
-    assert status["state"] == "ready" and status["change"] is None
-    assert json.loads(d.cli("ls", "--json").stdout)[0]["state"] == "ready"
+    assert "(those the file steps to are held)" in out and "decode: replaced (generation 1)" in out, out
+    assert sorted(r["name"] for r in d.status()["roles"]) == ["decode", "prefill", "router"]
     down_clean(d)
 
 

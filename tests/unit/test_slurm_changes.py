@@ -31,9 +31,7 @@ def placed(tmp_path, gpus_per_node: int):
     files = SlurmFiles(RunDir(tmp_path / "demo"))
     processes = SlurmProcesses("1", files.run_dir, Marker("demo", "x"), dict(where), {})
     running = list(plan.specs)
-    place = slurm_placement(
-        loaded.plan, topology, ALLOCATION, False, processes, files, gpus_per_node, lambda: running
-    )
+    place = slurm_placement(topology, ALLOCATION, False, processes, files, gpus_per_node, lambda: running)
     return place, processes, running, files
 
 
