@@ -243,8 +243,9 @@ def execute(
             added = _make(backend, run_dir, step, instances)
         except NotSupported as refused:
             raise _hidden(_refusal(refused, backend, run_dir, applied, say), redact) from None
-        except UserError as failed:
-            raise _hidden(_stopped(failed, difference, applied, i, run_dir.name), redact) from None
+        except UserError as failed:  # no change half done: what it added and removed is undone
+            left = _undo(backend, run_dir, applied, say) if applied.added or applied.removed else None
+            raise _hidden(_stopped(failed, difference, applied, i, run_dir.name, left), redact) from None
         applied.done.append(step)
         if added:
             applied.added.append((step.role, added))
@@ -294,12 +295,27 @@ def _refusal(
 
 
 def _stopped(
-    failed: UserError, difference: Difference, applied: Applied, at: int, name: str
+    failed: UserError,
+    difference: Difference,
+    applied: Applied,
+    at: int,
+    name: str,
+    left: list[str] | None = None,
 ) -> RuntimeFailure:
+    """`left`: where the instances it added and removed were undone, what stays applied (restarts)."""
     done = ", ".join(f"{s.kind.value} {s.instance}" for s in applied.done) or "none"
     pending = ", ".join(f"{s.kind.value} {s.instance}" for s in difference.steps[at - 1 :])
+    if left is not None:
+        undone = [
+            f"{s.kind.value} {s.instance}"
+            for s in applied.done
+            if s.kind in (StepKind.ADD, StepKind.REMOVE) and f"{s.kind.value} {s.instance}" not in left
+        ]
+        done = f"undone: {', '.join(undone) or 'none'}; left applied: {', '.join(left) or 'none'}"
+    else:
+        done = f"applied: {done}"
     return RuntimeFailure(
-        f"step {at} failed: {failed}; applied: {done}; not applied: {pending}",
+        f"step {at} failed: {failed}; {done}; not applied: {pending}",
         fix=failed.fix or f"`muse-launch status {name}` shows where it is; `up` the file again to go on",
     )
 

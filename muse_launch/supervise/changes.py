@@ -112,7 +112,9 @@ class Changes:
         target = args.get("role" if of_role else "instance")
         if not isinstance(target, str):
             raise UsageError(f"{op}: which {'role' if of_role else 'instance'}?")
-        what = (why or f"scale {target}") if op == "scale" else f"{op} {target}" + (f" ({why})" if why else "")
+        what = (
+            (why or f"scale {target}") if op == "scale" else f"{op} {target}" + (f" ({why})" if why else "")
+        )
         self.sup.call(lambda: self.sup.set_change(what))
         try:
             if op == "scale":

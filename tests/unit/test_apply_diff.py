@@ -339,16 +339,18 @@ def test_a_refusal_on_the_first_step_touches_nothing(tmp_path):
     assert backend.calls == [("add", "encoder")]
 
 
-def test_a_failed_step_stops_there_and_says_what_was_applied(tmp_path):
+def test_a_failed_step_stops_there_undoes_what_it_added_and_says_what_stays_applied(tmp_path):
     record, difference = _steps_for_everything()
     backend = Recording((r.name for r in record.roles), fail={("restart", "prefill")})
+    before = set(backend.instances)
     with pytest.raises(RuntimeFailure) as failed:
         execute(difference, backend, RunDir(tmp_path / "x"), lambda _: None, lambda: set(backend.instances))
     assert "step 3 failed: prefill did not get ready" in str(failed.value)
     assert (
-        "applied: add encoder-1, roll encoder; not applied: roll prefill, roll decode-0, remove decode-1, "
-        "restart-router router"
+        "undone: add encoder-1; left applied: roll encoder; not applied: roll prefill, roll decode-0, "
+        "remove decode-1, restart-router router"
     ) in str(failed.value)
+    assert backend.instances == before  # no instance half added
     assert ("restart", "router") not in backend.calls
 
 
