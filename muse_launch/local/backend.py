@@ -38,7 +38,7 @@ class LocalBackend(SupervisedChanges):
         self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
     ) -> int:
         from muse_launch.host.gpus import read_gpu_view
-        from muse_launch.local.gpus import preflight_for
+        from muse_launch.local.gpus import SKIP_FLAG, preflight_for
         from muse_launch.local.up import UpOptions, bring_up, refuse_multi_node
 
         if not request.rehearse:
@@ -53,7 +53,7 @@ class LocalBackend(SupervisedChanges):
             placement=None if request.only else placement(loaded, request, read_gpu_view),
         )
         skipped = (
-            "--skip-gpu-check"
+            SKIP_FLAG
             if request.skip_gpu_check
             else "a rehearsal runs no GPU engine"
             if request.rehearse
@@ -149,7 +149,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     `up` was), and `up`'s port and GPU pre-flight for it."""
     import sys
 
-    from muse_launch.local.gpus import Owners, preflight_for
+    from muse_launch.local.gpus import SKIP_FLAG, Owners, preflight_for
     from muse_launch.local.up import busy_fix
     from muse_launch.plan.build import build_plan
     from muse_launch.plan.placement import Room, with_replicas
@@ -181,7 +181,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
                 "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(part, busy)
             )
         skipped = (
-            "--skip-gpu-check"
+            SKIP_FLAG
             if request.skip_gpu_check
             else "a rehearsal runs no GPU engine"
             if request.rehearse

@@ -33,6 +33,7 @@ GPU_RELEASE_SECONDS = (
 )
 GPU_POLL_SECONDS = 0.1
 GB = 10**9  # checkpoint sizes are in GB, as the recipes state them
+SKIP_FLAG = "--skip-gpu-check"
 
 
 @dataclass(frozen=True)
@@ -330,12 +331,16 @@ class GpuPreflight:
         needs = one_host(n for n in self.needs if n.name in names)  # `--only` starts a part of the plan
         if not needs or not self.profile.has_gpus:
             return
-        if self.skipped:
+        if self.skipped == SKIP_FLAG:  # the operator's own word: nothing is checked
             say(f"GPU check skipped: {self.skipped}")
             return
-        view = self.read()
-        if not view.available:
-            say(f"GPU check skipped: no GPU library answers here ({view.unavailable})")
+        view = None if self.skipped else self.read()
+        if view is None or not view.available:
+            # No driver to ask (a rehearsal, no GPU library): the deployments' records still say who holds
+            # which GPU, and a real host would refuse to run two engines on one
+            _require_unheld(plan.name, needs, self.profile, records())
+            why = self.skipped or f"no GPU library answers here ({view.unavailable if view else ''})"
+            say(f"GPU check skipped: {why}")
             return
         owners = Owners(records())  # a holder that is a role of a deployment of ours is named so
         problems, notes = gpu_problems(needs, self.profile, view, owners)
@@ -351,6 +356,43 @@ class GpuPreflight:
             f"GPU{'s' if len(planned) > 1 else ''} {index_ranges(planned)}: "
             f"{_models(view.gpu(g) for g in planned)}, "
             f"with the memory their roles need ({view.source}, read in {view.read_seconds * 1000:.0f} ms)"
+        )
+
+
+def _require_unheld(
+    name: str, needs: list[GpuNeed], profile: HardwareProfile, records: Iterable[DeploymentRecord]
+) -> None:
+    """Refuses planned GPUs that a running instance of another deployment on this host holds by its record,
+    and GPUs past the hardware profile's count."""
+    from muse_launch.rundir.lifecycle import LOCAL, RoleState
+
+    held: dict[int, str] = {}
+    for record in records:
+        if record.name == name or record.backend not in (None, LOCAL):
+            continue
+        for role in record.roles:
+            if role.state not in (RoleState.STOPPED, RoleState.FAILED):
+                for gpu in role.gpus:
+                    held.setdefault(gpu, f"{role.name} of {record.name}")
+    problems = []
+    for need in needs:
+        taken = [g for g in need.gpus if g in held]
+        if taken:
+            whose = ", ".join(sorted({held[g] for g in taken}))
+            problems.append(f"{need.name} is planned on GPU {index_ranges(taken)}, which {whose} holds")
+        past = [g for g in need.gpus if g >= profile.gpus_per_node]
+        if past:
+            problems.append(
+                f"{need.name} is planned on GPU {index_ranges(past)}, but a {profile.display} host has "
+                f"{profile.gpus_per_node} GPUs (0-{profile.gpus_per_node - 1})"
+            )
+    if problems:
+        others = sorted({who.split(" of ", 1)[1] for who in held.values()})
+        raise RuntimeFailure(
+            f"{name}: the host's GPUs cannot run it; nothing was started:\n  " + "\n  ".join(problems),
+            fix=" or ".join(f"`muse-launch down {o}`" for o in others)
+            + (", or " if others else "")
+            + "give the roles GPUs that nothing holds (`muse-launch status` shows who holds which)",
         )
 
 

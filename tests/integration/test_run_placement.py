@@ -134,12 +134,16 @@ def test_a_scale_with_room_for_fewer_than_asked_starts_nothing(deployment):
 def test_another_deployments_gpus_are_held_and_the_fix_names_it(deployment):
     d = deployment
     ports, theirs = free_ports(5), free_ports(5)
-    other = b300_pd(d, theirs, decode_replicas=1, name="other")  # GPUs 0-3 as written: moved below
-    text = yaml.safe_load(other.read_text())
-    text["roles"]["prefill"]["gpus"], text["roles"]["decode"]["gpus"] = [6, 7], [4, 5]
-    other.write_text(yaml.safe_dump(text))
+    other = b300_pd(d, theirs, decode_replicas=1, name="other")  # GPUs 0-3 as written
     ok(d, "up", b300_pd(d, ports, decode_replicas=1), "--rehearse", "-d")  # GPUs 0-3
     try:
+        clash = d.cli("up", other, "--rehearse", "-d")  # as a real host refuses two engines on one GPU
+        assert clash.returncode == 1, clash.stdout + clash.stderr
+        assert f"prefill is planned on GPU 0-1, which prefill of {d.name} holds" in clash.stderr
+        assert f"`muse-launch down {d.name}`" in clash.stderr and "nothing was started" in clash.stderr
+        text = yaml.safe_load(other.read_text())
+        text["roles"]["prefill"]["gpus"], text["roles"]["decode"]["gpus"] = [6, 7], [4, 5]
+        other.write_text(yaml.safe_dump(text))
         ok(d, "up", other, "--rehearse", "-d")  # GPUs 4-7
         refused = d.cli("scale", d.name, "decode", "2")
         assert refused.returncode == 1, refused.stdout + refused.stderr
