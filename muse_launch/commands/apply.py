@@ -228,6 +228,7 @@ def execute(
     say: Callable[[str], None],
     instances: Callable[[], set[str]] | None = None,
     redact: Callable[[str], str] = lambda text: text,
+    applied: Applied | None = None,
 ) -> None:
     """Each step in order. A refusal (NotSupported) undoes what this run added and removed and says so: the
     deployment is left as it was. Another failure stops there, saying what was applied and what was not.
@@ -235,7 +236,7 @@ def execute(
     instances = instances or (lambda: _instances(backend, run_dir))
     told = say
     say = lambda text: told(redact(text))  # noqa: E731
-    applied = Applied()
+    applied = applied if applied is not None else Applied()
     total = len(difference.steps)
     for i, step in enumerate(difference.steps, 1):
         say(f"[{i}/{total}] {step_line(step)}")
@@ -331,6 +332,7 @@ def up_changes(
     """`up FILE` of a deployment that runs: the exit code once its difference is printed (and, without
     `dry_run`, applied). None: nothing of that name runs and `up` starts it as usual."""
     from muse_launch.backend import backend_of
+    from muse_launch.supervise.requests import changes_held
 
     found = running_record(loaded.plan.name)
     if found is None:
@@ -373,10 +375,21 @@ def up_changes(
             fix=f"once `muse-launch status {record.name}` shows it ready, `up` the file again",
         )
     refuse_what_the_seam_cannot_carry(difference, backend, record.name)
-    if relaunches(backend):  # what it adds and relaunches is planned from this file from now on
-        # with the `${env:...}` values read here: a changed secret is what the difference was made of
-        environ = {n: os.environ[n] for n in loaded.loaded.env_names if n in os.environ}
-        source, hidden = str(loaded.source.resolve()), lambda text: say(loaded.redact(text))
-        backend.adopt(run_dir, source, sets, hidden, environ=environ, sha256=loaded.loaded.sha256)
-    execute(difference, backend, run_dir, say, redact=loaded.redact)
+    # One change from the adoption to the last step: no other is served between them, and the adopted file
+    # stands only where the steps were applied (a refusal that undid them leaves the file it had).
+    applied = Applied()
+    with changes_held(backend, run_dir, f"up of {loaded.source.name}", say) as held:
+        if relaunches(backend):  # what it adds and relaunches is planned from this file from now on
+            # with the `${env:...}` values read here: a changed secret is what the difference was made of
+            environ = {n: os.environ[n] for n in loaded.loaded.env_names if n in os.environ}
+            source, hidden = str(loaded.source.resolve()), lambda text: say(loaded.redact(text))
+            backend.adopt(run_dir, source, sets, hidden, environ=environ, sha256=loaded.loaded.sha256)
+        try:
+            execute(difference, backend, run_dir, say, redact=loaded.redact, applied=applied)
+        except NotSupported:
+            raise  # refused: what it applied was undone (or it says what was left)
+        except UserError:
+            held.commit = bool(applied.done)  # stopped part-way: the steps made stand on the file
+            raise
+        held.commit = True
     return 0

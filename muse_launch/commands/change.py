@@ -101,16 +101,19 @@ def restart(
     """Replace every instance of a role with a fresh process, one at a time, with no failed request where
     capacity allows (another instance, or room for one surge instance)."""
     from muse_launch.backend import backend_of
+    from muse_launch.supervise.requests import changes_held
 
     run_dir, record = _deployment(name)
     instances = _role_of(record, role)
     backend = backend_of(run_dir)
     began = time.monotonic()
-    for instance in instances:
-        result = backend.restart_instance(
-            run_dir, instance, _say, f"restart {role}", allow_downtime, drain_timeout
-        )
-        _say(f"{instance}: replaced (generation {result.get('generation', '?')})")
+    # one change for the whole roll: no other is served between two of its instances
+    with changes_held(backend, run_dir, f"restart {role}, rolling over {len(instances)}", _say):
+        for instance in instances:
+            result = backend.restart_instance(
+                run_dir, instance, _say, f"restart {role}", allow_downtime, drain_timeout
+            )
+            _say(f"{instance}: replaced (generation {result.get('generation', '?')})")
     typer.echo(f"{role}: {len(instances)} restarted in {time.monotonic() - began:.1f}s")
 
 

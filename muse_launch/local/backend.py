@@ -136,12 +136,10 @@ class LocalBackend(SupervisedChanges):
         values go over the control socket, which only the deployment's own user may open."""
         import json
 
-        from muse_launch.supervise.control import request
-
         args = {"file": source, "sets": json.dumps(list(sets)), "env": json.dumps(dict(environ or {}))}
         if sha256:  # the file must be the one whose difference `up` printed
             args["sha256"] = sha256
-        return request(run_dir, "adopt", args, say)
+        return self._ask(run_dir, "adopt", args, say)  # under `held`: it stands once the lease commits
 
 
 def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:

@@ -284,6 +284,7 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         final = replace(
             record,
             supervisor=None,
+            change=None,  # stopped: whatever change ran is over
             roles=tuple(
                 replace(r, state=RoleState.STOPPED, process=None, ready_at=None) for r in record.roles
             ),

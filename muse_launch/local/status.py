@@ -44,7 +44,8 @@ def observed(record: DeploymentRecord) -> DeploymentRecord:
         else r
         for r in record.roles
     )
-    return replace(record, supervisor=None, roles=roles)
+    # a change in progress is the supervisor's: with it gone (killed mid-change), none is in progress
+    return replace(record, supervisor=None, roles=roles, change=None)
 
 
 OwnerOf = Callable[[RoleRecord], ListenerOwner | None]  # whose listener a role's probe must find, if seen

@@ -161,7 +161,6 @@ class SlurmBackend(SupervisedChanges):
         from pathlib import Path
 
         from muse_launch.files import replace_file
-        from muse_launch.slurm.control import request
         from muse_launch.supervise.changes import env_digest
         from muse_launch.topology.load import read_regular_file
 
@@ -174,4 +173,4 @@ class SlurmBackend(SupervisedChanges):
         args = {"file": str(copy), "sets": json.dumps(list(sets)), "env_sha256": json.dumps(digests)}
         if sha256:
             args["sha256"] = sha256
-        return request(SlurmFiles(run_dir), "adopt", args, say)
+        return self._ask(run_dir, "adopt", args, say)  # under `held`: it stands once the lease commits

@@ -52,6 +52,8 @@ def slurm_view(run_dir: RunDir, record: DeploymentRecord) -> SlurmView:
     placed = (files.read_json(files.placement) or {}).get("roles", {})
     nodes = {name: where["node"] for name, where in placed.items()}
     alive = files.supervisor_alive()
+    if not alive:  # a change in progress is the supervisor's: with it gone, none is in progress
+        record = replace(record, change=None)
     state = record.state.value
     if not job.active:
         ended = job.state.lower() if job.state != "GONE" else "gone"

@@ -91,6 +91,16 @@ class Changes:
         self.new_roles: frozenset[str] = frozenset()
         self.gone_roles: frozenset[str] = frozenset()
         self._wiring_by_plan: dict[str, WiringCheck] = {}
+        self._unadopted: tuple[Placement | None, frozenset[str], frozenset[str]] | None = None
+
+    def settle(self, commit: bool, say: Say) -> dict[str, Any]:
+        """The end of a lease: a file adopted under it is dropped again unless it ended committed (`up`
+        refused, or its client went away, with the file's steps undone or never made)."""
+        before, self._unadopted = self._unadopted, None
+        if before is not None and not commit:
+            self.placement, self.new_roles, self.gone_roles = before
+            say(f"{self.sup.plan.name}: later changes planned from the file it had before")
+        return {"committed": commit}
 
     def handle(self, op: str, args: dict[str, Any], say: Say) -> dict[str, Any]:
         why = args.get("why") if isinstance(args.get("why"), str) else None
@@ -99,8 +109,11 @@ class Changes:
             raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
         self.allow_downtime = args.get("allow_downtime") is True
         self.by_file = args.get("by_file") is True  # a step of `up FILE`: the adopted file's roles come, go
+        if op == "release":  # a lease ended: a file adopted under it stands only if it ended committed
+            return self.settle(args.get("commit") is True, say)
         if op == "adopt":
-            return self.adopt(
+            before = (self.placement, self.new_roles, self.gone_roles)
+            result = self.adopt(
                 args.get("file"),
                 args.get("sets"),
                 args.get("env", "{}"),
@@ -108,6 +121,8 @@ class Changes:
                 args.get("sha256"),
                 args.get("env_sha256"),
             )
+            self._unadopted = before if isinstance(args.get("lease"), str) else None
+            return result
         of_role = op in ("add", "scale")
         target = args.get("role" if of_role else "instance")
         if not isinstance(target, str):
@@ -858,6 +873,7 @@ class Changes:
             for run in self.sup.runs.values():
                 if run.wiring and any(w.peer == name for w in run.wiring.wires):
                     run.wired, run.wiring_failed = False, None
+                    run.wiring_since = self.sup.clock.monotonic()  # its timeout counts from now
 
         self.sup.call(recheck)
 

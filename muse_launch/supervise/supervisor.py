@@ -79,6 +79,8 @@ class RoleRun:
     unlisted: tuple[Wire, ...] = ()  # the peers its list lacked at the last look
     retiring: bool = False  # being stopped for good by a change (`scale` down, a replacement)
     wiring_failed: str | None = None  # why its wiring is not complete after its probe's timeout
+    wiring_since: float = 0.0  # monotonic: when its set last changed (a change's registration); its wiring
+    # has its probe's timeout from then, or from its start, whichever is later
     reconciling: Future | None = None  # a router's worker set being made the desired one, in the pool
     next_reconcile_at: float = 0.0
     reconcile_due: bool = False  # back after a restart: it lists its command-line workers, not the set
@@ -181,7 +183,7 @@ class Supervisor:
 
     def sign_off(self) -> None:
         """The supervisor is going away: from now on no one watches these roles."""
-        self.record = replace(self.record, supervisor=None)
+        self.record = replace(self.record, supervisor=None, change=None)  # its change goes with it
         self.on_change(self.record)
 
     def close(self) -> None:
@@ -372,6 +374,7 @@ class Supervisor:
         run = self.runs[name]
         run.wiring = replace(run.wiring, wires=wires)
         run.wired, run.wiring_failed, run.unlisted = False, None, wires
+        run.wiring_since = self.clock.monotonic()  # its timeout counts from now, not from its start
         self._update(name, wiring=run.wiring.counts(()))
         return run.reconciling
 
@@ -566,7 +569,7 @@ class Supervisor:
             if not result.missing:
                 run.wired = True
                 return None
-        if now - run.started_at > run.spec.probe.timeout:
+        if now - max(run.started_at, run.wiring_since) > run.spec.probe.timeout:
             return run.wiring.failure(run.unlisted, run.spec.probe.timeout)
         return None
 

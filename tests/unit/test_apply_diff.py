@@ -426,6 +426,27 @@ def test_dry_run_of_a_running_deployment_prints_the_difference_and_changes_nothi
     assert (home / "epd-b300" / "state.json").read_bytes() == state
 
 
+def _lease(monkeypatch) -> list[bool]:
+    """The supervisor's lease, faked as its other requests are here: what `up` ends it with (commit or not)
+    is recorded."""
+    from contextlib import contextmanager
+
+    from muse_launch.supervise.requests import Held
+
+    ended: list[bool] = []
+
+    @contextmanager
+    def held(self, run_dir, what, say=print):
+        lease = Held()
+        try:
+            yield lease
+        finally:
+            ended.append(lease.commit)
+
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.held", held)
+    return ended
+
+
 def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home, monkeypatch):
     def refuse(self, run_dir, instance, **_):
         raise NotSupported(
@@ -434,6 +455,7 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
 
     monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", refuse)
     monkeypatch.setattr("muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: {})
+    ended = _lease(monkeypatch)
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
     ran = muse(
@@ -446,6 +468,7 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
     )
     assert "  fix: down, then up" in ran.stderr
     assert (home / "epd-b300" / "state.json").read_bytes() == state
+    assert ended == [False]  # refused, nothing changed: the file it adopted does not stand
 
 
 def test_up_of_an_unchanged_running_file_does_nothing(home):
@@ -584,6 +607,7 @@ def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
     monkeypatch.setattr(
         "muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
     )
+    ended = _lease(monkeypatch)
     two = ("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
     _write_running(*two)
     edited = ("roles.decode.gpus=[4, 5, 6, 7]", "roles.decode.replicas=2", *two[1:])
@@ -598,6 +622,7 @@ def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
         in ran.stdout
     )
     assert ran.stdout.rstrip().endswith("epd-b300: applied (1 steps)")
+    assert ended == [True]  # applied: the adopted file stands
 
 
 def test_a_refusal_after_a_removal_adds_an_instance_back(tmp_path):
@@ -625,6 +650,7 @@ def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(
         lambda self, run_dir, source, sets, say=print, environ=None, **_: seen.update(environ or {}),
     )
     monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", lambda *a, **k: {})
+    _lease(monkeypatch)
     secret = ("roles.decode.env.DECODE_TOKEN=${env:DECODE_TOKEN}",)
     monkeypatch.setenv("DECODE_TOKEN", "first-value-1")
     _write_running(*secret)

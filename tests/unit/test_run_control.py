@@ -289,3 +289,243 @@ def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_stat
     assert [c.header for c in table.columns][-2] == "gen" and list(table.columns[-2].cells) == ["3"]
     stopped = replace(changing, roles=(replace(changing.roles[0], state=RoleState.STOPPED),))
     assert stopped.shown_state == "stopped"  # nothing runs: no change shown
+
+
+# ---- the channel cannot be wedged: every wait bounded, every request with a whole-request deadline -------
+
+
+def _raw(run_dir: RunDir) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(10)
+    conn.connect(str(run_dir.path / SOCKET_NAME))
+    return conn
+
+
+def _last_line(conn: socket.socket) -> dict:
+    """The server's lines until it closes; the last one (its answer)."""
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    lines = [json.loads(line) for line in data.splitlines() if line.strip()]
+    assert lines, "the server closed without an answer"
+    return lines[-1]
+
+
+def test_running_out_of_file_descriptors_does_not_end_the_accept_loop(run_dir):
+    import resource
+
+    server = ControlServer(run_dir, lambda op, args, say: {"instance": "decode-1"})
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    filler: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+        try:
+            while True:
+                filler.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError:
+            pass  # not one descriptor left in this process: the server's accept fails with EMFILE
+        waiting.connect(str(run_dir.path / SOCKET_NAME))  # queued; accepting it needs a descriptor
+        time.sleep(0.3)  # the accept loop meets EMFILE meanwhile (on main: it ended there for good)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        waiting.close()
+        began = time.monotonic()
+        assert request(run_dir, "add", {"role": "decode"}, print, timeout=10) == {"instance": "decode-1"}
+        assert time.monotonic() - began < 5
+        assert server.thread.is_alive()
+    finally:
+        server.close()
+
+
+def test_a_supervisor_that_never_takes_the_request_is_given_up_on_in_seconds(run_dir, monkeypatch):
+    """Connected, never accepted (an accept loop that is gone): the client's wait is bounded."""
+    from muse_launch.supervise import control
+
+    monkeypatch.setattr(control, "TAKEN_TIMEOUT", 0.5)
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    deaf.bind(str(run_dir.path / SOCKET_NAME))
+    deaf.listen(8)
+    outcome: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            request(run_dir, "add", {"role": "decode"}, print)
+        except BaseException as exc:  # noqa: BLE001  handed to the test
+            outcome.append(exc)
+
+    try:
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(10)
+        assert not asking.is_alive(), "the client still waits"
+        assert isinstance(outcome[0], RuntimeFailure) and "did not take the request" in str(outcome[0])
+    finally:
+        deaf.close()
+
+
+def test_a_supervisor_that_goes_silent_mid_change_is_given_up_on(run_dir, monkeypatch):
+    from muse_launch.supervise import control
+
+    monkeypatch.setattr(control, "SILENCE_TIMEOUT", 0.5)
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.bind(str(run_dir.path / SOCKET_NAME))
+    stuck.listen(1)
+    held: list[socket.socket] = []
+
+    def take_then_hang() -> None:
+        conn, _ = stuck.accept()
+        held.append(conn)
+        conn.recv(4096)
+        conn.sendall(b'{"taken": true}\n{"say": "starting decode-1"}\n')
+
+    threading.Thread(target=take_then_hang, daemon=True).start()
+    try:
+        began = time.monotonic()
+        with pytest.raises(RuntimeFailure, match="went silent"):
+            request(run_dir, "add", {"role": "decode"}, print)
+        assert time.monotonic() - began < 5
+    finally:
+        for conn in held:
+            conn.close()
+        stuck.close()
+
+
+def test_a_long_change_is_not_given_up_on_while_the_supervisor_beats(run_dir, monkeypatch):
+    from muse_launch.supervise import control
+
+    monkeypatch.setattr(control, "SILENCE_TIMEOUT", 0.6)
+    monkeypatch.setattr(control, "BEAT", 0.1)
+
+    def slow(op, args, say):
+        time.sleep(1.5)  # longer than the silence the client bears: the beats carry it
+        return {"instance": "decode-1"}
+
+    server = ControlServer(run_dir, slow)
+    try:
+        assert request(run_dir, "add", {"role": "decode"}, print) == {"instance": "decode-1"}
+    finally:
+        server.close()
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_dropped_at_its_whole_request_deadline(run_dir, monkeypatch):
+    from muse_launch.supervise import control
+
+    monkeypatch.setattr(control, "REQUEST_READ_TIMEOUT", 1.0)
+    server = ControlServer(run_dir, lambda op, args, say: {})
+    try:
+        conn = _raw(run_dir)
+        conn.setblocking(True)
+        began = time.monotonic()
+        answer: list[dict] = []
+        reader = threading.Thread(target=lambda: answer.append(_last_line(conn)), daemon=True)
+        reader.start()
+        for byte in b'{"op": "add", "args": {"role": "decode"}}'[:25]:
+            if answer or time.monotonic() - began > 4:
+                break
+            try:
+                conn.sendall(bytes([byte]))
+            except OSError:
+                break  # dropped
+            time.sleep(0.2)  # each byte well within any per-read timeout
+        reader.join(5)
+        assert answer and answer[0]["ok"] is False and "not sent whole within 1s" in answer[0]["error"]
+        assert time.monotonic() - began < 3
+        conn.close()
+    finally:
+        server.close()
+
+
+def test_deeply_nested_json_is_answered_a_clear_error_and_the_server_goes_on(run_dir):
+    server = ControlServer(run_dir, lambda op, args, say: {"instance": "decode-1"})
+    try:
+        conn = _raw(run_dir)
+        conn.sendall(b"[" * 50_000 + b"\n")
+        answer = _last_line(conn)
+        conn.close()
+        assert answer["ok"] is False and answer["kind"] == "usage"
+        assert "bad request" in answer["error"] and "nested more than" in answer["error"]
+        assert "Error" not in answer["error"]  # no internal class name
+        assert request(run_dir, "add", {"role": "decode"}, print) == {"instance": "decode-1"}
+    finally:
+        server.close()
+
+
+def test_an_env_value_far_over_8_kib_is_handed_over_whole_and_the_size_stays_bounded(run_dir):
+    seen: dict = {}
+
+    def handler(op, args, say):
+        seen.update(args)
+        return {"file": args["file"]}
+
+    server = ControlServer(run_dir, handler)
+    secret = "k" * (200 << 10)  # a certificate or a long token: 200 KiB
+    try:
+        args = {"file": "/x/demo.yaml", "sets": "[]", "env": json.dumps({"TLS_CERT": secret})}
+        assert request(run_dir, "adopt", args, print) == {"file": "/x/demo.yaml"}
+        assert json.loads(seen["env"]) == {"TLS_CERT": secret}
+        with pytest.raises(UsageError, match="bad request"):  # still bounded
+            request(run_dir, "adopt", {**args, "env": json.dumps({"X": "k" * (5 << 20)})}, print)
+        with pytest.raises(UsageError, match="too long"):  # an instance's name is no place for it
+            request(run_dir, "remove", {"instance": "k" * 10_000}, print)
+    finally:
+        server.close()
+
+
+# ---- a lease: a change of several requests is one change -------------------------------------------------
+
+
+def test_a_lease_keeps_every_other_change_out_between_its_requests_and_its_end_is_told(run_dir):
+    calls: list[tuple[str, dict]] = []
+
+    def handler(op, args, say):
+        calls.append((op, args))
+        return {"instance": args.get("instance", "")}
+
+    server = ControlServer(run_dir, handler)
+    try:
+        token = request(run_dir, "hold", {"what": "restart decode, rolling over 2"}, print)["lease"]
+        assert request(run_dir, "restart", {"instance": "decode-0", "lease": token}, print)
+        with pytest.raises(RuntimeFailure) as caught:  # between two of its requests: a scale is refused
+            request(run_dir, "add", {"role": "decode"}, print)
+        assert str(caught.value) == "another change is in progress (restart decode, rolling over 2)"
+        assert "wait for it to end" in caught.value.fix
+        assert request(run_dir, "restart", {"instance": "decode-1", "lease": token}, print)
+        request(run_dir, "release", {"lease": token, "commit": True}, print)
+        assert calls[-1] == ("release", {"commit": True})
+        assert request(run_dir, "add", {"role": "decode"}, print) == {"instance": ""}  # free again
+        for op, args in (("restart", {"instance": "decode-0"}), ("release", {})):  # a lease that ended
+            with pytest.raises(RuntimeFailure, match="no such lease"):
+                request(run_dir, op, {**args, "lease": token}, print)
+    finally:
+        server.close()
+
+
+def test_a_lease_whose_client_went_away_ends_by_itself_uncommitted(run_dir, monkeypatch):
+    from muse_launch.supervise import control
+
+    monkeypatch.setattr(control, "LEASE_IDLE", 0.3)
+    calls: list[tuple[str, dict]] = []
+
+    def handler(op, args, say):
+        calls.append((op, args))
+        return {}
+
+    server = ControlServer(run_dir, handler)
+    try:
+        request(run_dir, "hold", {"what": "up of demo.yaml"}, print)
+        with pytest.raises(RuntimeFailure, match=r"in progress \(up of demo.yaml\)"):
+            request(run_dir, "add", {"role": "decode"}, print)
+        began = time.monotonic()
+        while time.monotonic() - began < 5:
+            try:
+                request(run_dir, "add", {"role": "decode"}, print)
+                break
+            except RuntimeFailure:
+                time.sleep(0.05)
+        assert calls == [("release", {"commit": False}), ("add", {"role": "decode"})]
+    finally:
+        server.close()

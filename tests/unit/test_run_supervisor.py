@@ -597,3 +597,29 @@ def test_an_instance_admitted_while_supervising_starts_serves_and_retires_out_of
     assert [n for _, n in processes.stopped] == ["base-1"]
     assert [s.name for s in sup.plan.specs] == ["base"] and sup.record.stop_waves == (("base",),)
     assert "base-1" not in sup.runs
+
+
+def test_a_wiring_changed_long_after_the_router_started_has_its_timeout_from_the_change(tmp_path):
+    """A change registers a worker with a router that has run far longer than its readiness timeout (20 s
+    here): the new wiring gets those 20 s from the registration, not from the router's start (main: `not
+    wired after 20s` at the first look, every change failing once the router was 600 s old)."""
+    h = harness(tmp_path, PD, {})
+    assert h.supervisor.start() is Outcome.READY
+    h.clock.now += 3600.0  # an hour later
+    h.processes.listed_from["prefill-1"] = h.clock.now + 2.0  # the router lists it 2 s after its registration
+    router = h.supervisor.runs["router"]
+    h.supervisor.rewire("router", router.wiring.wires)  # what a change's registration does
+    for _ in range(100):
+        if router.wired or router.wiring_failed:
+            break
+        h.supervisor._tend_wiring(router)
+        h.clock.now += 0.1
+    assert router.wiring_failed is None and router.wired
+    assert h.clock.now >= 3602.0
+    h.processes.listed_from["prefill-1"] = math.inf  # never listed: still bounded, 20 s from this change
+    changed = h.clock.now
+    h.supervisor.rewire("router", router.wiring.wires)
+    while not router.wiring_failed and h.clock.now - changed < 60:
+        h.supervisor._tend_wiring(router)
+        h.clock.now += 0.1
+    assert router.wiring_failed.startswith("not wired after 20s") and 20 < h.clock.now - changed < 21
