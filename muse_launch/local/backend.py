@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from muse_launch.errors import RuntimeFailure
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.local.down import DownReport
     from muse_launch.local.status import OwnerOf
-    from muse_launch.plan.spec import Plan
+    from muse_launch.plan.spec import LaunchSpec, Plan
     from muse_launch.rundir.logs import RolePrinter
     from muse_launch.supervise.changes import Placement
 
@@ -173,7 +173,9 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
             versions.update(engine_versions(plan))
         return choose(plan, topology.start, versions).plan
 
-    def preflight(part: Plan, say: Callable[[str], None]) -> None:
+    def preflight(part: Plan, say: Callable[[str], None], reserved: Sequence[LaunchSpec] = ()) -> None:
+        """`reserved` (instances placed, not started) need nothing here: their GPUs and ports are held in
+        the supervisor's room already (supervise/changes.py)."""
         if busy := busy_ports(part, loaded.redact, recorded_role):
             raise RuntimeFailure(
                 "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(part, busy)

@@ -63,10 +63,11 @@ def slurm_placement(
         except (PlanError, ValueError) as exc:
             raise RuntimeFailure(f"the file's plan with these replicas does not work: {exc}") from None
 
-    def preflight(part: Plan, say: Callable[[str], None]) -> None:
+    def preflight(part: Plan, say: Callable[[str], None], reserved: Sequence[LaunchSpec] = ()) -> None:
+        """`reserved`: instances the same change placed and has not started yet: they count as running."""
         for spec in part.specs:
             node = _node_of(spec, allocation)
-            running = [s for s in current() if processes.placement.get(s.name) == node]
+            running = [s for s in (*current(), *reserved) if processes.placement.get(s.name) == node]
             _require_gpus(spec, node, running, gpus_per_node, processes)
             _require_ports(spec, node, running)
             processes.placement[spec.name] = node

@@ -58,7 +58,7 @@ class Placement:
     # role -> its replicas (the others as the file has them); and role -> {port kind: port} its new
     # instance takes instead of its stepped ports (plan/placement.py with_replicas)
     replan: Callable[..., Plan]
-    preflight: Callable[[Plan, Say], None]
+    preflight: Callable[..., None]  # (part, say[, reserved]): raises RuntimeFailure
     # The same rules from an edited file, its --set values and `${env:...}` values (`up FILE` of a running
     # deployment)
     reload: Callable[[str, tuple[str, ...], Mapping[str, str]], Placement] | None = None
@@ -337,7 +337,8 @@ class Changes:
         if moved:
             ports = ", ".join(f"{kind} {port}" for kind, port in spec.ports.items())
             say(f"{spec.name}: on ports {ports} (those the file steps to are held)")
-        self.placement.preflight(Plan(plan.name, (spec,), ((spec.name,),)), say)
+        one = Plan(plan.name, (spec,), ((spec.name,),))
+        self.placement.preflight(one, say, reserved) if reserved else self.placement.preflight(one, say)
         self._wiring_by_plan = wiring_checks(plan)
         return spec
 

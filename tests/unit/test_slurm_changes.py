@@ -75,3 +75,14 @@ def test_cpus_go_by_gpu_share_of_the_node_so_free_gpus_keep_theirs():
     shares = cpu_shares(where, list(loaded.plan.specs), 16, gpus_per_node=4)
     assert shares == {"prefill": 4, "decode": 4, "router": 0}
     assert cpu_shares(where, list(loaded.plan.specs), 16) == {"prefill": 16, "decode": 16, "router": 0}
+
+
+def test_instances_placed_by_the_same_change_count_before_they_start(tmp_path):
+    """`scale decode 1 -> 3` on a node with room for one more: the second is refused before either starts."""
+    place, processes, running, _ = placed(tmp_path, gpus_per_node=2)
+    plan = place.replan({"prefill": 1, "decode": 3, "router": 1})
+    first, second = plan.spec("decode-1"), plan.spec("decode-2")
+    place.preflight(Plan("x", (first,), (("decode-1",),)), print)
+    with pytest.raises(RuntimeFailure, match="node gpu-b has 0 of its 2 allocated GPUs free"):
+        place.preflight(Plan("x", (second,), (("decode-2",),)), print, (first,))
+    assert "decode-2" not in processes.placement
