@@ -66,12 +66,18 @@ def write_model(out: Path, seed: int) -> None:
         model_max_length=4096,
     )
     hf_tok.chat_template = CHAT_TEMPLATE
-    image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14,
-                                            merge_size=2, temporal_patch_size=2)
-    video_processor = Qwen2VLVideoProcessor(min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14,
-                                            merge_size=2, temporal_patch_size=2)
-    processor = Qwen2_5_VLProcessor(image_processor=image_processor, tokenizer=hf_tok,
-                                    video_processor=video_processor, chat_template=CHAT_TEMPLATE)
+    image_processor = Qwen2VLImageProcessor(
+        min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    video_processor = Qwen2VLVideoProcessor(
+        min_pixels=56 * 56, max_pixels=112 * 112, patch_size=14, merge_size=2, temporal_patch_size=2
+    )
+    processor = Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=hf_tok,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
     processor.save_pretrained(out)
     cfg_path = out / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())

@@ -12,7 +12,9 @@ import torch
 __version__ = "0.0.0+muse-launch-torch-stand-in"
 
 
-def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len):
+def assign_req_to_token_pool_cpu(
+    req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc, pool_len
+):
     pt = 0
     for i in range(req_pool_indices.numel()):
         s, e = int(start_offset[i]), int(end_offset[i])
