@@ -101,9 +101,10 @@ def single_answers(sglang_setup, tmp_path_factory) -> dict[str, str]:
     python, model = sglang_setup
     example = yaml.safe_load(EPD_FILE.read_text())
     env = {**os.environ, **{k: str(v) for k, v in example["env"].items()}}
+    mem_fraction = str(example["roles"]["prefill"]["mem_fraction"])
     argv = [
         str(python), "-m", "sglang.launch_server", "--model-path", str(model), *map(str, example["args"]),
-        "--mem-fraction-static", "0.05", "--host", "127.0.0.1", "--port", str(SINGLE_PORT),
+        "--mem-fraction-static", mem_fraction, "--host", "127.0.0.1", "--port", str(SINGLE_PORT),
     ]  # fmt: skip
     log = tmp_path_factory.mktemp("single") / "server.log"
     with log.open("wb") as out:
@@ -206,7 +207,7 @@ def assert_down(run: Run, status: dict[str, Any]) -> None:
 
 def assert_top_reads_metrics(run: Run, status: dict[str, Any]) -> None:
     """`top` on SGLang's own /metrics (--enable-metrics in the examples' args) after traffic."""
-    chat(role_url(status, "router"), False)
+    chat(router_ready(status), False)
 
     def snapshot() -> dict[str, Any] | None:
         top = run.cli("top", run.name, "--once", "--json", "--interval", "1", timeout=120)
@@ -232,9 +233,21 @@ def test_epd_up_is_wired_and_smoke_passes(epd):
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
 
 
+def router_ready(status: dict[str, Any]) -> str:
+    """The router's URL once it lists every worker healthy (health checks may lag on a busy machine)."""
+    router = role_url(status, "router")
+
+    def healthy() -> bool:
+        workers = httpx.get(router + "/workers", timeout=30).json()["workers"]
+        return len(workers) >= 2 and all(w.get("is_healthy", True) for w in workers)
+
+    wait_for(healthy, 120, "the router to list every worker healthy")
+    return router
+
+
 def test_epd_greedy_answers_equal_a_single_servers(epd, single_answers):
     run, status = epd
-    router = role_url(status, "router")
+    router = router_ready(status)
     assert chat(router, True) == single_answers["image"]
     assert chat(router, False) == single_answers["text"]
 
@@ -252,7 +265,7 @@ def test_pd_up_is_wired_and_answers_as_a_single_server(pd, single_answers):
     assert_wired(status, encoders=False)
     smoke = run.cli("smoke", run.name, "--timeout", "300", timeout=600)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
-    assert chat(role_url(status, "router"), False) == single_answers["text"]
+    assert chat(router_ready(status), False) == single_answers["text"]
 
 
 def test_pd_down_leaves_nothing(pd):
