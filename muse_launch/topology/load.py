@@ -494,9 +494,12 @@ def _set_value(raw: str, at: Path_, texts: dict[Path_, str] | None = None) -> An
 
 
 # The variables this repository's own files use, and the command that sets them.
-SETS_ENV = dict.fromkeys(
-    ("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"), 'eval "$(bash scripts/vllm_cpu_setup.sh)"'
-)
+_VLLM_SETUP = 'eval "$(bash scripts/vllm_cpu_setup.sh)"'
+_SGLANG_SETUP = 'eval "$(bash scripts/sglang_cpu_setup.sh)"'
+SETS_ENV = {
+    **dict.fromkeys(("MUSE_LAUNCH_TINY_MODEL", "MUSE_LAUNCH_VLLM_PYTHON"), _VLLM_SETUP),
+    **dict.fromkeys(("MUSE_LAUNCH_SGLANG_MODEL", "MUSE_LAUNCH_SGLANG_PYTHON"), _SGLANG_SETUP),
+}
 
 
 def _substitute_env(
