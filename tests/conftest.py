@@ -10,6 +10,32 @@ pytest.register_assert_rewrite("harness")
 from harness import deployment  # noqa: E402,F401  the `deployment` fixture
 from k8s_cluster import k8s_cluster  # noqa: E402,F401  the `k8s_cluster` fixture (one control plane per session)
 
+# The long suites first, so that no worker starts one of them last while the others sit idle (measured with
+# `--durations`: vLLM on the CPU, the Kubernetes control plane, SLURM, the engine parsers).
+_LONG_FIRST = ("k8s", "vllm_cpu", "slurm", "engine_parsers", "bench")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`scripts/test.sh`: `--dist loadgroup`, a network namespace per worker), each test
+    file is one group, run whole by one worker, so that a module's fixture (a SLURM cluster, vLLM on the CPU)
+    starts once; every test of the session's Kubernetes control plane (`k8s_cluster`) is one group too, so
+    that one worker owns that cluster. Before xdist's own hook, which reads the groups."""
+    if not (config.getoption("loadgroup", False) or config.getoption("dist", "no") == "loadgroup"):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "k8s" if "k8s_cluster" in getattr(item, "fixturenames", ()) else item.path.name
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        group = item.get_closest_marker("xdist_group").args[0]
+        names = [m for m in _LONG_FIRST if item.get_closest_marker(m) or m == group]
+        return _LONG_FIRST.index(names[0]) if names else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 _FAULTS: list[tuple[str, bool, tuple[int, int] | None]] = []  # scenario, failed, (processes, ports) left
 
 
