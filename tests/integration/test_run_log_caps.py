@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from harness import REPO, free_ports, stand_in, wait_for
+from harness import REPO, free_ports, stand_in, wait_for, writing_to_a_full_pipe
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,8 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
                 f.write(line * 1000)
             for _ in range(40):
                 f.write(b"z" * MiB)
-        time.sleep(1.0)  # `logs -f` sees the backlog while nobody reads its output
+        # `logs -f` has read what it could of the backlog and waits on its output, which nobody reads yet
+        wait_for(lambda: writing_to_a_full_pipe(follow.pid) or follow.poll() is not None)
         got = 0
         fd = follow.stdout.fileno()
         written = 26 * 1000 * len(line) + 40 * MiB  # each line comes back with its prefix: at least as much
@@ -135,7 +136,7 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
     first = tail.stdout.read(
         1
     )  # it has read the end of the log; its output (over a pipe's 64 KiB) waits for us
-    time.sleep(0.5)
+    wait_for(lambda: writing_to_a_full_pipe(tail.pid) or tail.poll() is not None)
     peak = peak_rss_mib(tail.pid)
     out = first + b"".join(iter(lambda: tail.stdout.read(MiB), b""))
     tail.wait()
