@@ -19,11 +19,28 @@
 # a network namespace of its own (scripts/netns_python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WORKERS="${MUSE_TEST_WORKERS:-3}"
+SUITES="slurm k8s vllm parsers graph bench local"
+say() { echo "test.sh: $*" >&2; }
+# The arguments first, before any install: a mistyped tier says so at once.
+case "${1:-}" in
+  "" | -* | tests*) ;;
+  fast) [ "$#" -eq 1 ] || { say "\`fast\` takes no more arguments"; exit 2; } ;;
+  *)
+    for suite in "$@"; do
+      case " $SUITES " in
+        *" $suite "*) ;;
+        *) say "unknown tier or suite: $suite (fast; $SUITES; or pytest's arguments)"; exit 2 ;;
+      esac
+    done
+    ;;
+esac
+case "$WORKERS" in
+  '' | *[!0-9]*) say "MUSE_TEST_WORKERS must be a number (0: one process), not $WORKERS"; exit 2 ;;
+esac
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[routers,test,k8s,bench]'  # bench: aiperf and matplotlib
-WORKERS="${MUSE_TEST_WORKERS:-3}"
-say() { echo "test.sh: $*" >&2; }
 
 # The tests run in a network namespace of their own: their ports never meet another program's, and
 # the local SLURM cluster's node addresses stay inside it (no network is needed past the installs).
@@ -80,19 +97,13 @@ if [ "$#" -eq 0 ]; then
 fi
 case "$1" in
   fast)
-    [ "$#" -eq 1 ] || { say "\`fast\` takes no more arguments"; exit 2; }
     fast_tier
     exit
     ;;
-  slurm | k8s | vllm | parsers | graph | bench | local) ;;
   -* | tests*)  # pytest's own arguments: the long tier's installs, then pytest with them
     install_long_tier
     pytest_parallel "$@"
     exit
-    ;;
-  *)
-    say "unknown tier or suite: $1 (fast, slurm, k8s, vllm, parsers, graph, bench, local, or pytest's arguments)"
-    exit 2
     ;;
 esac
 # One or more suites, each with its own installs only.
@@ -103,13 +114,9 @@ for suite in "$@"; do
     k8s) install_k8s && selected+=("k8s") ;;
     vllm) install_vllm && selected+=("vllm_cpu") ;;
     parsers) install_parsers && selected+=("engine_parsers") ;;
+    graph) install_graph && selected+=("graph") ;;
     bench) selected+=("(bench and not vllm_cpu and not slurm)") ;;
     local) selected+=("(not slurm and not k8s and not vllm_cpu and not engine_parsers and not graph)") ;;
-    graph) install_graph && selected+=("graph") ;;
-    *)
-      say "unknown suite: $suite (slurm, k8s, vllm, parsers, graph, bench, local)"
-      exit 2
-      ;;
   esac
 done
 expression="${selected[0]}"
