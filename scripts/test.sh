@@ -53,10 +53,10 @@ pytest_here() {
   fi
 }
 # The same, in $WORKERS pytest-xdist workers, each in its own namespace; a test file runs whole on one worker,
-# and the Kubernetes control plane's tests on one (tests/conftest.py).
+# and the Kubernetes control plane's files on one (tests/conftest.py: pytest_xdist_make_scheduler).
 pytest_parallel() {
   if [ "$WORKERS" -gt 0 ]; then
-    pytest_here --tx "$WORKERS*popen//python=scripts/netns_python" --dist loadgroup "$@"
+    pytest_here --tx "$WORKERS*popen//python=scripts/netns_python" --dist loadfile --no-loadscope-reorder "$@"
   else
     pytest_here "$@"
   fi
