@@ -31,7 +31,10 @@ die() { say "$*"; exit 1; }
 
 kit() {  # the kit's scripts, and the binaries they start
   [ -x "$KIT/start.sh" ] && [ -x "$KIT/stop.sh" ] \
-    || die "no k8s-local kit at $KIT (start.sh, stop.sh); set MUSE_K8S_KIT to its directory"
+    || die "no k8s-local kit at $KIT (start.sh, stop.sh): the local control plane comes from the k8s-local \
+kit beside the repository (../shared/k8s-local), or the directory MUSE_K8S_KIT names; its binaries from the kit's \
+bin/*.gz, or from MUSE_K8S_BIN: a directory of ${BINS[*]/%/.gz} (kube-* of Kubernetes v1.36.2), with etcd from \
+\`scripts/k8s_local.sh prepare\` or ETCD=/path/to/etcd (docs/kubernetes.md, \"The same binaries elsewhere\")"
   export K8S_LOCAL_BIN="${MUSE_K8S_BIN:-$KIT/bin}"
   local b
   for b in "${BINS[@]}"; do

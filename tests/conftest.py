@@ -10,6 +10,52 @@ pytest.register_assert_rewrite("harness")
 from harness import deployment  # noqa: E402,F401  the `deployment` fixture
 from k8s_cluster import k8s_cluster  # noqa: E402,F401  the `k8s_cluster` fixture (one control plane per session)
 
+# How scripts/test.sh spreads the integration suites over pytest-xdist workers (`--dist loadfile`, each
+# worker in a network namespace of its own): a test file runs whole on one worker, so that a module's fixture
+# (a SLURM cluster, vLLM on the CPU) starts once; the files of the session's Kubernetes control plane
+# (`k8s_cluster`) run on one worker, which owns that cluster; each document of test_docs.py is a unit of its
+# own (they share nothing). Not xdist's `loadgroup`: under pytest 9 it no longer regroups the tests.
+K8S_CLUSTER_FILES = ("test_k8s_up.py", "test_k8s_server.py")
+ON_THEIR_OWN = ("test_docs.py",)
+
+
+def unit_of_work(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    if name in K8S_CLUSTER_FILES:
+        return "k8s control plane"
+    return nodeid if name in ON_THEIR_OWN else path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+    return Units(config, log)
+
+
+# The long units first (measured with `--durations`), so that no worker starts one of them last while the
+# others sit idle; scripts/test.sh passes --no-loadscope-reorder so that xdist keeps this order.
+_LONG_FIRST = ("k8s", "vllm_cpu", "slurm", "engine_parsers", "bench")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # an xdist worker: the order the scheduler takes the units in
+        return
+
+    def rank(item: pytest.Item) -> int:
+        marked = [n for n, m in enumerate(_LONG_FIRST) if item.get_closest_marker(m)]
+        return marked[0] if marked else len(_LONG_FIRST)
+
+    items.sort(key=rank)  # stable: a file's tests keep their order
+
+
 _FAULTS: list[tuple[str, bool, tuple[int, int] | None]] = []  # scenario, failed, (processes, ports) left
 
 

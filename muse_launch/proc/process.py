@@ -74,15 +74,32 @@ def is_alive(proc: psutil.Process) -> bool:
 
 def describe(proc: psutil.Process | ProcessRef, mask: Callable[[str], str] = lambda arg: arg) -> str:
     """ "pid N (command line)"; `mask` hides each argument that holds a secret (proc/masks.py), before the
-    line
-    is cut to 100 characters (a cut through a secret would leave a part that no mask matches)."""
+    line is cut (a cut through a secret would leave a part that no mask matches)."""
     try:
         if isinstance(proc, ProcessRef):
             proc = psutil.Process(proc.pid)
         command = command_line(proc.cmdline(), mask) or proc.name()
     except psutil.Error:
         command = "?"
-    return f"pid {proc.pid} ({command[:100]})"
+    return f"pid {proc.pid} ({fit_command(command)})"
+
+
+DESCRIBED_WIDTH = 100  # a described command line, at most
+DESCRIBED_WORD = 32  # a longer word (a path under wherever the repository is) shows its end
+
+
+def fit_command(command: str) -> str:
+    """A (masked) command line cut to DESCRIBED_WIDTH at a space, never inside a word, each word longer than
+    DESCRIBED_WORD shown by its end ("...venv/bin/python"): what follows the program's path (its flags,
+    `--api-key ***`) shows the same wherever the program is installed."""
+    words = [w if len(w) <= DESCRIBED_WORD else "..." + w[3 - DESCRIBED_WORD :] for w in command.split(" ")]
+    shown = ""
+    for word in words:
+        longer = f"{shown} {word}" if shown else word
+        if len(longer) > DESCRIBED_WIDTH:
+            return f"{shown} ..."
+        shown = longer
+    return shown
 
 
 def describe_exit(returncode: int) -> str:

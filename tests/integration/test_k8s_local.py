@@ -11,7 +11,8 @@ import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s]
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "k8s_local.sh"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "k8s_local.sh"
 
 
 def run(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -24,7 +25,42 @@ def test_no_kit(tmp_path: Path):
     done = run("start", str(tmp_path / "c"), MUSE_K8S_KIT=str(tmp_path / "nowhere"))
     assert done.returncode == 1
     assert f"no k8s-local kit at {tmp_path / 'nowhere'}" in done.stderr and "MUSE_K8S_KIT" in done.stderr
+    # where the kit and the binaries come from: what a fresh clone without the kit beside it reads
+    assert "../shared/k8s-local" in done.stderr and "MUSE_K8S_BIN" in done.stderr, done.stderr
+    assert "kube-apiserver.gz" in done.stderr and "Kubernetes v1.36.2" in done.stderr, done.stderr
     assert not (tmp_path / "c").exists()
+
+
+def test_the_k8s_tests_fail_without_the_kit_saying_where_it_comes_from(tmp_path: Path):
+    """Not a skip: every test of the session's control plane fails with k8s_local.sh's message."""
+    test = tmp_path / "test_needs_cluster.py"
+    test.write_text(
+        "from k8s_cluster import k8s_cluster  # noqa: F401\n\n"
+        "def test_one(k8s_cluster):\n    pass\n\ndef test_two(k8s_cluster):\n    pass\n"
+    )
+    env = {**os.environ, "MUSE_K8S_KIT": str(tmp_path / "nowhere")}
+    env.pop("MUSE_K8S_TEST_DIR", None)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-c",
+            str(REPO / "pyproject.toml"),
+            str(test),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 errors" in done.stdout and "skipped" not in done.stdout, done.stdout
+    assert "no k8s-local kit at" in done.stdout and "../shared/k8s-local" in done.stdout, done.stdout
 
 
 def test_binaries_missing(tmp_path: Path):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from harness import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.k8s]
 
@@ -155,10 +156,7 @@ def test_a_pod_no_node_fits_is_named_with_the_schedulers_reason(ml, k8s_cluster)
         assert "error: pod h200-bf16-2node-server-0" in up.stdout and "stays Pending" in up.stdout, up.stdout
         assert "Insufficient nvidia.com/gpu" in up.stdout, up.stdout
         assert "deleting what was applied" in up.stdout
-        deadline = time.monotonic() + 60
-        while pods(cluster) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not pods(cluster)
+        wait_for(lambda: not pods(cluster), timeout=60, interval=0.5)  # the deletion, seen by the API server
     finally:
         for n in nodes:
             v1.patch_node_status(

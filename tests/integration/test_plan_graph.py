@@ -14,7 +14,7 @@ from muse_launch.plan.build import build_plan
 from muse_launch.render_graph import build_graph, to_dot, to_mermaid
 from muse_launch.topology.load import load_topology
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.graph]
 
 TOPOLOGIES = sorted((REPO / "topologies").glob("*.yaml"))
 SVG = "{http://www.w3.org/2000/svg}"

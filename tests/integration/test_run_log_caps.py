@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from harness import REPO, free_ports, stand_in, wait_for
+from harness import REPO, free_ports, stand_in, wait_for, writing_to_a_full_pipe
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +111,8 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
                 f.write(line * 1000)
             for _ in range(40):
                 f.write(b"z" * MiB)
-        time.sleep(1.0)  # `logs -f` sees the backlog while nobody reads its output
+        # `logs -f` has read what it could of the backlog and waits on its output, which nobody reads yet
+        wait_for(lambda: writing_to_a_full_pipe(follow.pid) or follow.poll() is not None)
         got = 0
         fd = follow.stdout.fileno()
         written = 26 * 1000 * len(line) + 40 * MiB  # each line comes back with its prefix: at least as much
@@ -135,7 +136,7 @@ def test_logs_of_a_huge_backlog_read_in_bounded_memory(deployment):
     first = tail.stdout.read(
         1
     )  # it has read the end of the log; its output (over a pipe's 64 KiB) waits for us
-    time.sleep(0.5)
+    wait_for(lambda: writing_to_a_full_pipe(tail.pid) or tail.poll() is not None)
     peak = peak_rss_mib(tail.pid)
     out = first + b"".join(iter(lambda: tail.stdout.read(MiB), b""))
     tail.wait()
@@ -174,5 +175,7 @@ def test_logs_follow_reads_on_across_a_rotation(deployment):
         watchdog.cancel()
         stop_on_ctrl_c(follow)
     assert lines[:-1] == [f"{n:09d}" for n in range(16 * 650)]  # none lost, none twice, in order
-    assert (deployment.run_dir / "logs" / "noisy.log.1").exists()
+    # rotated past its 64 KiB: the supervisor's look (every 0.25 s) may come after the flood's last line on a
+    # loaded machine, so wait for it rather than look at once
+    wait_for(lambda: (deployment.run_dir / "logs" / "noisy.log.1").exists())
     assert deployment.cli("down", deployment.name).returncode == 0

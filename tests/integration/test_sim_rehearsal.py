@@ -655,7 +655,9 @@ def test_multinode_dist_init(procs):
     base = ["--model-path", M, "--tp-size", "16", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{dist}"]
     n0 = procs.sim("node0", "sglang", base + ["--node-rank", "0", "--port", str(p0)])
     wait_status(f"http://127.0.0.1:{p0}/server_info", 200, 30, [n0])
-    time.sleep(READY_AFTER + 0.3)
+    # Its ready_after is over and what holds it is node 1 (the log's "not ready:" line, written then): not a
+    # window of time, which a loaded machine stretches.
+    wait_for(lambda: "not ready: waiting for 1 node(s) to join" in n0.log(), 30, [n0])
     assert get_status(f"http://127.0.0.1:{p0}/health") == 503
     n1 = procs.sim("node1", "sglang", base + ["--node-rank", "1", "--port", str(p1)])
     wait_status(f"http://127.0.0.1:{p0}/health", 200, 30, [n0, n1])

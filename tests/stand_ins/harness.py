@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -24,13 +25,35 @@ ROUTER = str(Path(sys.executable).with_name("sglang-router"))
 REPO = Path(__file__).resolve().parents[2]
 
 
+BLOCK = 4  # a role's replicas and side ports take its port + 1, + 2...: each port is free with the next three
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct ports the kernel just handed out as free (held together so they differ)."""
-    sockets = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
+    """n ports, each free with the next BLOCK - 1, no two blocks overlapping, below the kernel's ephemeral
+    range: no client's connection (a steady load through the router, a probe) takes one as its own port
+    between the choice and the role's bind, however loaded the machine. Each pytest-xdist worker has a
+    network namespace of its own (scripts/netns_python), so workers never meet."""
+    top = min(_ephemeral_start(), 32768) - BLOCK
+    chosen: list[int] = []
+    while len(chosen) < n:
+        port = random.randrange(10000, top)
+        if any(abs(port - c) < BLOCK for c in chosen):
+            continue
+        try:
+            held = [socket.create_server(("127.0.0.1", p)) for p in range(port, port + BLOCK)]
+        except OSError:
+            continue
+        for s in held:
+            s.close()
+        chosen.append(port)
+    return chosen
 
 
 def stand_in(port: int, *flags: Any, ready_timeout: float = 20.0, **role: Any) -> dict[str, Any]:
@@ -189,6 +212,18 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {condition}")
+
+
+def writing_to_a_full_pipe(pid: int) -> bool:
+    """Whether a thread of process `pid` is blocked writing to a pipe that nobody reads (its wchan): the
+    event a test of a slow reader waits for, where a fixed sleep would be too short on a loaded machine."""
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            if "pipe_write" in (task / "wchan").read_text():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def port_open(port: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,11 +20,10 @@ from typing import Any
 
 
 def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port below the kernel's ephemeral range, free with the next three (harness.free_ports)."""
+    from harness import free_ports
+
+    return free_ports(1)[0]
 
 
 def venv_bin(name: str) -> str:

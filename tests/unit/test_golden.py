@@ -28,7 +28,15 @@ from muse_launch.topology.load import load_topology
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 GOLDEN = ROOT / "tests" / "data" / "golden"
-REFERENCE = ROOT.parent / "shared" / "reference"  # the documents, beside a checkout of this repo
+# The documents the verbatim sections are copied from: the SGLang cookbook's and the vLLM recipe's pages, kept
+# in the repository (a fresh clone has them); the team's copies beside a checkout, where they are, must agree.
+REFERENCE = ROOT / "tests" / "data" / "reference"
+DOCUMENTS = (
+    "sglang-cookbook-muse-spark-open.txt",
+    "vllm-recipe-muse-spark-open-guide.md",
+    "vllm-recipe-muse-spark-open.json",
+)
+BESIDE = ROOT.parent / "shared" / "reference"
 
 # A flag whose value is the engine's documented default may appear on one side only.
 ALLOWED_DEFAULTS = {
@@ -196,8 +204,12 @@ def test_topology_validates_strict(path: Path) -> None:
 
 
 def _reference_text() -> str:
-    if not REFERENCE.is_dir():
-        pytest.skip(f"the reference documents are not at {REFERENCE}")
+    missing = [name for name in DOCUMENTS if not (REFERENCE / name).is_file()]
+    assert not missing, f"the documents the golden files quote are missing from {REFERENCE}: {missing}"
+    for name in DOCUMENTS if BESIDE.is_dir() else ():
+        assert (REFERENCE / name).read_bytes() == (BESIDE / name).read_bytes(), (
+            f"{name} differs from {BESIDE}"
+        )
     parts = [p.read_text() for p in sorted(REFERENCE.glob("*")) if p.suffix in (".txt", ".md")]
 
     def strings(node: object) -> None:

@@ -227,3 +227,18 @@ def test_a_command_line_is_shown_without_secret_looking_flags_values():
         "--tokenizer-path /m --hf-token *** --disable-auth --x 1 --control-plane-api-keys ***"
     )
     assert command_line(argv, no_arguments) == ""  # with the digests lost: the program's name, by the caller
+
+
+@pytest.mark.parametrize("checkout", ["/r", "/tmp/pytest-of-root/a-much-longer-checkout-path/" + "d" * 90])
+def test_a_described_command_line_keeps_its_masked_flags_wherever_the_repository_is(checkout):
+    """`down`'s "had to SIGKILL" lines: the flags after the program's path show the same under any checkout
+    path, and no cut falls inside a word (`--api-k` before a secret's ***)."""
+    from muse_launch.proc.masks import command_line
+    from muse_launch.proc.process import fit_command
+
+    argv = [f"{checkout}/.venv/bin/python", f"{checkout}/tests/stand_ins/server.py", "--api-key", "s3cr3t"]
+    argv += ["--port", "8000", "--ignore-sigterm", "--token=s3cr3t", *[f"--flag-{n}" for n in range(20)]]
+    shown = fit_command(command_line(argv))
+    assert "stand_ins/server.py --api-key *** --port 8000" in shown, shown
+    assert len(shown) <= 100 and shown.endswith(" ...") and "s3cr3t" not in shown
+    assert all(word in command_line(argv) or word.startswith("...") for word in shown.split()), shown

@@ -68,10 +68,9 @@ def test_a_second_change_while_one_runs_is_refused_at_once(run_dir):
         first = threading.Thread(target=request, args=(run_dir, "add", {"role": "decode"}, print))
         first.start()
         assert started.wait(10)
-        began = time.monotonic()
         with pytest.raises(RuntimeFailure, match="another change is in progress"):
             request(run_dir, "remove", {"instance": "decode-1"}, print)
-        assert time.monotonic() - began < 5
+        assert first.is_alive()  # refused while the first change goes on, not after it
         release.set()
         first.join(10)
     finally:

@@ -160,10 +160,19 @@ def test_the_batch_watcher_passes_downs_request_to_the_supervisor_and_keeps_beat
     import threading
     import time
 
+    from harness import wait_for
+
     from muse_launch.slurm.batch import _watch
     from muse_launch.supervise.supervisor import Supervisor
 
-    files = SlurmFiles(RunDir(tmp_path))
+    looks: list[Path] = []  # each of the watcher's looks at down's request
+
+    class Watched(SlurmFiles):
+        def read_json(self, path: Path):
+            looks.append(path)
+            return super().read_json(path)
+
+    files = Watched(RunDir(tmp_path))
     files.dir.mkdir(parents=True)
     sup = Supervisor.__new__(Supervisor)  # only the stop request's state: no plan, no processes
     sup.stops, sup.wakeup = 0, threading.Event()
@@ -172,10 +181,9 @@ def test_the_batch_watcher_passes_downs_request_to_the_supervisor_and_keeps_beat
     watcher.start()
     try:
         files.write_json(files.down_request, {"grace": 7, "at": time.time()})
-        deadline = time.monotonic() + 5
-        while not sup.stop_requested and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # a few more polls: asked once, and still alive
+        wait_for(lambda: sup.stop_requested)
+        seen = len(looks)
+        wait_for(lambda: len(looks) >= seen + 3)  # three more looks at the request: asked once, still alive
         assert sup.stops == 1 and asked == {"grace": 7}
         assert watcher.is_alive() and files.supervisor_alive()
     finally:
