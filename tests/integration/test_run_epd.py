@@ -85,6 +85,16 @@ def test_epd_starts_in_waves_behind_the_real_router_and_stops_clean(deployment):
 
     logs = deployment.cli("logs", deployment.name, "router", "-n", "5")
     assert logs.returncode == 0 and logs.stdout.startswith("router |")
+    # A deployment name that does not exist is named as such, not read as a role of the one running.
+    wrong = deployment.cli("logs", "nosuch", "router", "-n", "5")
+    assert wrong.returncode == 2
+    assert wrong.stderr.splitlines() == [
+        f"error: no deployment or role named 'nosuch'; running: {deployment.name} "
+        "(roles: encoder, decode, prefill, router)",
+        f"  fix: `muse-launch logs {deployment.name} router`",
+    ]
+    fixed = deployment.cli(*wrong.stderr.split("`")[1].split()[1:], "-n", "5")  # the fix as typed
+    assert fixed.returncode == 0 and fixed.stdout.startswith("router |")
 
     down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
