@@ -202,11 +202,22 @@ def init(
         None, "--quant", help="nvfp4 | mxfp4 | bf16 | int4 (default: the hardware's)"
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="write here instead of stdout"),
+    force: bool = typer.Option(False, "--force", help="replace the --output file if it exists"),
 ) -> None:
     """Write a validated topology for a hardware x mode x engine x quantization, like the cookbook's panel."""
+    import shlex
+
+    from .errors import UsageError
     from .init import render_init
 
     text = render_init(hardware, mode, engine, quant)
+    if output and output.exists() and not force:  # a file edited by hand is not replaced without a word
+        again = ["muse-launch", "init", "--hardware", hardware, "--mode", mode, "--engine", engine]
+        again += ["--quant", quant] if quant else []
+        raise UsageError(
+            f"{output} exists; init does not replace it",
+            fix=f"`{shlex.join([*again, '-o', str(output), '--force'])}` replaces it, or give another -o",
+        )
     if output:
         output.write_text(text)
         typer.echo(f"wrote {output}", err=True)

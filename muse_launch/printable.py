@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # SGR: colour and weight only, never a cursor move
 
 
 def escaped(text: str) -> str:
@@ -18,3 +19,9 @@ def one_line(text: str) -> str:
     """A model's answer or a server's error body as one printable line: whitespace runs become one space,
     other control characters are shown escaped."""
     return escaped(" ".join(text.replace("\x0b", " ").replace("\x0c", " ").split()))
+
+
+def uncoloured(text: str) -> str:
+    """`text` without its colour codes (a router's log colours its level and time: shown escaped they were
+    noise), every other control character shown escaped as `escaped` shows it."""
+    return escaped(_COLOUR.sub("", text))

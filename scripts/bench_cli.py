@@ -4,8 +4,8 @@
 
 1. Each command from exec to exit through the console script (.venv/bin/muse-launch): the
    fastest and the median of N runs, wall clock and CPU (user + system; a loaded machine moves
-   CPU time less than wall time). Goals: `--help` 0.15 s, `validate topologies/epd-b300.yaml`
-   0.25 s, `down` with nothing running 0.2 s.
+   CPU time less than wall time), each run paired with a bare interpreter's. Goals (issue 35): `--help`
+   0.10 s, `validate topologies/epd-b300.yaml` 0.20 s, `down` and `status` with nothing running 0.20 s.
 2. `up -d` beside a launcher written by hand that starts the same waves (the plan's argv and env,
    each role in its own session, its log in a file) and polls the same probes at the same
    interval, with no checks, no state and no supervisor; each started alternately, `--rounds`
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(Path(sys.executable).with_name("muse-launch"))
 EPD = REPO / "topologies" / "epd-b300.yaml"
-GOALS = {"--help": 0.15, "validate": 0.25, "down": 0.2}
+GOALS = {"--help": 0.10, "validate": 0.20, "down": 0.20, "status": 0.20}  # issue 35's goals
 
 # The hand-written launcher: the standard library only, the waves in order, each role polled ready.
 HAND = r"""
@@ -94,22 +94,35 @@ def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, int, str]
 
 
 def startup(env: dict[str, str], runs: int) -> None:
-    commands = {"--help": ["--help"], "validate": ["validate", str(EPD.relative_to(REPO))], "down": ["down"]}
-    print(f"start-up, {runs} runs each ({SCRIPT}):")
-    print(f"  {'command':<48} {'wall min':>9} {'median':>8} {'cpu min':>9} {'median':>8}   goal")
+    """Each command paired, run by run, with a bare interpreter (`python -c pass`): the ratio of their CPU
+    medians is what muse-launch adds on this machine, whatever its load."""
+    commands = {
+        "--help": ["--help"],
+        "validate": ["validate", str(EPD.relative_to(REPO))],
+        "down": ["down"],
+        "status": ["status"],
+    }
+    print(f"start-up, {runs} runs each, each paired with a bare interpreter ({SCRIPT}):")
+    print(
+        f"  {'command':<48} {'wall min':>9} {'median':>8} {'cpu min':>9} {'median':>8} "
+        f"{'bare cpu':>9} {'x bare':>7}   goal"
+    )
     for key, args in commands.items():
-        walls, cpus = [], []
+        walls, cpus, bare = [], [], []
         for _ in range(runs):
             wall, cpu, code, out = timed([SCRIPT, *args], env)
-            if code != 0:
+            if code not in (0, 1 if key == "status" else 0):  # status of nothing running: exit 1
                 sys.exit(f"muse-launch {' '.join(args)} exited {code}:\n{out}")
             walls.append(wall)
             cpus.append(cpu)
-        label = "muse-launch " + " ".join(args) + (" (nothing running)" if key == "down" else "")
+            bare.append(timed([sys.executable, "-c", "pass"], env)[1])
+        label = "muse-launch " + " ".join(args) + (" (nothing running)" if key in ("down", "status") else "")
         verdict = "ok" if min(walls) <= GOALS[key] else "OVER"
+        ratio = statistics.median(cpus) / max(statistics.median(bare), 1e-6)
         print(
             f"  {label:<48} {min(walls):8.3f}s {statistics.median(walls):7.3f}s {min(cpus):8.3f}s "
-            f"{statistics.median(cpus):7.3f}s   {GOALS[key]:.2f}s {verdict}"
+            f"{statistics.median(cpus):7.3f}s {statistics.median(bare):8.3f}s "
+            f"{ratio:6.1f}x   {GOALS[key]:.2f}s {verdict}"
         )
 
 

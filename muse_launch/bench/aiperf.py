@@ -23,7 +23,8 @@ from pathlib import Path
 from muse_launch.errors import MissingDependency
 
 PIN = "aiperf==0.13.0"
-INSTALL = "pip install 'muse-launch[bench]'   # or: pip install " + PIN + " matplotlib"
+# As README.md and docs/bench.md write it (tests/unit/test_bench.py holds them to the same line).
+INSTALL = "pip install -e '.[bench]'   # in the muse-launch checkout; or: pip install " + PIN + " matplotlib"
 EXPORT = "profile_export_aiperf.json"
 RAW = "profile_export_raw.jsonl"
 RECORDS = "profile_export.jsonl"  # one line per request; the only export when every request failed

@@ -53,7 +53,10 @@ def compare_runs(runs: list[Path], out: Path | None, echo: Callable[[str], None]
     try:
         images["pareto.png"] = pareto_chart(named, out / "pareto.png")
     except ImportError:
-        echo("warning: matplotlib is not installed: no chart (pip install 'muse-launch[bench]')")
+        echo(
+            "warning: matplotlib is not installed: no chart "
+            "(pip install -e '.[bench]' in the muse-launch checkout)"
+        )
     parts = [_html_table(header, rows)]
     if any(s.get("simulated") for s in summaries):
         parts.insert(0, "<p class='sim'>Runs marked simulated come from rehearsals: no GPU figure.</p>")

@@ -118,5 +118,6 @@ def restart(
 
 
 def register(app: typer.Typer) -> None:
-    for command in (scale, restart):
-        app.command()(command)
+    # `scale NAME decode -1` reaches _replicas as a count (a tool's answer), not click's "No such option".
+    app.command(context_settings={"ignore_unknown_options": True})(scale)
+    app.command()(restart)

@@ -293,7 +293,17 @@ def logs(
 
     roles = list(roles or [])
     is_deployment = name is None or RunDir.of(name).state_file.exists() or Path(name).is_file()
-    if not is_deployment and len(running_deployments()) == 1:
+    running = [] if is_deployment else running_deployments()
+    if len(running) == 1:
+        only = running[0]
+        known = [r.name for r in only.roles]
+        if name not in known:  # neither: name what it is not, not "ONLY has no role NAME"
+            import shlex
+
+            raise UsageError(
+                f"no deployment or role named {name!r}; running: {only.name} (roles: {', '.join(known)})",
+                fix=f"`{shlex.join(['muse-launch', 'logs', only.name, *[r for r in roles if r in known]])}`",
+            )
         roles.insert(0, name)  # `logs prefill` with one deployment running: a role, not a deployment
         name = None
     run_dir, record = _deployment(name)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from .manifests import Manifest, render
+from .manifests import Manifest, SafeLoader, render
 from .names import FLAVOURS
 from .transform import SECRET_MARK_RE, ExportError, ExportPlan, export_plan
 from .validate import Problem, check_dir_problems, check_documents
@@ -41,7 +41,9 @@ def build(
                 fix=f"use ${{env:{name}}} only in args, command or env values, or write the "
                 "value in the file",
             )
-    docs = [(f.path, doc) for f in files for doc in yaml.safe_load_all(f.text()) if doc is not None]
+    docs = [
+        (f.path, doc) for f in files for doc in yaml.load_all(f.text(), Loader=SafeLoader) if doc is not None
+    ]
     problems = check_documents(docs, [f.path for f in files])
     return Exported(plan, files, tuple(problems))
 

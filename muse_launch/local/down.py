@@ -155,7 +155,7 @@ def lock_holding_supervisors(run_dir: RunDir) -> list[ProcessRef]:
 def containment_note(record: DeploymentRecord) -> str | None:
     """Said once by `down` when a role that ran had no cgroup of its own."""
     if any(r.started_at and not r.cgroup for r in record.roles):
-        return BEST_EFFORT_NOTE
+        return f"{BEST_EFFORT_NOTE}\n  fix: {cgroups.best_effort_fix(record.source)}"
     return None
 
 

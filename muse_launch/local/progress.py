@@ -78,6 +78,13 @@ class PlainProgress:
                     f"{role.reset_after:g}s ready\n"
                 )
                 continue
+            if role.state is RoleState.READY and not role.wired:  # "ready" beside 0/1 read as a failure
+                self.out.write(
+                    f"{role.name:<{width}}  {'wiring':<10}  answers after {elapsed(role)}"
+                    + (f"  {role.url}" if role.url else "")
+                    + f"  lists {role.wiring_text} so far; ready once it lists them all\n"
+                )
+                continue
             detail = {
                 RoleState.STARTING: f"pid {role.process.pid}" if role.process else "",
                 RoleState.READY: f"after {elapsed(role)}"

@@ -17,7 +17,7 @@ from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.local.gpus import role_gpu_memory
 from muse_launch.local.progress import STATE_STYLES
 from muse_launch.proc.identity import is_suspended
-from muse_launch.proc.listeners import ListenerOwner
+from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
@@ -54,8 +54,9 @@ OwnerOf = Callable[[RoleRecord], ListenerOwner | None]  # whose listener a role'
 def local_owners(record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
     """On this host a role's processes can be looked at: the listener that answers must be the role's own."""
     marker = Marker(record.name, str(run_dir.path))
+    view = HostView()  # one look at the host's sockets and processes for all the roles: linear in them
     return lambda role: (
-        ListenerOwner(role.process.pid, role.name, marker.env(role.name), role.cgroup)
+        ListenerOwner(role.process.pid, role.name, marker.env(role.name), role.cgroup, view=view)
         if role.process
         else None
     )

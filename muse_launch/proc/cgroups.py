@@ -19,9 +19,28 @@ from ..topology.grammar import path_part
 
 CGROUPS_SWITCH = "MUSE_LAUNCH_CGROUPS"  # "0": no cgroups, markers and sessions only
 LAYOUT_DIR = "muse-launch"
+# Said by `down` (local/down.py containment_note) with a fix line after it: nothing is wrong, and how to
+# get containment where one wants it (docs/faults.md).
 BEST_EFFORT_NOTE = (
-    "no cgroup here: a process that left the role's session and cleared its environment can escape `down`"
+    "note: every role was found by its session and marker (no cgroup of its own here): enough, unless a "
+    "role's child leaves its session and clears its environment"
 )
+
+
+def best_effort_fix(source: str) -> str:
+    """How roles get their own cgroup on this host, as a line to type, for the file `source` ran."""
+    import shlex
+
+    if not enabled():
+        return (
+            f"nothing is wrong; {CGROUPS_SWITCH}=0 turned cgroups off: unset it and `up` again to have them"
+        )
+    if cgroup2_mount() is None:
+        return "nothing is wrong; this host has no cgroup v2, so there is nothing to turn on"
+    return (
+        "nothing is wrong; to contain such children too, start it in a cgroup of your own: "
+        f"`systemd-run --user --scope -p Delegate=yes muse-launch up {shlex.quote(source)} -d`"
+    )
 
 
 def enabled() -> bool:

@@ -35,14 +35,10 @@ def _address(hex_addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return address.ipv4_mapped or address if isinstance(address, ipaddress.IPv6Address) else address
 
 
-def listening_inodes(port: int, host: str | None = None) -> set[int]:
-    """Inodes of the sockets listening on `port` at `host` (or at a wildcard address); any address when
-    `host` is not an IP literal."""
-    try:
-        wanted = ipaddress.ip_address(host) if host else None
-    except ValueError:
-        wanted = None
-    inodes = set()
+def _listeners(port: int | None) -> dict[int, list[tuple[str, int]]]:
+    """port -> (hex address, inode) of each listening socket in the kernel's tables (only `port`'s when
+    given)."""
+    found: dict[int, list[tuple[str, int]]] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
@@ -54,14 +50,55 @@ def listening_inodes(port: int, host: str | None = None) -> set[int]:
             if len(fields) < 10 or fields[3] != TCP_LISTEN:
                 continue
             hex_addr, _, hex_port = fields[1].partition(":")
-            if int(hex_port, 16) != port:
-                continue
-            if wanted is not None:
-                address = _address(hex_addr)
-                if address != wanted and address not in WILDCARDS:
-                    continue
-            inodes.add(int(fields[9]))
-    return inodes
+            number = int(hex_port, 16)
+            if port is None or number == port:
+                found.setdefault(number, []).append((hex_addr, int(fields[9])))
+    return found
+
+
+def _matching(listeners: list[tuple[str, int]], host: str | None) -> set[int]:
+    try:
+        wanted = ipaddress.ip_address(host) if host else None
+    except ValueError:
+        wanted = None
+    return {
+        inode
+        for hex_addr, inode in listeners
+        if wanted is None or (address := _address(hex_addr)) == wanted or address in WILDCARDS
+    }
+
+
+def listening_inodes(port: int, host: str | None = None) -> set[int]:
+    """Inodes of the sockets listening on `port` at `host` (or at a wildcard address); any address when
+    `host` is not an IP literal."""
+    return _matching(_listeners(port).get(port, []), host)
+
+
+class HostView:
+    """One look at the host for a whole `status` or `top` reading: the socket tables parsed once and the
+    process tree walked once, however many roles ask (per role, each look cost the host's whole socket
+    table and process list: 1.2 s at 64 instances)."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[int, list[tuple[str, int]]] | None = None
+        self._children: dict[int, list[int]] | None = None
+
+    def inodes(self, port: int, host: str | None) -> set[int]:
+        if self._listeners is None:
+            self._listeners = _listeners(None)
+        return _matching(self._listeners.get(port, []), host)
+
+    def tree(self, pid: int) -> list[int]:
+        if self._children is None:
+            self._children = {}
+            for proc in psutil.process_iter(["ppid"]):
+                self._children.setdefault(proc.info["ppid"], []).append(proc.pid)
+        out, todo = [], [pid]
+        while todo:
+            one = todo.pop()
+            out.append(one)
+            todo += [c for c in self._children.get(one, ()) if c != one]
+        return out
 
 
 def _tree(pid: int) -> list[int]:
@@ -107,17 +144,19 @@ class ListenerOwner:
     cgroup: str | None = None  # the role's own cgroup: holds even a descendant that cleared its environment
     confirmed: bool = False
     _other: tuple[frozenset[int], Holder] | None = None  # the last holder named: not looked for again
+    view: HostView | None = None  # shared by the roles of one `status` or `top` reading
 
     def check(self, port: int, host: str | None) -> str | None:
         if self.confirmed:
             return None
-        inodes = listening_inodes(port, host)
+        inodes = self.view.inodes(port, host) if self.view else listening_inodes(port, host)
         if not inodes:
             return None
         sockets = {f"socket:[{i}]" for i in inodes}
         from muse_launch.proc import cgroups
 
-        if any(holds_open(pid, sockets) for pid in {*_tree(self.pid), *cgroups.members(self.cgroup)}):
+        tree = self.view.tree(self.pid) if self.view else _tree(self.pid)
+        if any(holds_open(pid, sockets) for pid in {*tree, *cgroups.members(self.cgroup)}):
             self.confirmed = True
             return None
         if self._other is None or self._other[0] != frozenset(inodes):

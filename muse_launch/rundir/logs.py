@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from muse_launch.files import open_nofollow
-from muse_launch.printable import escaped
+from muse_launch.printable import uncoloured
 from muse_launch.rundir.logfiles import READ_CHUNK, LineSplitter, file_id, rotated
 
 COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI foregrounds, one per role
@@ -93,8 +93,8 @@ def last_lines(path: Path, n: int) -> list[str]:
 
 class RolePrinter:
     """Writes `role | line`, the role padded to the longest name and coloured when `colour`; the line's own
-    escape sequences and carriage returns shown escaped (muse_launch/printable.py) unless `raw`, and what
-    `mask` hides (a secret) hidden."""
+    colour codes dropped and its other escape sequences and carriage returns shown escaped
+    (muse_launch/printable.py) unless `raw`, and what `mask` hides (a secret) hidden."""
 
     def __init__(
         self,
@@ -117,7 +117,7 @@ class RolePrinter:
             prefix = f"\x1b[{self.colours.get(role, '0')}m{prefix}\x1b[0m"
         if self.mask is not None:
             text = self.mask(text)
-        self.out.write(f"{prefix} {text if self.raw else escaped(text)}\n")
+        self.out.write(f"{prefix} {text if self.raw else uncoloured(text)}\n")
 
     def flush(self) -> None:
         self.out.flush()

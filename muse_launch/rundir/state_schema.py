@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from muse_launch.bounded_json import Damaged, load_bounded_json
 from muse_launch.proc.cgroups import LAYOUT_DIR, deployment_dir_name
 from muse_launch.rundir.lifecycle import BACKEND_NAMES, RoleState
-from muse_launch.topology.model import MAX_GRACE, STOP_SIGNALS
+from muse_launch.topology.defaults import MAX_GRACE, STOP_SIGNALS  # not model.py: its pydantic models
 
 MAX_STATE_BYTES = 8 << 20  # a topology file is at most 1 MiB; its state is a few times that at worst
 MAX_DEPTH = 16  # state.json nests 5 deep (deployment, roles, role, probe, paths)

@@ -748,8 +748,8 @@ class Changes:
 
         def hide_from_now_on() -> None:
             self.sup.redactions.append(fresh.redact)
-            self.sup.record = replace(
-                self.sup.record, masks=self.sup.record.masks.adding(shown, fresh.redact)
+            self.sup.record = replace(  # `status` names the file it now runs, not the first one
+                self.sup.record, source=source, masks=self.sup.record.masks.adding(shown, fresh.redact)
             )
             self.sup.on_change(self.sup.record)
 

@@ -10,3 +10,23 @@ LOG_MAX_KEEP = 100  # rotated files a role may keep: ROLE.log.1 .. ROLE.log.100
 METRICS_PORT_OFFSET = (
     21000  # router on 8000 -> Prometheus on 29000, the routers' own default (engines/router.py)
 )
+
+MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
+# Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
+# the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
+STOP_SIGNALS = (
+    "SIGTERM",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGHUP",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGABRT",
+    "SIGALRM",
+    "SIGPIPE",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+)

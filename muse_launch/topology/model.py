@@ -20,7 +20,15 @@ from pydantic import (
 
 from .. import registry
 from . import grammar
-from .defaults import LOG_KEEP_DEFAULT, LOG_MAX_KEEP, LOG_MAX_SIZE_DEFAULT, METRICS_PORT_OFFSET, RESET_AFTER
+from .defaults import (  # MAX_GRACE, STOP_SIGNALS live there: the state schema reads them, not the models
+    LOG_KEEP_DEFAULT,
+    LOG_MAX_KEEP,
+    LOG_MAX_SIZE_DEFAULT,
+    MAX_GRACE,
+    METRICS_PORT_OFFSET,
+    RESET_AFTER,
+    STOP_SIGNALS,
+)
 from .hardware import PROFILES
 
 RoleKind = Literal["encoder", "prefill", "decode", "worker", "router", "command"]
@@ -31,28 +39,9 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]*$"  # for the JSON schema; the loader chec
 MAX_GPUS_PER_NODE = 1024  # a range past it is a typo (`0-999999999` would allocate a billion indices)
 MAX_REPLICAS = 256  # each replica is a process, a port and a log on one host; a billion never returns
 MAX_NAME = grammar.MAX_NAME
-MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
 MAX_WAIT = 86400.0  # probe timeouts, intervals and rehearsal delays: finite, at most a day
 LOG_MIN_SIZE = 64 * 1024  # smaller would rotate on every tick of a chatty role
 LOG_MAX_SIZE = 1024**4
-# Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
-# the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.
-STOP_SIGNALS = (
-    "SIGTERM",
-    "SIGINT",
-    "SIGQUIT",
-    "SIGHUP",
-    "SIGKILL",
-    "SIGUSR1",
-    "SIGUSR2",
-    "SIGABRT",
-    "SIGALRM",
-    "SIGPIPE",
-    "SIGXCPU",
-    "SIGXFSZ",
-    "SIGVTALRM",
-    "SIGPROF",
-)
 
 
 def _scalar_to_str(value: Any) -> Any:

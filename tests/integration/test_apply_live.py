@@ -71,6 +71,7 @@ def test_an_edited_mem_fraction_is_rolled_one_decode_at_a_time_with_no_failed_re
     before = pids(d)
     router_url = f"http://127.0.0.1:{ports[2]}"
     edited = write(d, ports, {"replicas": 2, "mem_fraction": 0.75})  # the same file, edited in place
+    edited = edited.rename(edited.with_name("edited.yaml"))  # ... and saved under another name
     dry = cli_ok(d, "up", edited, "--rehearse", "--dry-run")
     assert "mem-fraction-static 0.8 -> 0.75" in dry and pids(d) == before, dry
     with SteadyLoad(router_url, MODEL) as load:
@@ -88,6 +89,10 @@ def test_an_edited_mem_fraction_is_rolled_one_decode_at_a_time_with_no_failed_re
         assert next(r for r in d.status()["roles"] if r["name"] == name)["generation"] == 1
     assert listed(router_url) >= {f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[1] + 1}"}
     assert d.status()["state"] == "ready"
+    assert d.state_file()["source"] == str(
+        edited.resolve()
+    )  # status names the file it runs now, not the first
+    assert f";{edited.resolve()})" in "".join(cli_ok(d, "status", d.name).split())  # its title, as wrapped
     assert "nothing to do" in cli_ok(d, "up", edited, "--rehearse")  # applied: the file matches it now
     down_clean(d)
 

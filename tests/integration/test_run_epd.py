@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
-from harness import ROUTER, STAND_IN, free_ports, port_open
+from harness import ROUTER, STAND_IN, free_ports, port_open, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -85,6 +86,16 @@ def test_epd_starts_in_waves_behind_the_real_router_and_stops_clean(deployment):
 
     logs = deployment.cli("logs", deployment.name, "router", "-n", "5")
     assert logs.returncode == 0 and logs.stdout.startswith("router |")
+    # A deployment name that does not exist is named as such, not read as a role of the one running.
+    wrong = deployment.cli("logs", "nosuch", "router", "-n", "5")
+    assert wrong.returncode == 2
+    assert wrong.stderr.splitlines() == [
+        f"error: no deployment or role named 'nosuch'; running: {deployment.name} "
+        "(roles: encoder, decode, prefill, router)",
+        f"  fix: `muse-launch logs {deployment.name} router`",
+    ]
+    fixed = deployment.cli(*wrong.stderr.split("`")[1].split()[1:], "-n", "5")  # the fix as typed
+    assert fixed.returncode == 0 and fixed.stdout.startswith("router |")
 
     down = deployment.cli("down", deployment.name)
     assert down.returncode == 0, down.stdout + down.stderr
@@ -95,3 +106,20 @@ def test_epd_starts_in_waves_behind_the_real_router_and_stops_clean(deployment):
     status = deployment.status()
     assert status["state"] == "stopped" and status["supervisor_pid"] is None
     assert all(r["state"] == "stopped" and r["pid"] is None for r in status["roles"])
+
+
+def test_the_routers_shutdown_lines_after_ctrl_c_carry_no_colour_codes_off_a_terminal(deployment):
+    """The real sglang-router colours its log; a foreground `up` piped to a file showed `\\x1b[32m` in its
+    shutdown lines."""
+    ports = free_ports(8)
+    up = deployment.start("up", epd_topology(deployment, ports))
+    seen: list[str] = []
+    wait_for(lambda: seen.append(up.stdout.readline()) or "ready in" in seen[-1] or not seen[-1], timeout=120)
+    assert up.poll() is None, "".join(seen)
+    up.send_signal(signal.SIGINT)
+    output, _ = up.communicate(timeout=120)
+    assert up.returncode == 130, "".join(seen) + output
+    router = [line for line in output.splitlines() if line.startswith("router  |")]
+    assert router, output  # the router said it was shutting down
+    assert not any("x1b" in line or "\x1b" in line for line in router), router
+    assert deployment.alive() == []

@@ -201,6 +201,12 @@ def test_without_cgroups_down_says_containment_is_best_effort(deployment, monkey
         down = deployment.cli("down", deployment.name)
         assert down.returncode == 0, down.stdout + down.stderr
         assert down.stdout.count(cgroups.BEST_EFFORT_NOTE) == 1, down.stdout
+        # The next line says nothing is wrong, and what turns containment on (the switch the test set).
+        after = down.stdout.split(cgroups.BEST_EFFORT_NOTE + "\n")[1].splitlines()[0]
+        assert after == (
+            "  fix: nothing is wrong; MUSE_LAUNCH_CGROUPS=0 turned cgroups off: "
+            "unset it and `up` again to have them"
+        )
         assert not port_open(port)
     finally:
         with contextlib.suppress(ProcessLookupError):

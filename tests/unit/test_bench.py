@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_run import REPO
 
 from muse_launch.bench import aiperf as ap
 from muse_launch.bench.gate import PointFigures, judge_point
@@ -129,7 +130,12 @@ def test_missing_aiperf_names_the_pip_line(monkeypatch, tmp_path):
     monkeypatch.setattr(ap.shutil, "which", lambda name: None)
     with pytest.raises(MissingDependency) as exc:
         ap.find_aiperf()
-    assert "aiperf==0.13.0" in exc.value.fix and "muse-launch[bench]" in exc.value.fix
+    assert "aiperf==0.13.0" in exc.value.fix and "muse-launch[bench]" not in exc.value.fix  # not on PyPI
+    # The line the README and docs/bench.md give, so a user meets one install command, not two.
+    line = exc.value.fix.split("#")[0].strip()
+    assert line == "pip install -e '.[bench]'"
+    assert f"`.venv/bin/{line}`" in (REPO / "README.md").read_text()
+    assert f"\n{line} " in (REPO / "docs" / "bench.md").read_text()
 
 
 def test_vary_combinations():

@@ -43,6 +43,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["logs", "no-such-deployment", "prefill"], 2, "no deployment named 'no-such-deployment'"),
         (["up", "topologies/h200-bf16-2node.yaml"], 2, "spans 2 nodes"),
         (["init", "--hardware", "tpu"], 2, "error: unknown hardware 'tpu'"),
+        (["scale", "no-such", "decode", "-1"], 2, "scale decode -1: REPLICAS must be a whole number from 1"),
         (["status"], 1, "error: no deployment is running\n  fix: `muse-launch up FILE -d` starts one"),
         (["logs"], 1, "error: no deployment is running"),
         (["smoke"], 1, "error: no deployment is running"),

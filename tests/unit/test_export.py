@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muse_launch.export import ExportError, build, check_dir, export
+from muse_launch.export import ExportError, build, check_dir, export, manifests
 from muse_launch.export.expand import expand
 from muse_launch.export.names import LWS
 from muse_launch.export.transform import export_plan
@@ -49,6 +49,11 @@ def test_every_topology_exports_and_validates(path: Path, flavour: str):
     kinds = [o["kind"] for f in done.files for o in f.objects]
     assert kinds.count("Kustomization") == 1
     assert (kinds.count("RoleBasedGroup") == 1) if flavour == "rbg" else ("LeaderWorkerSet" in kinds)
+    # libyaml's dumper (fast) writes the bytes the pure-Python one writes, and each manifest is dumped once.
+    assert manifests.SafeLoader is yaml.CSafeLoader and issubclass(manifests._Dumper, yaml.CSafeDumper)
+    for f in done.files:
+        assert f.text() == f.header + "---\n".join(manifests.dump(o, pure=True) for o in f.objects)
+        assert f.text() is f.text()
 
 
 @pytest.mark.parametrize("name,flavour", GOLDENS, ids=[f"{n}-{f}" for n, f in GOLDENS])

@@ -197,3 +197,11 @@ def test_the_local_slurm_clusters_start_fails_loudly_through_eval(tmp_path) -> N
     run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "REACHED" not in run.stdout
     assert "slurm_local: start failed (exit " in run.stderr, run.stderr
+
+
+def test_the_readmes_first_screen_reaches_a_command_before_any_picture_source() -> None:
+    """The README opened with 28 lines of mermaid source before the first command to type."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    first_command = lines.index("```sh")
+    assert first_command < 24, "the quick start's command is past the first screen"
+    assert "```mermaid" not in lines[:first_command]

@@ -59,3 +59,19 @@ def test_missing_directories_are_made_private(home):
     assert oct(os.stat(home / "new").st_mode & 0o777) == "0o700"
     with pytest.raises(FileNotFoundError):
         open_nofollow(home / "absent" / "a.log", os.O_RDONLY, root=home)
+
+
+def test_downs_containment_note_says_nothing_is_wrong_and_a_fix_per_host(monkeypatch) -> None:
+    from muse_launch.proc import cgroups
+
+    monkeypatch.setenv(cgroups.CGROUPS_SWITCH, "0")
+    assert cgroups.best_effort_fix("a b.yaml").startswith("nothing is wrong; MUSE_LAUNCH_CGROUPS=0 turned")
+    monkeypatch.setenv(cgroups.CGROUPS_SWITCH, "1")
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: None)
+    assert cgroups.best_effort_fix("a b.yaml") == (
+        "nothing is wrong; this host has no cgroup v2, so there is nothing to turn on"
+    )
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: "/sys/fs/cgroup")
+    assert cgroups.best_effort_fix("a b.yaml").endswith(
+        "`systemd-run --user --scope -p Delegate=yes muse-launch up 'a b.yaml' -d`"
+    )

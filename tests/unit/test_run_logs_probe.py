@@ -279,3 +279,31 @@ def test_masks_grow_with_an_adopted_files_secrets_under_the_same_salt():
         first.text(line) == "started with ***, now second-s3cret on plain"
     )  # the record before is unchanged
     assert Masks().adding(["x-s3cret"], lambda v: "***").text("x-s3cret") == "***"  # no masks yet: a salt
+
+
+def test_one_host_view_reads_the_socket_tables_once_for_every_role(monkeypatch):
+    """status and top look at every role's listener: with one HostView per reading, the host's socket tables
+    are parsed once and its processes walked once, not once per role (linear in the deployment)."""
+    from muse_launch.proc import listeners
+    from muse_launch.proc.listeners import HostView, ListenerOwner
+
+    reads, real = [], listeners._listeners
+    monkeypatch.setattr(listeners, "_listeners", lambda port: reads.append(port) or real(port))
+    walks, real_iter = [], listeners.psutil.process_iter
+    monkeypatch.setattr(listeners.psutil, "process_iter", lambda *a: walks.append(a) or real_iter(*a))
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(5)]
+    try:
+        with subprocess.Popen(["sleep", "30"]) as other:
+            view = HostView()
+            assert other.pid in view.tree(os.getpid())
+            for server in servers:
+                owner = ListenerOwner(os.getpid(), "me", {}, view=view)
+                assert owner.check(server.getsockname()[1], "127.0.0.1") is None and owner.confirmed
+            stranger = ListenerOwner(other.pid, "prefill", {"MUSE_LAUNCH_ROLE": "x"}, view=view)
+            assert "not role prefill" in stranger.check(servers[0].getsockname()[1], "127.0.0.1")
+            other.kill()
+        assert reads == [None] and len(walks) == 1 + 1  # one tree walk; naming the stranger scans once
+        assert view.inodes(servers[0].getsockname()[1], "127.0.0.2") == set()
+    finally:
+        for server in servers:
+            server.close()
