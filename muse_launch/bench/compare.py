@@ -10,13 +10,15 @@ from pathlib import Path
 
 from muse_launch.errors import UsageError
 
-from .record import read_summary, write_json
+from .record import printable, read_summary, write_json
 from .report import COLUMNS, _html_table, _text_table, html_page, pareto_chart, row
 
 
 def labels(runs: list[Path], summaries: list[dict]) -> list[str]:
-    names = [s.get("deployment", "?") for s in summaries]
-    return [n if names.count(n) == 1 else f"{n} ({r.name})" for n, r in zip(names, runs, strict=True)]
+    names = [printable(s.get("deployment") or "?") for s in summaries]
+    return [
+        n if names.count(n) == 1 else f"{n} ({printable(r.name)})" for n, r in zip(names, runs, strict=True)
+    ]
 
 
 def comparison(runs: list[Path]) -> tuple[list[dict], list[str]]:
@@ -47,7 +49,13 @@ def compare_runs(runs: list[Path], out: Path | None, echo: Callable[[str], None]
     for line in _text_table(header, rows):
         echo(line)
     out = out or runs[0].resolve().parent / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(
+            f"--out {printable(out)}: cannot be a directory ({exc.strerror or exc})",
+            fix="give a directory for the comparison",
+        ) from None
     named = [{**s, "deployment": n} for s, n in zip(summaries, names, strict=True)]
     images = {}
     try:

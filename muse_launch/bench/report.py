@@ -23,6 +23,11 @@ COLUMNS = (
 )
 
 
+def plain(text: str) -> str:
+    """`text` for a chart: a `$` is a dollar, never the start of matplotlib's mathtext."""
+    return str(text).replace("$", r"\$")
+
+
 def _f(value, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
@@ -101,7 +106,7 @@ def charts(summary: dict, out: Path) -> dict[str, bytes]:
     ax2 = ax.twinx()
     ax2.plot(c, [p["requests_per_s"] for p in pts], "s--", color="tab:orange", label="req/s")
     ax2.set_ylabel("requests/s")
-    ax.set_title(f"{summary['deployment']}: throughput{tag}")
+    ax.set_title(f"{plain(summary['deployment'])}: throughput{tag}")
     made["throughput.png"] = _save(fig, out / "throughput.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL")):
@@ -112,7 +117,7 @@ def charts(summary: dict, out: Path) -> dict[str, bytes]:
         ax.set_yscale("log")
     ax.set_ylabel("ms")
     ax.legend()
-    ax.set_title(f"{summary['deployment']}: latency{tag}")
+    ax.set_title(f"{plain(summary['deployment'])}: latency{tag}")
     made["latency.png"] = _save(fig, out / "latency.png")
     made["pareto.png"] = pareto_chart([{**summary, "points": pts}], out / "pareto.png")
     return made
@@ -129,7 +134,7 @@ def pareto_chart(summaries: list[dict], path: Path) -> bytes:
     fig, ax = plt.subplots(figsize=(6, 4))
     for s in summaries:
         pts = sorted(s["points"], key=lambda p: p["concurrency"])
-        label = s["deployment"] + (" (simulated)" if s.get("simulated") else "")
+        label = plain(s["deployment"]) + (" (simulated)" if s.get("simulated") else "")
         ax.plot(
             [p.get("output_tokens_per_s_per_user") or 0 for p in pts],
             [_per_gpu(p) for p in pts],

@@ -90,11 +90,30 @@ def deployment_name(opts: SweepOptions, combo: tuple[str, ...]) -> tuple[str | N
 
 
 def done_before(run: Path, combo: tuple[str, ...], opts: SweepOptions) -> bool:
+    """Whether this combination has a VALID record of the same settings: an invalid one is run again."""
     try:
         summary = json.loads((run / SUMMARY).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(summary, dict) and summary.get("sweep") == sweep_key(combo, opts)
+    return (
+        isinstance(summary, dict)
+        and summary.get("sweep") == sweep_key(combo, opts)
+        and summary.get("valid") is True
+    )
+
+
+def set_aside(run: Path) -> Path | None:
+    """An earlier, not reusable attempt of a combination moved to RUN.before-<time>, so that the new run's
+    record is not mixed with its points; where it went (None: there was none)."""
+    if not run.exists():
+        return None
+    aside = run.with_name(f"{run.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run.with_name(f"{run.name}.before-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+    run.rename(aside)
+    return aside
 
 
 def sweep_key(combo: tuple[str, ...], opts: SweepOptions) -> dict:
@@ -197,6 +216,9 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
         elif done_before(run, combo, opts):
             results.append({"combination": list(combo), "run": str(run), "state": "done before"})
         else:
+            aside = set_aside(run)
+            if aside:
+                echo(f"sweep: {' '.join(combo)}: its earlier attempt moved to {aside}")
             echo(f"sweep: {' '.join(combo)}: up -> bench -> down (log {run / 'sweep.log'})")
             results.append(run_one(opts, combo, name, run, echo))
         echo(f"  {' '.join(combo)}: {results[-1]['state']}")

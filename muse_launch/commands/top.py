@@ -32,7 +32,7 @@ def top(
     try:
         snap = next(frames)
         if once:
-            _print(next(frames), as_json)
+            _print(next(frames), as_json, once=True)
         elif as_json or not sys.stdout.isatty():
             for frame in itertools.chain([snap], frames):
                 _print(frame, as_json)
@@ -76,7 +76,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
-def _print(snap: dict, as_json: bool) -> None:
+def _print(snap: dict, as_json: bool, once: bool = False) -> None:
     import json
 
     if as_json:
@@ -86,7 +86,7 @@ def _print(snap: dict, as_json: bool) -> None:
 
     from muse_launch.top.view import render
 
-    Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
+    Console(width=None if sys.stdout.isatty() else 200).print(render(snap, once))
 
 
 def _live(snap: dict, frames: Iterator[dict]) -> None:

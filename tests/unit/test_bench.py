@@ -140,3 +140,154 @@ def test_vary_combinations():
     for bad in (("nothing",), ("k=",), ("=1,2",), ("a=1", "a=2"), ()):
         with pytest.raises(UsageError):
             parse_vary(bad)
+
+
+# --- records and readers that hold against a fault probe (issue 34) ---------------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from muse_launch.bench.record import read_summary, refuse_existing  # noqa: E402
+from muse_launch.bench.sweep import SweepOptions, done_before, set_aside, sweep_key  # noqa: E402
+
+
+def point(c: int = 1, **over) -> dict:
+    return {
+        "concurrency": c,
+        "valid": True,
+        "reasons": [],
+        "requests_ok": 16,
+        "requests_failed": 0,
+        "ttft_ms": {"p50": 10.0 * c, "p99": 20.0 * c},
+        "itl_ms": {"p50": 2.0, "p99": 3.0},
+        "requests_per_s": 4.0 * c,
+        "output_tokens_per_s": 100.0 * c,
+        "output_tokens_per_s_per_gpu": 50.0 * c,
+        "output_tokens_per_s_per_user": 100.0 / c,
+        **over,
+    }
+
+
+def record(tmp: Path, name: str, deployment="pd", points=None, **over) -> Path:
+    run = tmp / name
+    run.mkdir(parents=True)
+    summary = {
+        "format": 1,
+        "valid": True,
+        "reasons": [],
+        "deployment": deployment,
+        "gpus": 2,
+        "points": points if points is not None else [point(1), point(4)],
+        **over,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def cli(*args, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        ({"points": [point(1, requests_per_s="fast")]}, "requests_per_s is not a number"),
+        ({"points": [point(1, ttft_ms={"p50": "10"})]}, "ttft_ms is not a set of figures"),
+        ({"points": [{"concurrency": 1, "requests_ok": 1, "requests_failed": 0}]}, "is not a set of figures"),
+        ({"points": [point(1, requests_ok=True)]}, "requests_ok is not a count"),
+        ({"deployment": 12}, "deployment name is not a string"),
+        ({"gpus": "two"}, "GPU count is not a number"),
+        ({"points": [point(c) for c in range(1, 5001)]}, "more than a bench run writes"),
+    ],
+)
+def test_compare_refuses_a_damaged_record_with_exit_2(tmp_path, damage, says):
+    good = record(tmp_path, "good")
+    bad = record(tmp_path, "bad", **damage)
+    started = time.monotonic()
+    r = cli("bench", "compare", good, bad, "--out", tmp_path / "cmp", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_read_summary_refuses_deep_json_a_device_and_a_fifo_without_hanging(tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested too deep|not a bench record"):
+        read_summary(deep)
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / "summary.json").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_summary(zero)
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "summary.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_summary(fifo)  # a blocking open would wait for a writer forever
+
+
+def test_compare_draws_a_mathtext_name_and_prints_no_escape_sequence(tmp_path):
+    a = record(tmp_path, "a", deployment="$\\frac{1}{0}$ cost")
+    b = record(tmp_path, "b", deployment="evil\x1b]0;owned\x07\x1b[2J")
+    r = cli("bench", "compare", a, b, "--out", tmp_path / "cmp", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
+    assert "evil?]0;owned??[2J" in r.stdout
+    assert (tmp_path / "cmp" / "pareto.png").stat().st_size > 1000
+
+
+def test_compare_out_that_is_a_file_is_a_usage_error(tmp_path):
+    a, b = record(tmp_path, "a"), record(tmp_path, "b")
+    (tmp_path / "f").write_text("x")
+    r = cli("bench", "compare", a, b, "--out", tmp_path / "f", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot be a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_refuses_an_out_that_holds_a_record(tmp_path):
+    refuse_existing(tmp_path / "new")  # nothing there: fine
+    (tmp_path / "empty").mkdir()
+    refuse_existing(tmp_path / "empty")
+    (tmp_path / "empty" / "sweep.log").write_text("a sweep's log is not a record")
+    refuse_existing(tmp_path / "empty")
+    old = record(tmp_path, "old")
+    with pytest.raises(UsageError, match="already holds a bench record"):
+        refuse_existing(old)
+    (tmp_path / "pts").mkdir()
+    (tmp_path / "pts" / "c4").mkdir()
+    with pytest.raises(UsageError, match="already holds a bench record"):
+        refuse_existing(tmp_path / "pts")
+    with pytest.raises(UsageError, match="is a file"):
+        refuse_existing(old / "summary.json")
+
+
+def test_a_resumed_sweep_runs_an_invalid_combination_again(tmp_path):
+    from muse_launch.bench.measure import BenchPlan
+
+    opts = SweepOptions(
+        tmp_path / "t.yaml",
+        ("roles.decode.replicas=1,2",),
+        (),
+        True,
+        False,
+        BenchPlan((1,), 8, 8, 16, 5.0),
+        tmp_path,
+    )
+    combo = ("roles.decode.replicas=1",)
+    valid = record(tmp_path, "valid", sweep=sweep_key(combo, opts))
+    invalid = record(tmp_path, "invalid", valid=False, reasons=["x"], sweep=sweep_key(combo, opts))
+    assert done_before(valid, combo, opts)
+    assert not done_before(invalid, combo, opts)
+    aside = set_aside(invalid)
+    assert aside is not None and (aside / "summary.json").is_file() and not invalid.exists()
+    assert set_aside(invalid) is None
