@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import typer
 
 MIN_INTERVAL = 0.2
+HEALTH_DEADLINE_S = 3.0  # a role's probe or metrics answer, whole
 
 
 def top(
@@ -49,17 +50,17 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    import httpx
-
     from muse_launch.backend import backend_of
     from muse_launch.errors import RuntimeFailure
     from muse_launch.local.status import health_now
     from muse_launch.rundir.state import read_state
     from muse_launch.top.collect import read_all, snapshot
+    from muse_launch.top.deadline import bounded_client
 
     backend = backend_of(run_dir)
     before = None
-    with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
+    # every answer whole within HEALTH_DEADLINE_S: a server trickling its headers cannot hold a frame
+    with bounded_client(HEALTH_DEADLINE_S) as client, ThreadPoolExecutor(max_workers=16) as pool:
         while True:
             started = time.monotonic()
             record = read_state(run_dir)
