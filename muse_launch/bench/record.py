@@ -17,8 +17,10 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import stat
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,12 +60,27 @@ def copy_topology(source: str, out: Path) -> str | None:
     return None
 
 
+def command_line() -> str:
+    return "muse-launch " + shlex.join(sys.argv[1:])
+
+
+def verdict_of(reasons: list[str], caveats: list[str]) -> str:
+    """ "invalid" (a reason), "valid, client-limited" (the load generator was starved: the figures are a
+    lower bound of the deployment's), or "valid"."""
+    return "invalid" if reasons else "valid, client-limited" if caveats else "valid"
+
+
 def summary_of(target: Target, plan: BenchPlan, points: list[dict], started: float) -> dict:
     reasons = [r for p in points for r in p["reasons"]]
+    warnings = [w for w in [saturation_warning(points)] if w]
     return {
         "format": FORMAT,
         "valid": not reasons,
+        "verdict": verdict_of(reasons, warnings),
         "reasons": reasons,
+        "caveats": warnings,
+        "command": command_line(),
+        "slo": plan.slo.as_dict() if plan.slo else None,
         "simulated": target.simulated,
         "deployment": target.name,
         "url": target.url,
@@ -86,7 +103,7 @@ def summary_of(target: Target, plan: BenchPlan, points: list[dict], started: flo
         "roles": list(target.roles),
         "host_gpus": host_gpus(),
         "client": {"host": platform.node(), "cores": os.cpu_count()},
-        "warnings": [w for w in [saturation_warning(points)] if w],
+        "warnings": warnings,
         "points": points,
     }
 
@@ -113,7 +130,15 @@ def write_run(
     for w in summary["warnings"]:
         echo(w)
     echo(f"record: {out}/ ({SUMMARY}, report.html)")
-    echo("valid" if summary["valid"] else "INVALID: " + "; ".join(summary["reasons"]))
+    if not summary["valid"]:
+        echo("INVALID: " + "; ".join(summary["reasons"]))
+    elif summary["caveats"]:
+        echo(
+            "valid, client-limited: the load generator was starved; the figures are its limit, "
+            "not the deployment's"
+        )
+    else:
+        echo("valid")
     return summary
 
 

@@ -83,7 +83,8 @@ def test_read_point_counts_sse_error_events(tmp_path):
     )
     m = ap.read_point(tmp_path)
     assert (m.requests_ok, m.requests_failed) == (4, 2)  # aiperf's 1 failure + 1 stream error
-    assert m.ttft_ms == {"p50": 10.0, "p99": 20.0} and m.itl_ms == {"p50": 2.0, "p99": 3.0}
+    assert m.ttft_ms == {"p50": 10.0, "p90": None, "p99": 20.0, "max": None, "avg": None}
+    assert m.itl_ms["p50"] == 2.0 and m.itl_ms["p99"] == 3.0 and m.e2e_ms["p50"] is None
     assert m.errors[0] == "1 x 500: boom" and "mid-stream" in m.errors[1]
 
 
@@ -291,3 +292,92 @@ def test_a_resumed_sweep_runs_an_invalid_combination_again(tmp_path):
     aside = set_aside(invalid)
     assert aside is not None and (aside / "summary.json").is_file() and not invalid.exists()
     assert set_aside(invalid) is None
+
+
+# --- distributions, goodput, the verdict and its reasons (issue 34) ---
+
+from muse_launch.bench.measure import goodput, parse_slo  # noqa: E402
+from muse_launch.bench.record import verdict_of  # noqa: E402
+from muse_launch.bench.report import table_lines, write_report  # noqa: E402
+
+
+def test_slo_parses_units_and_refuses_nonsense():
+    slo = parse_slo("ttft=0.5s,itl=50ms,e2e=10s,attain=95%")
+    assert dict(slo.targets_ms) == {"ttft": 500.0, "itl": 50.0, "e2e": 10000.0} and slo.attain_pct == 95.0
+    for bad in ("ttft", "ttft=fast", "tpot=5ms", "ttft=-1ms", "attain=150", "ttft=1ms,ttft=2ms", "attain=90"):
+        with pytest.raises(UsageError):
+            parse_slo(bad)
+
+
+def test_goodput_counts_requests_meeting_every_target():
+    slo = parse_slo("ttft=500ms,itl=50ms,attain=50")
+    reqs = [
+        {"ttft": 100.0, "itl": 10.0, "tokens": 100.0},  # good
+        {"ttft": 600.0, "itl": 10.0, "tokens": 100.0},  # TTFT over
+        {"ttft": 100.0, "itl": 60.0, "tokens": 100.0},  # ITL over
+        {"ttft": 500.0, "itl": 50.0, "tokens": 50.0},  # on the targets: good
+    ]
+    g = goodput(slo, reqs, 2.0, 2)
+    assert g["requests_good"] == 2 and g["attained_pct"] == 50.0 and g["meets_slo"]
+    assert g["requests_per_s"] == 1.0 and g["output_tokens_per_s"] == 75.0
+    assert g["output_tokens_per_s_per_gpu"] == 37.5
+    assert not goodput(parse_slo("ttft=500ms"), [], 1.0, None)["meets_slo"]
+
+
+def test_verdict_says_a_starved_client_and_why():
+    assert verdict_of([], []) == "valid"
+    assert verdict_of([], ["warning: the client machine's CPUs were 100% busy"]) == "valid, client-limited"
+    assert verdict_of(["concurrency 4: no request succeeded"], ["x"]) == "invalid"
+
+
+def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
+    slo = parse_slo("ttft=500ms,itl=50ms")
+    d = tmp_path / "c4"
+    d.mkdir()
+    lines = []
+    for i in range(20):
+        metrics = {
+            "time_to_first_token": {"value": 100.0 + 50 * i, "unit": "ms"},
+            "inter_token_latency": {"value": 20_000_000.0, "unit": "ns"},
+            "request_latency": {"value": 3.0, "unit": "sec"},
+            "output_sequence_length": {"value": 128, "unit": "tokens"},
+        }
+        lines.append(json.dumps({"metadata": {}, "metrics": metrics, "error": None}))
+    lines.append(json.dumps({"metadata": {}, "metrics": {}, "error": {"code": 500}}))
+    (d / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "profile_export_aiperf.json").write_text("{}")
+    reqs = ap.request_figures(d)
+    assert len(reqs) == 20 and reqs[0] == {"ttft": 100.0, "itl": 20.0, "e2e": 3000.0, "tokens": 128.0}
+    pct = {"p50": 575.0, "p90": 1050.0, "p99": 1040.0, "max": 1050.0, "avg": 575.0}
+    p = point(4, ttft_ms=pct, e2e_ms={"p50": 3000.0, "p90": 3000.0, "p99": 3000.0, "max": 3000.0})
+    p["goodput"] = goodput(slo, reqs, 10.0, 2)
+    summary = {
+        "valid": True,
+        "verdict": "valid, client-limited",
+        "reasons": [],
+        "caveats": ["warning: the client machine's CPUs were 100% busy"],
+        "warnings": ["warning: the client machine's CPUs were 100% busy"],
+        "deployment": "pd <b>$\\frac{1}{2}$",
+        "url": "http://127.0.0.1:1",
+        "model": "m",
+        "plan": {"isl": 512, "osl": 128, "concurrency": [4], "seed": 0},
+        "gpus": 2,
+        "plan_digest": "d1g",
+        "versions": {"sglang": "0.5.23 (simulated)"},
+        "slo": slo.as_dict(),
+        "command": "muse-launch bench pd --slo ttft=500ms,itl=50ms",
+        "started": "2026-12-03T07:00:00Z",
+        "finished": "2026-12-03T07:01:00Z",
+        "points": [p],
+    }
+    charts = write_report(summary, tmp_path)
+    assert charts == ["cdf.png", "latency.png", "pareto.png", "throughput.png"]
+    page = (tmp_path / "report.html").read_text()
+    assert "Verdict: valid, client-limited" in page and "100% busy" in page
+    assert "575.0/1050.0/1040.0/1050.0" in page and "45% NO" in page  # 9 of 20 under 500 ms
+    assert "sglang 0.5.23 (simulated)" in page and "{'sglang'" not in page
+    assert "muse-launch bench pd --slo" in page and "2026-12-03T07:00:00Z" in page and "d1g" in page
+    assert "href='c4/profile_export_aiperf.json'" in page and "<b>$" not in page
+    assert page.count("<img ") == 4
+    text = "\n".join(table_lines(summary))
+    assert "TTFT p50/p90/p99/max" in text and "good tok/s/GPU" in text and "SLO ttft<=500ms" in text
