@@ -33,6 +33,9 @@ class BenchPlan:
     seed: int = 0
     slo: Slo | None = None  # --slo: the latency targets goodput counts against
 
+    def requests_at(self, concurrency: int) -> int:
+        return self.requests or max(16, 8 * concurrency)
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -102,9 +105,6 @@ def goodput(slo: Slo, requests: list[dict], duration_s: float, gpus: int | None)
         "output_tokens_per_s_per_gpu": round(tps / gpus, 3) if gpus else None,
         "requests_per_s_per_gpu": round(rps / gpus, 4) if gpus else None,
     }
-
-    def requests_at(self, concurrency: int) -> int:
-        return self.requests or max(16, 8 * concurrency)
 
 
 def point_record(

@@ -218,9 +218,18 @@ def _check_point(p: object) -> str | None:
         figures = p.get(key)
         if not isinstance(figures, dict) or not all(_number(v) for v in figures.values()):
             return f"concurrency {c}: {key} is not a set of figures"
+    e2e = p.get("e2e_ms", {})  # older records have none
+    if not isinstance(e2e, dict) or not all(_number(v) for v in e2e.values()):
+        return f"concurrency {c}: e2e_ms is not a set of figures"
     for key in _NUMBERS:
         if not _number(p.get(key)):
             return f"concurrency {c}: {key} is not a number"
+    good = p.get("goodput")
+    if good is not None and (
+        not isinstance(good, dict)
+        or not all(_number(v) for k, v in good.items() if k not in ("slo", "meets_slo"))
+    ):
+        return f"concurrency {c}: goodput is not a set of figures"
     if p.get("requests_per_s") is None or p.get("output_tokens_per_s") is None:
         return f"concurrency {c}: no throughput figures"
     return None

@@ -33,7 +33,7 @@ def _num(value: float | None, fmt: str = "{:.0f}", unavailable: bool = False) ->
 def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
     missing = row.get("metrics_unavailable") is not None
     if "requests_per_s" in row:  # a router: its load per worker and req/s are in its own table
-        return [NA] * 6
+        return [NA] * 7
     first_read = row.get("prompt_tokens_total") is not None and row["prompt_tokens_per_s"] is None
     kv = row.get("kv_cache_usage")
     ttft = row.get("ttft_s")
@@ -49,12 +49,27 @@ def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
             missing or (row.get("generation_tokens_total") is None),
             first_read,
         ),
-        Text(f"{ttft * 1000:.0f} ms")
-        if ttft is not None
-        else Text("-", style="dim")
-        if row.get("ttft_idle")
-        else NA,
+        _quantiles(row.get("ttft_quantiles_s"), "{:.0f}")
+        or (
+            Text(f"{ttft * 1000:.0f} ms (mean)")
+            if ttft is not None
+            else Text("-", style="dim")
+            if row.get("ttft_idle")
+            else NA
+        ),
+        _quantiles(row.get("itl_quantiles_s"), "{:.1f}")
+        or (Text("-", style="dim") if row.get("ttft_idle") or "itl_quantiles_s" not in row else NA),
     ]
+
+
+def _quantiles(q: object, fmt: str) -> Text | None:
+    """p50/p90/p99 in ms of the requests since the last reading; "-" where none came; None: no histogram."""
+    if not isinstance(q, Mapping):
+        return None
+    values = [q.get(k) for k in ("p50", "p90", "p99")]
+    if all(v is None for v in values):
+        return Text("-", style="dim")
+    return Text("/".join("-" if v is None else fmt.format(v * 1000) for v in values) + " ms")
 
 
 def _rate(value: float | None, unavailable: bool, first_read: bool) -> Text | str:
@@ -83,7 +98,8 @@ def role_table(snap: Mapping[str, Any], once: bool = False) -> Table:
         ("KV cache", "right"),
         ("prompt tok/s", "right"),
         ("gen tok/s", "right"),
-        ("TTFT", "right"),
+        ("TTFT p50/p90/p99", "right"),
+        ("ITL p50/p90/p99", "right"),
         ("metrics", "left"),
     ):
         table.add_column(column, justify=justify, no_wrap=column != "metrics")

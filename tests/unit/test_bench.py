@@ -205,6 +205,9 @@ def cli(*args, cwd: Path) -> subprocess.CompletedProcess[str]:
         ({"points": [point(1, ttft_ms={"p50": "10"})]}, "ttft_ms is not a set of figures"),
         ({"points": [{"concurrency": 1, "requests_ok": 1, "requests_failed": 0}]}, "is not a set of figures"),
         ({"points": [point(1, requests_ok=True)]}, "requests_ok is not a count"),
+        ({"points": [point(1, goodput="lots")]}, "goodput is not a set of figures"),
+        ({"points": [point(1, goodput={"requests_per_s": "9"})]}, "goodput is not a set of figures"),
+        ({"points": [point(1, e2e_ms=[1])]}, "e2e_ms is not a set of figures"),
         ({"deployment": 12}, "deployment name is not a string"),
         ({"gpus": "two"}, "GPU count is not a number"),
         ({"points": [point(c) for c in range(1, 5001)]}, "more than a bench run writes"),
@@ -381,3 +384,36 @@ def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
     assert page.count("<img ") == 4
     text = "\n".join(table_lines(summary))
     assert "TTFT p50/p90/p99/max" in text and "good tok/s/GPU" in text and "SLO ttft<=500ms" in text
+
+
+def test_compare_by_run_id_with_delta_and_ratio_goodput_first(tmp_path):
+    home = tmp_path / "home"
+    g = {"output_tokens_per_s_per_gpu": 40.0, "requests_per_s": 2.0, "attained_pct": 95.0, "meets_slo": True}
+    a = record(home / "pd" / "bench", "20261203-070000", points=[point(4, goodput=g)])
+    b_points = [point(4, goodput={**g, "output_tokens_per_s_per_gpu": 60.0}, output_tokens_per_s=300.0)]
+    record(home / "agg" / "bench", "20261203-080000", deployment="agg", points=b_points)
+    record(home / "other" / "bench", "20261203-070000", deployment="other")
+    env = {**os.environ, "MUSE_LAUNCH_HOME": str(home)}
+    run = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "bench", "compare", "pd/20261203-070000", "20261203-080000"]
+        + ["--out", str(tmp_path / "cmp")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    diff = lines[next(i for i, x in enumerate(lines) if x.startswith("against pd")) + 2 :]
+    assert diff[0].split()[1:3] == ["good", "tok/s/GPU"] and diff[0].split()[-2:] == ["+20", "1.50x"]
+    assert any(x.split()[1:3] == ["out", "tok/s"] and x.split()[-1] == "0.75x" for x in diff)
+    cmp = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert cmp["differences"][0]["metric"] == "good tok/s/GPU" and cmp["differences"][0]["ratio"] == 1.5
+    ambiguous = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "bench", "compare", "20261203-070000", str(a)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ambiguous.returncode == 2 and "names 2 runs" in ambiguous.stderr
