@@ -53,6 +53,10 @@ class Slo:
     def as_dict(self) -> dict:
         return {"targets_ms": dict(self.targets_ms), "attain_pct": self.attain_pct}
 
+    def argument(self) -> str:
+        """As `--slo` takes it (for each `bench` of a sweep)."""
+        return ",".join(f"{k}={v:g}ms" for k, v in self.targets_ms) + f",attain={self.attain_pct:g}%"
+
 
 _UNITS = {"ms": 1.0, "s": 1000.0, "us": 0.001}
 

@@ -144,12 +144,24 @@ def sweep(
     up_arg: list[str] = typer.Option(
         [], "--up-arg", help="one more option for each `up`, e.g. --up-arg=--partition=debug"
     ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="latency targets for goodput, e.g. ttft=500ms,itl=50ms (as bench --slo)"
+    ),
+    pick: Path | None = typer.Option(
+        None, "--pick", help="write the variant with the most goodput per GPU inside --slo to this file"
+    ),
 ) -> None:
     """Every combination of the --vary values: up -> bench -> down, then one comparison (docs/bench.md)."""
-    from muse_launch.bench.measure import BenchPlan
+    from muse_launch.bench.measure import BenchPlan, parse_slo
     from muse_launch.bench.sweep import SweepOptions, run_sweep
+    from muse_launch.errors import UsageError
 
-    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration)
+    if pick is not None and not slo:
+        raise UsageError(
+            "sweep --pick needs --slo: goodput is counted against it", fix="e.g. --slo ttft=500ms,itl=50ms"
+        )
+    targets = parse_slo(slo) if slo else None
+    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration, slo=targets)
     options = SweepOptions(
         file,
         tuple(vary),
@@ -161,6 +173,7 @@ def sweep(
         str(tokenizer) if tokenizer else None,
         on,
         tuple(up_arg),
+        pick,
     )
     raise typer.Exit(run_sweep(options, typer.echo))
 

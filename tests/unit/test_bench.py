@@ -417,3 +417,38 @@ def test_compare_by_run_id_with_delta_and_ratio_goodput_first(tmp_path):
         timeout=60,
     )
     assert ambiguous.returncode == 2 and "names 2 runs" in ambiguous.stderr
+
+
+def test_sweep_pick_writes_the_variant_with_the_most_goodput_per_gpu(tmp_path):
+    from muse_launch.bench.measure import BenchPlan
+    from muse_launch.bench.sweep import pick_variant
+    from muse_launch.core import load_plan
+
+    topology = Path(__file__).parents[2] / "topologies" / "pd-b300-low-latency.yaml"
+    slo = parse_slo("ttft=500ms,itl=50ms")
+    pick = tmp_path / "best.yaml"
+    opts = SweepOptions(
+        topology, ("rehearse.itl_ms=2,8",), (), True, False, BenchPlan((1, 4), 64, 16, 8, 5.0, slo=slo),
+        tmp_path, pick=pick,
+    )  # fmt: skip
+    g = {"meets_slo": True, "attained_pct": 100.0}
+    results = []
+    for itl, per_gpu, meets in (("2", 30.0, True), ("8", 90.0, False), ("5", 60.0, True)):
+        combo = (f"rehearse.itl_ms={itl}",)
+        pts = [
+            point(1, goodput={**g, "output_tokens_per_s_per_gpu": per_gpu / 2}),
+            point(4, goodput={**g, "output_tokens_per_s_per_gpu": per_gpu, "meets_slo": meets}),
+        ]
+        run = record(tmp_path, f"itl{itl}", points=pts)
+        results.append({"combination": list(combo), "run": str(run), "state": "valid"})
+    lines: list[str] = []
+    assert pick_variant(opts, results, lines.append) == 0
+    text = pick.read_text()
+    assert text.startswith("# picked by `muse-launch sweep --pick`: rehearse.itl_ms=5")
+    assert "#   rehearse.itl_ms=8: 45.0 at concurrency 1" in text  # its c=4 misses the SLO
+    picked = load_plan(pick, [], rehearse=True).plan
+    assert picked == load_plan(topology, ["rehearse.itl_ms=5"], rehearse=True).plan
+    none = [{**r, "run": str(record(tmp_path / "n", Path(r["run"]).name, valid=False))} for r in results]
+    pick.unlink()
+    assert pick_variant(opts, none, lines.append) == 1 and not pick.exists()
+    assert "no variant meets the SLO" in lines[-1]
