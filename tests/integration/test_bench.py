@@ -20,6 +20,11 @@ POINT = ["--isl", "64", "--osl", "16", "--duration", "60"]
 TOP = {"hardware": "b300", "model": M, "engine": "sglang", "rehearse": {"ready_after": 0.3}}
 
 
+# a second deployment on the rehearsal's one 8-GPU host, beside the first (as it would be on a second host):
+# `up` refuses GPUs another deployment holds, unless told not to read them
+BESIDE = ("--skip-gpu-check",)
+
+
 def agg_roles(worker: int, router: int) -> dict:
     return {
         "worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
@@ -41,8 +46,8 @@ def pd_roles(prefill: int, decode: int, bootstrap: int, router: int) -> dict:
     }
 
 
-def up(d: Deployment, path: Path) -> None:
-    r = d.cli("up", path, "-d", "--rehearse", timeout=120)
+def up(d: Deployment, path: Path, *more: str) -> None:
+    r = d.cli("up", path, "-d", "--rehearse", *more, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -167,7 +172,7 @@ def test_equivalence_and_compare_of_pd_against_aggregated(deployment, tmp_path):
     agg = Deployment(d.home, d.name[:30] + "-agg")
     up(d, d.write(pd_roles(*free_ports(4)), **TOP))
     try:
-        up(agg, agg.write(agg_roles(*free_ports(2)), **TOP))
+        up(agg, agg.write(agg_roles(*free_ports(2)), **TOP), *BESIDE)
         try:
             r = d.cli("bench", d.name, "--check-equivalence", agg.name, "--prompts", "3", timeout=120)
             assert r.returncode == 0, r.stdout + r.stderr
@@ -207,7 +212,11 @@ def test_equivalence_fails_when_answers_differ(deployment, tmp_path):
     other = Deployment(d.home, d.name[:30] + "-other")
     up(d, d.write(agg_roles(*free_ports(2)), **TOP))
     try:
-        up(other, other.write(agg_roles(*free_ports(2)), **{**TOP, "args": ["--served-model-name", "other"]}))
+        up(
+            other,
+            other.write(agg_roles(*free_ports(2)), **{**TOP, "args": ["--served-model-name", "other"]}),
+            *BESIDE,
+        )
         try:
             r = d.cli("bench", d.name, "--check-equivalence", other.name, "--prompts", "2", timeout=120)
             assert r.returncode == 1, r.stdout + r.stderr
