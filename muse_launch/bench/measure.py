@@ -92,18 +92,23 @@ def parse_slo(text: str) -> Slo:
     return Slo(tuple(targets.items()), attain)
 
 
-def goodput(slo: Slo, requests: list[dict], duration_s: float, gpus: int | None) -> dict:
-    """Requests that met every target, and requests/s and output tokens/s of those only (per GPU too)."""
+def goodput(
+    slo: Slo, requests: list[dict], requests_per_s: float, tokens_per_s: float, gpus: int | None
+) -> dict:
+    """Requests that met every target, and requests/s and output tokens/s of those only (per GPU too): the
+    point's own throughput (aiperf's, over its window) times the good requests' share of requests and of
+    output tokens, so that goodput is never more than the raw figure beside it."""
     good = [r for r in requests if all(r.get(k) is not None and r[k] <= v for k, v in slo.targets_ms)]
-    rps = len(good) / duration_s if duration_s > 0 else 0.0
-    tps = sum(r.get("tokens", 0.0) for r in good) / duration_s if duration_s > 0 else 0.0
-    attained = 100.0 * len(good) / len(requests) if requests else 0.0
+    all_tokens = sum(r.get("tokens", 0.0) for r in requests)
+    share = len(good) / len(requests) if requests else 0.0
+    token_share = sum(r.get("tokens", 0.0) for r in good) / all_tokens if all_tokens > 0 else share
+    rps, tps = requests_per_s * share, tokens_per_s * token_share
     return {
         "slo": slo.as_dict(),
         "requests_measured": len(requests),
         "requests_good": len(good),
-        "attained_pct": round(attained, 2),
-        "meets_slo": bool(requests) and attained >= slo.attain_pct,
+        "attained_pct": round(100.0 * share, 2),
+        "meets_slo": bool(requests) and 100.0 * share >= slo.attain_pct,
         "requests_per_s": round(rps, 4),
         "output_tokens_per_s": round(tps, 3),
         "output_tokens_per_s_per_gpu": round(tps / gpus, 3) if gpus else None,
@@ -207,7 +212,9 @@ def measure_point(
         failure = f"aiperf exited {run.returncode} (its log: {out / 'aiperf.log'})"
     rec, figures = point_record(target, plan, c, measured, run, server, failure)
     if plan.slo is not None:
-        rec["goodput"] = goodput(plan.slo, ap.request_figures(out), rec["duration_s"], target.gpus)
+        rec["goodput"] = goodput(
+            plan.slo, ap.request_figures(out), rec["requests_per_s"], rec["output_tokens_per_s"], target.gpus
+        )
     echo(progress_line(rec))
     return rec, figures
 

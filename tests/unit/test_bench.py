@@ -320,11 +320,11 @@ def test_goodput_counts_requests_meeting_every_target():
         {"ttft": 100.0, "itl": 60.0, "tokens": 100.0},  # ITL over
         {"ttft": 500.0, "itl": 50.0, "tokens": 50.0},  # on the targets: good
     ]
-    g = goodput(slo, reqs, 2.0, 2)
+    g = goodput(slo, reqs, 2.0, 350.0, 2)  # the point's raw 2 req/s, 350 tok/s
     assert g["requests_good"] == 2 and g["attained_pct"] == 50.0 and g["meets_slo"]
-    assert g["requests_per_s"] == 1.0 and g["output_tokens_per_s"] == 75.0
-    assert g["output_tokens_per_s_per_gpu"] == 37.5
-    assert not goodput(parse_slo("ttft=500ms"), [], 1.0, None)["meets_slo"]
+    assert g["requests_per_s"] == 1.0 and g["output_tokens_per_s"] == 150.0  # 150 of the 350 tokens were good
+    assert g["output_tokens_per_s_per_gpu"] == 75.0
+    assert not goodput(parse_slo("ttft=500ms"), [], 1.0, 1.0, None)["meets_slo"]
 
 
 def test_verdict_says_a_starved_client_and_why():
@@ -353,7 +353,7 @@ def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
     assert len(reqs) == 20 and reqs[0] == {"ttft": 100.0, "itl": 20.0, "e2e": 3000.0, "tokens": 128.0}
     pct = {"p50": 575.0, "p90": 1050.0, "p99": 1040.0, "max": 1050.0, "avg": 575.0}
     p = point(4, ttft_ms=pct, e2e_ms={"p50": 3000.0, "p90": 3000.0, "p99": 3000.0, "max": 3000.0})
-    p["goodput"] = goodput(slo, reqs, 10.0, 2)
+    p["goodput"] = goodput(slo, reqs, 10.0, 1000.0, 2)
     summary = {
         "valid": True,
         "verdict": "valid, client-limited",
