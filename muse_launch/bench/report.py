@@ -320,6 +320,17 @@ def verdict_html(summary: dict) -> list[str]:
     return out
 
 
+def _role_text(role: object) -> str:
+    """A role as a person reads it: name (kind, engine, GPUs)."""
+    if not isinstance(role, dict):
+        return str(role)
+    gpus = role.get("gpus") or []
+    what = [str(role.get(k)) for k in ("kind", "engine") if role.get(k)]
+    if gpus:
+        what.append(f"GPUs {','.join(map(str, gpus))}")
+    return f"{role.get('name', '?')} ({', '.join(what)})"
+
+
 def metadata_html(summary: dict) -> str:
     plan = summary["plan"]
     versions = summary.get("versions") if isinstance(summary.get("versions"), dict) else {}
@@ -341,7 +352,7 @@ def metadata_html(summary: dict) -> str:
             str(summary.get("gpus") or "-")
             + (f" (host: {', '.join(str(g.get('name')) for g in gpus[:8])})" if gpus else ""),
         ),
-        ("roles", ", ".join(map(str, summary.get("roles") or [])) or "-"),
+        ("roles", ", ".join(_role_text(r) for r in summary.get("roles") or []) or "-"),
         ("topology digest", summary.get("plan_digest") or "-"),
         ("versions", ", ".join(f"{k} {v or 'not found'}" for k, v in versions.items()) or "-"),
         ("client", f"{client.get('host', '?')}, {client.get('cores', '?')} cores"),

@@ -371,6 +371,7 @@ def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
         "command": "muse-launch bench pd --slo ttft=500ms,itl=50ms",
         "started": "2026-12-03T07:00:00Z",
         "finished": "2026-12-03T07:01:00Z",
+        "roles": [{"name": "prefill", "kind": "prefill", "engine": "sglang", "gpus": [0, 1], "url": "u"}],
         "points": [p],
     }
     charts = write_report(summary, tmp_path)
@@ -378,7 +379,8 @@ def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
     page = (tmp_path / "report.html").read_text()
     assert "Verdict: valid, client-limited" in page and "100% busy" in page
     assert "575.0/1050.0/1040.0/1050.0" in page and "45% NO" in page  # 9 of 20 under 500 ms
-    assert "sglang 0.5.23 (simulated)" in page and "{'sglang'" not in page
+    assert "sglang 0.5.23 (simulated)" in page and "{'sglang'" not in page and "{'name'" not in page
+    assert "prefill (prefill, sglang, GPUs 0,1)" in page
     assert "muse-launch bench pd --slo" in page and "2026-12-03T07:00:00Z" in page and "d1g" in page
     assert "href='c4/profile_export_aiperf.json'" in page and "<b>$" not in page
     assert page.count("<img ") == 4
