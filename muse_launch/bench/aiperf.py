@@ -161,8 +161,9 @@ class Measured:
 
     requests_ok: int = 0
     requests_failed: int = 0
-    ttft_ms: dict = field(default_factory=dict)  # p50, p99
+    ttft_ms: dict = field(default_factory=dict)  # p50, p90, p99, max, avg (None: aiperf gave none)
     itl_ms: dict = field(default_factory=dict)
+    e2e_ms: dict = field(default_factory=dict)  # a request's whole latency, aiperf's request_latency
     requests_per_s: float = 0.0
     output_tokens_per_s: float = 0.0
     output_tokens_per_s_per_user: float = 0.0
@@ -178,8 +179,50 @@ def _stat(d: dict, key: str, stat: str = "avg") -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
+PERCENTILES = ("p50", "p90", "p99", "max")
+
+
 def _pcts(d: dict, key: str) -> dict:
-    return {"p50": round(_stat(d, key, "p50"), 3), "p99": round(_stat(d, key, "p99"), 3)}
+    figures = d.get(key) if isinstance(d.get(key), dict) else {}
+    out = {}
+    for stat in (*PERCENTILES, "avg"):
+        v = figures.get(stat)
+        out[stat] = round(float(v), 3) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return out
+
+
+_TO_MS = {"ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1000.0, "sec": 1000.0}
+LATENCIES = {"ttft": "time_to_first_token", "itl": "inter_token_latency", "e2e": "request_latency"}
+MAX_RECORD_LINES = 1_000_000
+
+
+def request_figures(out: Path) -> list[dict]:
+    """Each successful request's TTFT, ITL and end-to-end latency in ms and its output tokens, from aiperf's
+    per-request export (profile_export.jsonl); [] where there is none."""
+    found: list[dict] = []
+    try:
+        f = open(out / RECORDS, errors="replace")  # noqa: SIM115
+    except OSError:
+        return found
+    with f:
+        for n, line in enumerate(f):
+            if n >= MAX_RECORD_LINES:
+                break
+            try:
+                rec = json.loads(line)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(rec, dict) or rec.get("error") or not isinstance(rec.get("metrics"), dict):
+                continue
+            metrics, one = rec["metrics"], {}
+            for short, name in (*LATENCIES.items(), ("tokens", "output_sequence_length")):
+                m = metrics.get(name)
+                v = m.get("value") if isinstance(m, dict) else None
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    scale = 1.0 if short == "tokens" else _TO_MS.get(str(m.get("unit", "ms")), 1.0)
+                    one[short] = float(v) * scale
+            found.append(one)
+    return found
 
 
 def output_total(d: dict) -> float:
@@ -208,6 +251,7 @@ def read_point(out: Path) -> Measured:
     m = Measured(
         ttft_ms=_pcts(d, "time_to_first_token"),
         itl_ms=_pcts(d, "inter_token_latency"),
+        e2e_ms=_pcts(d, "request_latency"),
         requests_per_s=_stat(d, "request_throughput"),
         output_tokens_per_s=_stat(d, "output_token_throughput"),
         output_tokens_per_s_per_user=_stat(d, "output_token_throughput_per_user", "p50"),

@@ -40,6 +40,7 @@ class SweepOptions:
     tokenizer: str | None = None
     on: str | None = None  # `up --on NAME`: where each combination runs (default: this host)
     up_args: tuple[str, ...] = ()  # more of `up`'s options, as given (--up-arg=--partition=debug)
+    pick: Path | None = None  # --pick OUT.yaml: the variant with the most goodput per GPU inside the SLO
 
 
 def parse_vary(vary: tuple[str, ...]) -> list[tuple[str, list[str]]]:
@@ -90,11 +91,30 @@ def deployment_name(opts: SweepOptions, combo: tuple[str, ...]) -> tuple[str | N
 
 
 def done_before(run: Path, combo: tuple[str, ...], opts: SweepOptions) -> bool:
+    """Whether this combination has a VALID record of the same settings: an invalid one is run again."""
     try:
         summary = json.loads((run / SUMMARY).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
-    return isinstance(summary, dict) and summary.get("sweep") == sweep_key(combo, opts)
+    return (
+        isinstance(summary, dict)
+        and summary.get("sweep") == sweep_key(combo, opts)
+        and summary.get("valid") is True
+    )
+
+
+def set_aside(run: Path) -> Path | None:
+    """An earlier, not reusable attempt of a combination moved to RUN.before-<time>, so that the new run's
+    record is not mixed with its points; where it went (None: there was none)."""
+    if not run.exists():
+        return None
+    aside = run.with_name(f"{run.name}.before-{time.strftime('%Y%m%d-%H%M%S')}")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = run.with_name(f"{run.name}.before-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+    run.rename(aside)
+    return aside
 
 
 def sweep_key(combo: tuple[str, ...], opts: SweepOptions) -> dict:
@@ -108,6 +128,7 @@ def sweep_key(combo: tuple[str, ...], opts: SweepOptions) -> dict:
         "osl": p.osl,
         "requests": p.requests,
         "duration_s": p.duration,
+        "slo": p.slo.as_dict() if p.slo else None,
     }
 
 
@@ -143,6 +164,7 @@ def run_one(
         f"{p.duration:g}",
         *(["--requests", str(p.requests)] if p.requests else []),
         *(["--tokenizer", opts.tokenizer] if opts.tokenizer else []),
+        *(["--slo", p.slo.argument()] if p.slo else []),
     )
     times = {"up_s": 0.0, "bench_s": 0.0, "down_s": 0.0}
     code_up, times["up_s"] = timed(up, echo, log)
@@ -197,6 +219,9 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
         elif done_before(run, combo, opts):
             results.append({"combination": list(combo), "run": str(run), "state": "done before"})
         else:
+            aside = set_aside(run)
+            if aside:
+                echo(f"sweep: {' '.join(combo)}: its earlier attempt moved to {aside}")
             echo(f"sweep: {' '.join(combo)}: up -> bench -> down (log {run / 'sweep.log'})")
             results.append(run_one(opts, combo, name, run, echo))
         echo(f"  {' '.join(combo)}: {results[-1]['state']}")
@@ -224,4 +249,80 @@ def finish(opts: SweepOptions, results: list[dict], wall: float, echo: Callable[
 
         compare_runs(recorded, opts.out / "compare", echo)
     bad = [r for r in results if r["state"] not in ("valid", "done before")]
-    return 1 if bad else 0
+    picked = pick_variant(opts, results, echo) if opts.pick else 0
+    return 1 if bad or picked else 0
+
+
+def best_goodput(summary: dict) -> tuple[float, int] | None:
+    """The most output tokens/s per GPU inside the SLO over the points that meet it (total tok/s on a
+    deployment without GPUs), and at which concurrency; None where no point meets the SLO."""
+    best = None
+    for p in summary["points"]:
+        g = p.get("goodput")
+        if not isinstance(g, dict) or not g.get("meets_slo"):
+            continue
+        v = g.get("output_tokens_per_s_per_gpu")
+        v = g.get("output_tokens_per_s") if v is None else v
+        if isinstance(v, int | float) and (best is None or v > best[0]):
+            best = (float(v), p["concurrency"])
+    return best
+
+
+def variant_text(opts: SweepOptions, combo: tuple[str, ...]) -> str:
+    """The topology file with this combination's --set (and the sweep's own) written in."""
+    import yaml
+
+    from muse_launch.topology.load import _apply_set
+
+    data = yaml.safe_load(opts.file.read_text())
+    for assignment in (*opts.sets, *combo):
+        problem = _apply_set(data, assignment)
+        if problem:
+            raise UsageError(problem)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+
+
+def pick_variant(opts: SweepOptions, results: list[dict], echo: Callable[[str], None]) -> int:
+    """Write --pick OUT.yaml: the valid variant with the most goodput per GPU; 1 where none meets the SLO."""
+    from .record import read_summary
+    from .report import slo_text
+
+    assert opts.pick is not None
+    if opts.plan.slo is None:
+        raise UsageError(
+            "sweep --pick needs --slo: goodput is counted against it", fix="e.g. --slo ttft=500ms,itl=50ms"
+        )
+    rows, best = [], None
+    for r in results:
+        combo = tuple(r["combination"])
+        try:
+            summary = read_summary(Path(r["run"]))
+        except ValueError:
+            rows.append((combo, "no record", None))
+            continue
+        found = best_goodput(summary) if summary.get("valid") else None
+        verdict = summary.get("verdict") or ("valid" if summary.get("valid") else "invalid")
+        rows.append((combo, verdict, found))
+        if found and (best is None or found[0] > best[1][0]):
+            best = (combo, found)
+    slo = slo_text(opts.plan.slo.as_dict())
+    table = [f"sweep of {opts.file.name}: goodput (output tokens/s per GPU inside {slo})"]
+    for combo, verdict, found in rows:
+        figure = f"{found[0]:.1f} at concurrency {found[1]}" if found else "none meets the SLO"
+        table.append(f"  {' '.join(combo)}: {figure} [{verdict}]")
+    for line in table:
+        echo(line)
+    if best is None:
+        echo(f"sweep --pick: no variant meets the SLO ({slo}); {opts.pick} not written")
+        return 1
+    combo, (value, conc) = best
+    header = [
+        f"# picked by `muse-launch sweep --pick`: {' '.join(combo)}, the most goodput per GPU "
+        f"({value:.1f} output tokens/s per GPU at concurrency {conc})",
+        f"# ISL {opts.plan.isl}, OSL {opts.plan.osl}"
+        + (" (rehearsal: simulated timing)" if opts.rehearse else ""),
+        *(f"# {line}" for line in table),
+    ]
+    opts.pick.write_text("\n".join(header) + "\n" + variant_text(opts, combo))
+    echo(f"sweep --pick: {opts.pick} is {' '.join(combo)} ({value:.1f} tok/s per GPU inside the SLO)")
+    return 0

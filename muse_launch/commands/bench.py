@@ -58,6 +58,11 @@ def bench(
         8, "--prompts", min=1, max=1000, help="with --check-equivalence: how many prompts"
     ),
     seed: int = typer.Option(0, "--seed", help="aiperf's random seed: the same prompts run after run"),
+    slo: str | None = typer.Option(
+        None,
+        "--slo",
+        help="latency targets for goodput, e.g. ttft=500ms,itl=50ms[,e2e=10s][,attain=90%]",
+    ),
 ) -> None:
     """Measure a deployment through its router with aiperf, judge the run valid, and record it
     (docs/bench.md)."""
@@ -73,7 +78,10 @@ def bench(
             fix="`muse-launch bench compare RUN RUN...` compares recorded runs",
         )
     from muse_launch.backend import backend_of
+    from muse_launch.bench.measure import parse_slo
     from muse_launch.bench.target import target_of
+
+    targets = parse_slo(slo) if slo else None  # a bad --slo is said before anything is contacted
 
     record, run_dir = _deployment(name)
     tokenizer_dir = str(tokenizer) if tokenizer else None
@@ -86,7 +94,7 @@ def bench(
         raise typer.Exit(check_against(target, reference, prompts, osl, typer.echo))
     from muse_launch.bench.measure import BenchPlan, run_bench
 
-    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration, seed)
+    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration, seed, targets)
     summary = run_bench(target, plan, out or default_out(run_dir), typer.echo)
     raise typer.Exit(0 if summary["valid"] else 1)
 
@@ -136,12 +144,24 @@ def sweep(
     up_arg: list[str] = typer.Option(
         [], "--up-arg", help="one more option for each `up`, e.g. --up-arg=--partition=debug"
     ),
+    slo: str | None = typer.Option(
+        None, "--slo", help="latency targets for goodput, e.g. ttft=500ms,itl=50ms (as bench --slo)"
+    ),
+    pick: Path | None = typer.Option(
+        None, "--pick", help="write the variant with the most goodput per GPU inside --slo to this file"
+    ),
 ) -> None:
     """Every combination of the --vary values: up -> bench -> down, then one comparison (docs/bench.md)."""
-    from muse_launch.bench.measure import BenchPlan
+    from muse_launch.bench.measure import BenchPlan, parse_slo
     from muse_launch.bench.sweep import SweepOptions, run_sweep
+    from muse_launch.errors import UsageError
 
-    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration)
+    if pick is not None and not slo:
+        raise UsageError(
+            "sweep --pick needs --slo: goodput is counted against it", fix="e.g. --slo ttft=500ms,itl=50ms"
+        )
+    targets = parse_slo(slo) if slo else None
+    plan = BenchPlan(_ints(concurrency, "--concurrency"), isl, osl, requests, duration, slo=targets)
     options = SweepOptions(
         file,
         tuple(vary),
@@ -153,6 +173,7 @@ def sweep(
         str(tokenizer) if tokenizer else None,
         on,
         tuple(up_arg),
+        pick,
     )
     raise typer.Exit(run_sweep(options, typer.echo))
 

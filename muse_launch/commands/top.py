@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import typer
 
 MIN_INTERVAL = 0.2
+HEALTH_DEADLINE_S = 3.0  # a role's probe or metrics answer, whole
 
 
 def top(
@@ -32,7 +33,7 @@ def top(
     try:
         snap = next(frames)
         if once:
-            _print(next(frames), as_json)
+            _print(next(frames), as_json, once=True)
         elif as_json or not sys.stdout.isatty():
             for frame in itertools.chain([snap], frames):
                 _print(frame, as_json)
@@ -49,17 +50,17 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    import httpx
-
     from muse_launch.backend import backend_of
     from muse_launch.errors import RuntimeFailure
     from muse_launch.local.status import health_now
     from muse_launch.rundir.state import read_state
     from muse_launch.top.collect import read_all, snapshot
+    from muse_launch.top.deadline import bounded_client
 
     backend = backend_of(run_dir)
     before = None
-    with httpx.Client(verify=False, trust_env=False) as client, ThreadPoolExecutor(max_workers=16) as pool:
+    # every answer whole within HEALTH_DEADLINE_S: a server trickling its headers cannot hold a frame
+    with bounded_client(HEALTH_DEADLINE_S) as client, ThreadPoolExecutor(max_workers=16) as pool:
         while True:
             started = time.monotonic()
             record = read_state(run_dir)
@@ -76,7 +77,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
 
 
-def _print(snap: dict, as_json: bool) -> None:
+def _print(snap: dict, as_json: bool, once: bool = False) -> None:
     import json
 
     if as_json:
@@ -86,7 +87,7 @@ def _print(snap: dict, as_json: bool) -> None:
 
     from muse_launch.top.view import render
 
-    Console(width=None if sys.stdout.isatty() else 200).print(render(snap))
+    Console(width=None if sys.stdout.isatty() else 200).print(render(snap, once))
 
 
 def _live(snap: dict, frames: Iterator[dict]) -> None:

@@ -7,6 +7,7 @@ rate before the second read or across a counter that went back (a restart).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,14 @@ from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 
 from .prom import FetchError, Parsed, fetch, parse
 
+# Inter-token latency histograms (seconds), where the engine has one: vLLM's newer name, its older
+# (time per output token), SGLang's. The simulated engine serves none: ITL is n/a there.
+ITL_HISTOGRAMS = {
+    "vllm": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "sglang": ("sglang:inter_token_latency_seconds",),
+}
+QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
 # The sample names read of each engine and router: the rest of an answer is skipped unparsed.
 WANTED = {
     **{
@@ -33,6 +42,8 @@ WANTED = {
                 m.generation_tokens,
                 f"{m.ttft}_sum",
                 f"{m.ttft}_count",
+                f"{m.ttft}_bucket",
+                *(f"{h}_bucket" for h in ITL_HISTOGRAMS.get(e, ())),
             )
         )
         for e, m in ENGINE_METRICS.items()
@@ -50,6 +61,7 @@ class Reading:
     values: Mapping[str, float | None] = field(default_factory=dict)
     workers: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)  # a router's, by URL
     error: str | None = None
+    histograms: Mapping[str, Mapping[float, float]] = field(default_factory=dict)  # "ttft"/"itl": le -> count
 
 
 def metrics_url(role: RoleRecord) -> tuple[str | None, str | None]:
@@ -91,7 +103,68 @@ def read_role(role: RoleRecord, client: httpx.Client, clock=time.monotonic) -> R
         return Reading(
             clock(), url, values=_router_values(parsed, role.engine), workers=_workers(parsed, role.engine)
         )
-    return Reading(clock(), url, values=_engine_values(parsed, role.engine))
+    return Reading(
+        clock(), url, values=_engine_values(parsed, role.engine), histograms=_histograms(parsed, role.engine)
+    )
+
+
+def _buckets(parsed: Parsed, name: str) -> dict[float, float]:
+    """A histogram's cumulative counts by upper bound, summed over its label sets (DP engines, ranks)."""
+    out: dict[float, float] = {}
+    for s in parsed.samples:
+        if s.name == name and "le" in s.labels:
+            try:
+                bound = float(s.labels["le"])
+            except ValueError:
+                continue
+            out[bound] = out.get(bound, 0.0) + s.value
+    return out
+
+
+def _histograms(parsed: Parsed, engine: str) -> dict[str, dict[float, float]]:
+    out = {"ttft": _buckets(parsed, f"{ENGINE_METRICS[engine].ttft}_bucket")}
+    for name in ITL_HISTOGRAMS.get(engine, ()):
+        found = _buckets(parsed, f"{name}_bucket")
+        if found:
+            out["itl"] = found
+            break
+    return {k: v for k, v in out.items() if v}
+
+
+def quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket the q-th observation falls in; None with no
+    observation. The +Inf bucket's share is given its lower bound (as Prometheus does)."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    total = buckets[bounds[-1]]
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for b in bounds:
+        count = buckets[b]
+        if count >= rank:
+            if math.isinf(b):
+                return prev_bound
+            if count == prev_count:
+                return b
+            return prev_bound + (b - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = b, count
+    return prev_bound
+
+
+def window_quantiles(now: Reading, before: Reading | None, key: str) -> dict[str, float | None] | None:
+    """p50/p90/p99 (seconds) of the observations made between two readings (the counts' difference); None
+    where the engine gives no such histogram or before the second reading; values None with no new one."""
+    if before is None or before.error or now.error:
+        return None
+    a, b = before.histograms.get(key), now.histograms.get(key)
+    if not b:
+        return None
+    a = a or {}
+    delta = {le: c - a.get(le, 0.0) for le, c in b.items()}
+    if any(v < 0 for v in delta.values()):  # a counter went back: the engine restarted
+        return None
+    return {name: quantile(q, delta) for name, q in QUANTILES}
 
 
 def _sum(parsed: Parsed, name: str) -> float | None:
@@ -191,6 +264,8 @@ def role_row(role: RoleRecord, now: Reading, before: Reading | None, health: str
         generation_tokens_per_s=_rate(now, before, "generation_tokens"),
         ttft_s=_ttft(now, before),
         ttft_idle=idle,
+        ttft_quantiles_s=window_quantiles(now, before, "ttft"),
+        itl_quantiles_s=window_quantiles(now, before, "itl"),
         prompt_tokens_total=_int(v.get("prompt_tokens")),
         generation_tokens_total=_int(v.get("generation_tokens")),
     )

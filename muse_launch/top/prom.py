@@ -101,7 +101,10 @@ def fetch(client: httpx.Client, url: str, deadline: float = DEADLINE, max_bytes:
     timeout = httpx.Timeout(deadline, connect=min(deadline, 0.5))
     try:
         headers = {"Accept": "text/plain", "Accept-Encoding": "identity"}  # no decompression bomb
-        with client.stream("GET", url, timeout=timeout, headers=headers) as answer:
+        # the "deadline" extension: the whole answer, headers too, where the client is deadline.bounded_client
+        with client.stream(
+            "GET", url, timeout=timeout, headers=headers, extensions={"deadline": deadline}
+        ) as answer:
             if answer.status_code != 200:
                 raise FetchError(f"HTTP {answer.status_code}")
             if answer.headers.get("content-encoding", "identity").lower() != "identity":

@@ -3,6 +3,7 @@ that number (the reason is in the last column); "-": nothing to show this interv
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,13 @@ from muse_launch.local.progress import STATE_STYLES
 from muse_launch.rundir.lifecycle import RoleState
 
 NA = Text("n/a", style="dim")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+MAX_WORKERS_SHOWN = 200  # a router's table past this many workers says how many more there are
+
+
+def _t(value: object, style: str = "") -> Text:
+    """A cell from text the deployment or a router gave: never rich markup, no escape sequence."""
+    return Text(_CONTROL.sub("?", str(value)), style=style)
 
 
 def _num(value: float | None, fmt: str = "{:.0f}", unavailable: bool = False) -> Text | str:
@@ -25,7 +33,7 @@ def _num(value: float | None, fmt: str = "{:.0f}", unavailable: bool = False) ->
 def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
     missing = row.get("metrics_unavailable") is not None
     if "requests_per_s" in row:  # a router: its load per worker and req/s are in its own table
-        return [NA] * 6
+        return [NA] * 7
     first_read = row.get("prompt_tokens_total") is not None and row["prompt_tokens_per_s"] is None
     kv = row.get("kv_cache_usage")
     ttft = row.get("ttft_s")
@@ -41,12 +49,27 @@ def _role_cells(row: Mapping[str, Any]) -> list[Text | str]:
             missing or (row.get("generation_tokens_total") is None),
             first_read,
         ),
-        Text(f"{ttft * 1000:.0f} ms")
-        if ttft is not None
-        else Text("-", style="dim")
-        if row.get("ttft_idle")
-        else NA,
+        _quantiles(row.get("ttft_quantiles_s"), "{:.0f}")
+        or (
+            Text(f"{ttft * 1000:.0f} ms (mean)")
+            if ttft is not None
+            else Text("-", style="dim")
+            if row.get("ttft_idle")
+            else NA
+        ),
+        _quantiles(row.get("itl_quantiles_s"), "{:.1f}")
+        or (Text("-", style="dim") if row.get("ttft_idle") or "itl_quantiles_s" not in row else NA),
     ]
+
+
+def _quantiles(q: object, fmt: str) -> Text | None:
+    """p50/p90/p99 in ms of the requests since the last reading; "-" where none came; None: no histogram."""
+    if not isinstance(q, Mapping):
+        return None
+    values = [q.get(k) for k in ("p50", "p90", "p99")]
+    if all(v is None for v in values):
+        return Text("-", style="dim")
+    return Text("/".join("-" if v is None else fmt.format(v * 1000) for v in values) + " ms")
 
 
 def _rate(value: float | None, unavailable: bool, first_read: bool) -> Text | str:
@@ -57,11 +80,13 @@ def _rate(value: float | None, unavailable: bool, first_read: bool) -> Text | st
     return f"{value:.1f}"
 
 
-def role_table(snap: Mapping[str, Any]) -> Table:
-    table = Table(
-        title=f"{snap['name']}: {snap['state']}  (every {snap['interval_s']:g}s; Ctrl-C quits)",
-        title_justify="left",
+def role_table(snap: Mapping[str, Any], once: bool = False) -> Table:
+    when = (
+        f"one reading: rates over {snap['interval_s']:g}s"
+        if once
+        else f"every {snap['interval_s']:g}s; Ctrl-C quits"
     )
+    table = Table(title=_t(f"{snap['name']}: {snap['state']}  ({when})"), title_justify="left")
     for column, justify in (
         ("role", "left"),
         ("kind", "left"),
@@ -73,7 +98,8 @@ def role_table(snap: Mapping[str, Any]) -> Table:
         ("KV cache", "right"),
         ("prompt tok/s", "right"),
         ("gen tok/s", "right"),
-        ("TTFT", "right"),
+        ("TTFT p50/p90/p99", "right"),
+        ("ITL p50/p90/p99", "right"),
         ("metrics", "left"),
     ):
         table.add_column(column, justify=justify, no_wrap=column != "metrics")
@@ -82,13 +108,13 @@ def role_table(snap: Mapping[str, Any]) -> Table:
         style = STATE_STYLES.get(RoleState(state), "") if state in RoleState._value2member_map_ else ""
         health = row["health"]
         table.add_row(
-            row["name"],
-            row["kind"],
-            Text(state, style=style),
-            Text(health or "-", style="green" if health == "ok" else "red" if health else "dim"),
-            str(row["restarts"]),
+            _t(row["name"]),
+            _t(row["kind"]),
+            _t(state, style=style),
+            _t(health or "-", style="green" if health == "ok" else "red" if health else "dim"),
+            _t(row["restarts"]),
             *_role_cells(row),
-            Text(row["metrics_unavailable"] or "ok", style="yellow" if row["metrics_unavailable"] else "dim"),
+            _t(row["metrics_unavailable"] or "ok", style="yellow" if row["metrics_unavailable"] else "dim"),
         )
     return table
 
@@ -98,24 +124,29 @@ def router_tables(snap: Mapping[str, Any]) -> list[Table]:
     for router in snap["routers"]:
         rate = router.get("requests_per_s")
         rate_text = "n/a req/s" if rate is None else f"{rate:.1f} req/s"
-        table = Table(title=f"router {router['router']}: {rate_text}; load per worker", title_justify="left")
+        table = Table(
+            title=_t(f"router {router['router']}: {rate_text}; load per worker"), title_justify="left"
+        )
         for column in ("worker", "role", "in flight", "healthy"):
             table.add_column(column, justify="right" if column == "in flight" else "left")
         if router["metrics_unavailable"]:
-            table.add_row(Text(router["metrics_unavailable"], style="yellow"), "", NA, NA)
+            table.add_row(_t(router["metrics_unavailable"], style="yellow"), "", NA, NA)
         elif not router["workers"]:
             table.add_row(Text("the router lists no worker in its metrics", style="dim"), "", NA, NA)
-        for w in router["workers"]:
+        for w in router["workers"][:MAX_WORKERS_SHOWN]:
             healthy = w["healthy"]
             table.add_row(
-                w["url"],
-                w["role"] or Text("not in this deployment", style="yellow"),
+                _t(w["url"]),
+                _t(w["role"]) if w["role"] else Text("not in this deployment", style="yellow"),
                 NA if w["load"] is None else str(w["load"]),
                 NA if healthy is None else Text("yes", style="green") if healthy else Text("no", style="red"),
             )
+        more = len(router["workers"]) - MAX_WORKERS_SHOWN
+        if more > 0:
+            table.add_row(Text(f"... and {more} more (top --json lists them all)", style="dim"), "", "", "")
         out.append(table)
     return out
 
 
-def render(snap: Mapping[str, Any]) -> Group:
-    return Group(role_table(snap), *router_tables(snap))
+def render(snap: Mapping[str, Any], once: bool = False) -> Group:
+    return Group(role_table(snap, once), *router_tables(snap))

@@ -20,6 +20,11 @@ POINT = ["--isl", "64", "--osl", "16", "--duration", "60"]
 TOP = {"hardware": "b300", "model": M, "engine": "sglang", "rehearse": {"ready_after": 0.3}}
 
 
+# a second deployment on the rehearsal's one 8-GPU host, beside the first (as it would be on a second host):
+# `up` refuses GPUs another deployment holds, unless told not to read them
+BESIDE = ("--skip-gpu-check",)
+
+
 def agg_roles(worker: int, router: int) -> dict:
     return {
         "worker": {"kind": "worker", "gpus": "0-7", "tp": 8, "port": worker},
@@ -41,8 +46,8 @@ def pd_roles(prefill: int, decode: int, bootstrap: int, router: int) -> dict:
     }
 
 
-def up(d: Deployment, path: Path) -> None:
-    r = d.cli("up", path, "-d", "--rehearse", timeout=120)
+def up(d: Deployment, path: Path, *more: str) -> None:
+    r = d.cli("up", path, "-d", "--rehearse", *more, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -61,12 +66,22 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
     up(d, d.write(agg_roles(*free_ports(2)), **TOP))
     try:
         run = tmp_path / "run"
-        r = d.cli(
-            "bench", d.name, "--concurrency", "1,4", "--requests", "8", *POINT, "--out", run, timeout=400
-        )
+        args = ("bench", d.name, "--concurrency", "1,4", "--requests", "8", *POINT, "--out", run)
+        r = d.cli(*args, "--slo", "ttft=60s,itl=10s", timeout=400)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "SIMULATED" in r.stdout and "concurrency    4" in r.stdout and "\nvalid" in r.stdout
+        assert "TTFT p50/p90/p99/max" in r.stdout and "good tok/s/GPU" in r.stdout
         s = summary(run)
+        assert s["verdict"] in ("valid", "valid, client-limited") and s["command"].startswith(
+            "muse-launch bench"
+        )
+        for p in s["points"]:  # targets every request meets: goodput is the raw throughput
+            g = p["goodput"]
+            assert g["requests_measured"] == g["requests_good"] == 8 and g["meets_slo"] is True
+            assert g["output_tokens_per_s"] > 0 and p["e2e_ms"]["p99"] >= p["e2e_ms"]["p50"] > 0
+            assert p["ttft_ms"]["max"] >= p["ttft_ms"]["p90"] >= p["ttft_ms"]["p50"]
+        again = d.cli(*args, timeout=60)  # a second run into the same record would mix their points
+        assert again.returncode == 2 and "already holds a bench record" in again.stderr
         assert s["valid"] is True and s["reasons"] == [] and s["simulated"] is True
         assert [p["concurrency"] for p in s["points"]] == [1, 4]
         for p in s["points"]:
@@ -84,9 +99,10 @@ def test_bench_of_a_rehearsal_is_valid_recorded_and_labelled_simulated(deploymen
         )  # the vocabulary: prompts are words, one token each
         assert s["gpus"] == 8 and len(s["plan_digest"]) == 64 and s["versions"]
         assert (run / "topology.yaml").read_text() == (d.home.parent / f"{d.name}.yaml").read_text()
-        assert sorted(s["charts"]) == ["latency.png", "pareto.png", "throughput.png"]
+        assert sorted(s["charts"]) == ["cdf.png", "latency.png", "pareto.png", "throughput.png"]
         page = (run / "report.html").read_text()
-        assert "SIMULATED" in page and page.count("data:image/png;base64,") == 3
+        assert "SIMULATED" in page and page.count("data:image/png;base64,") == 4
+        assert "Verdict: valid" in page and "href='c4/profile_export_aiperf.json'" in page
     finally:
         down(d)
 
@@ -156,7 +172,7 @@ def test_equivalence_and_compare_of_pd_against_aggregated(deployment, tmp_path):
     agg = Deployment(d.home, d.name[:30] + "-agg")
     up(d, d.write(pd_roles(*free_ports(4)), **TOP))
     try:
-        up(agg, agg.write(agg_roles(*free_ports(2)), **TOP))
+        up(agg, agg.write(agg_roles(*free_ports(2)), **TOP), *BESIDE)
         try:
             r = d.cli("bench", d.name, "--check-equivalence", agg.name, "--prompts", "3", timeout=120)
             assert r.returncode == 0, r.stdout + r.stderr
@@ -196,7 +212,11 @@ def test_equivalence_fails_when_answers_differ(deployment, tmp_path):
     other = Deployment(d.home, d.name[:30] + "-other")
     up(d, d.write(agg_roles(*free_ports(2)), **TOP))
     try:
-        up(other, other.write(agg_roles(*free_ports(2)), **{**TOP, "args": ["--served-model-name", "other"]}))
+        up(
+            other,
+            other.write(agg_roles(*free_ports(2)), **{**TOP, "args": ["--served-model-name", "other"]}),
+            *BESIDE,
+        )
         try:
             r = d.cli("bench", d.name, "--check-equivalence", other.name, "--prompts", "2", timeout=120)
             assert r.returncode == 1, r.stdout + r.stderr

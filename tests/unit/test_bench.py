@@ -84,7 +84,8 @@ def test_read_point_counts_sse_error_events(tmp_path):
     )
     m = ap.read_point(tmp_path)
     assert (m.requests_ok, m.requests_failed) == (4, 2)  # aiperf's 1 failure + 1 stream error
-    assert m.ttft_ms == {"p50": 10.0, "p99": 20.0} and m.itl_ms == {"p50": 2.0, "p99": 3.0}
+    assert m.ttft_ms == {"p50": 10.0, "p90": None, "p99": 20.0, "max": None, "avg": None}
+    assert m.itl_ms["p50"] == 2.0 and m.itl_ms["p99"] == 3.0 and m.e2e_ms["p50"] is None
     assert m.errors[0] == "1 x 500: boom" and "mid-stream" in m.errors[1]
 
 
@@ -146,3 +147,316 @@ def test_vary_combinations():
     for bad in (("nothing",), ("k=",), ("=1,2",), ("a=1", "a=2"), ()):
         with pytest.raises(UsageError):
             parse_vary(bad)
+
+
+# --- records and readers that hold against a fault probe (issue 34) ---------------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+from muse_launch.bench.record import read_summary, refuse_existing  # noqa: E402
+from muse_launch.bench.sweep import SweepOptions, done_before, set_aside, sweep_key  # noqa: E402
+
+
+def point(c: int = 1, **over) -> dict:
+    return {
+        "concurrency": c,
+        "valid": True,
+        "reasons": [],
+        "requests_ok": 16,
+        "requests_failed": 0,
+        "ttft_ms": {"p50": 10.0 * c, "p99": 20.0 * c},
+        "itl_ms": {"p50": 2.0, "p99": 3.0},
+        "requests_per_s": 4.0 * c,
+        "output_tokens_per_s": 100.0 * c,
+        "output_tokens_per_s_per_gpu": 50.0 * c,
+        "output_tokens_per_s_per_user": 100.0 / c,
+        **over,
+    }
+
+
+def record(tmp: Path, name: str, deployment="pd", points=None, **over) -> Path:
+    run = tmp / name
+    run.mkdir(parents=True)
+    summary = {
+        "format": 1,
+        "valid": True,
+        "reasons": [],
+        "deployment": deployment,
+        "gpus": 2,
+        "points": points if points is not None else [point(1), point(4)],
+        **over,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def cli(*args, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "muse_launch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        ({"points": [point(1, requests_per_s="fast")]}, "requests_per_s is not a number"),
+        ({"points": [point(1, ttft_ms={"p50": "10"})]}, "ttft_ms is not a set of figures"),
+        ({"points": [{"concurrency": 1, "requests_ok": 1, "requests_failed": 0}]}, "is not a set of figures"),
+        ({"points": [point(1, requests_ok=True)]}, "requests_ok is not a count"),
+        ({"points": [point(1, goodput="lots")]}, "goodput is not a set of figures"),
+        ({"points": [point(1, goodput={"requests_per_s": "9"})]}, "goodput is not a set of figures"),
+        ({"points": [point(1, e2e_ms=[1])]}, "e2e_ms is not a set of figures"),
+        ({"deployment": 12}, "deployment name is not a string"),
+        ({"gpus": "two"}, "GPU count is not a number"),
+        ({"points": [point(c) for c in range(1, 5001)]}, "more than a bench run writes"),
+    ],
+)
+def test_compare_refuses_a_damaged_record_with_exit_2(tmp_path, damage, says):
+    good = record(tmp_path, "good")
+    bad = record(tmp_path, "bad", **damage)
+    started = time.monotonic()
+    r = cli("bench", "compare", good, bad, "--out", tmp_path / "cmp", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert says in r.stderr and "Traceback" not in r.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_read_summary_refuses_deep_json_a_device_and_a_fifo_without_hanging(tmp_path):
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested too deep|not a bench record"):
+        read_summary(deep)
+    zero = tmp_path / "zero"
+    zero.mkdir()
+    (zero / "summary.json").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_summary(zero)
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / "summary.json")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_summary(fifo)  # a blocking open would wait for a writer forever
+
+
+def test_compare_draws_a_mathtext_name_and_prints_no_escape_sequence(tmp_path):
+    a = record(tmp_path, "a", deployment="$\\frac{1}{0}$ cost")
+    b = record(tmp_path, "b", deployment="evil\x1b]0;owned\x07\x1b[2J")
+    r = cli("bench", "compare", a, b, "--out", tmp_path / "cmp", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout + r.stderr and "\x07" not in r.stdout
+    assert "evil?]0;owned??[2J" in r.stdout
+    assert (tmp_path / "cmp" / "pareto.png").stat().st_size > 1000
+
+
+def test_compare_out_that_is_a_file_is_a_usage_error(tmp_path):
+    a, b = record(tmp_path, "a"), record(tmp_path, "b")
+    (tmp_path / "f").write_text("x")
+    r = cli("bench", "compare", a, b, "--out", tmp_path / "f", cwd=tmp_path)
+    assert r.returncode == 2 and "cannot be a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_bench_refuses_an_out_that_holds_a_record(tmp_path):
+    refuse_existing(tmp_path / "new")  # nothing there: fine
+    (tmp_path / "empty").mkdir()
+    refuse_existing(tmp_path / "empty")
+    (tmp_path / "empty" / "sweep.log").write_text("a sweep's log is not a record")
+    refuse_existing(tmp_path / "empty")
+    old = record(tmp_path, "old")
+    with pytest.raises(UsageError, match="already holds a bench record"):
+        refuse_existing(old)
+    (tmp_path / "pts").mkdir()
+    (tmp_path / "pts" / "c4").mkdir()
+    with pytest.raises(UsageError, match="already holds a bench record"):
+        refuse_existing(tmp_path / "pts")
+    with pytest.raises(UsageError, match="is a file"):
+        refuse_existing(old / "summary.json")
+
+
+def test_a_resumed_sweep_runs_an_invalid_combination_again(tmp_path):
+    from muse_launch.bench.measure import BenchPlan
+
+    opts = SweepOptions(
+        tmp_path / "t.yaml",
+        ("roles.decode.replicas=1,2",),
+        (),
+        True,
+        False,
+        BenchPlan((1,), 8, 8, 16, 5.0),
+        tmp_path,
+    )
+    combo = ("roles.decode.replicas=1",)
+    valid = record(tmp_path, "valid", sweep=sweep_key(combo, opts))
+    invalid = record(tmp_path, "invalid", valid=False, reasons=["x"], sweep=sweep_key(combo, opts))
+    assert done_before(valid, combo, opts)
+    assert not done_before(invalid, combo, opts)
+    aside = set_aside(invalid)
+    assert aside is not None and (aside / "summary.json").is_file() and not invalid.exists()
+    assert set_aside(invalid) is None
+
+
+# --- distributions, goodput, the verdict and its reasons (issue 34) ---
+
+from muse_launch.bench.measure import goodput, parse_slo  # noqa: E402
+from muse_launch.bench.record import verdict_of  # noqa: E402
+from muse_launch.bench.report import table_lines, write_report  # noqa: E402
+
+
+def test_slo_parses_units_and_refuses_nonsense():
+    slo = parse_slo("ttft=0.5s,itl=50ms,e2e=10s,attain=95%")
+    assert dict(slo.targets_ms) == {"ttft": 500.0, "itl": 50.0, "e2e": 10000.0} and slo.attain_pct == 95.0
+    for bad in ("ttft", "ttft=fast", "tpot=5ms", "ttft=-1ms", "attain=150", "ttft=1ms,ttft=2ms", "attain=90"):
+        with pytest.raises(UsageError):
+            parse_slo(bad)
+
+
+def test_goodput_counts_requests_meeting_every_target():
+    slo = parse_slo("ttft=500ms,itl=50ms,attain=50")
+    reqs = [
+        {"ttft": 100.0, "itl": 10.0, "tokens": 100.0},  # good
+        {"ttft": 600.0, "itl": 10.0, "tokens": 100.0},  # TTFT over
+        {"ttft": 100.0, "itl": 60.0, "tokens": 100.0},  # ITL over
+        {"ttft": 500.0, "itl": 50.0, "tokens": 50.0},  # on the targets: good
+    ]
+    g = goodput(slo, reqs, 2.0, 350.0, 2)  # the point's raw 2 req/s, 350 tok/s
+    assert g["requests_good"] == 2 and g["attained_pct"] == 50.0 and g["meets_slo"]
+    assert g["requests_per_s"] == 1.0 and g["output_tokens_per_s"] == 150.0  # 150 of the 350 tokens were good
+    assert g["output_tokens_per_s_per_gpu"] == 75.0
+    assert not goodput(parse_slo("ttft=500ms"), [], 1.0, 1.0, None)["meets_slo"]
+
+
+def test_verdict_says_a_starved_client_and_why():
+    assert verdict_of([], []) == "valid"
+    assert verdict_of([], ["warning: the client machine's CPUs were 100% busy"]) == "valid, client-limited"
+    assert verdict_of(["concurrency 4: no request succeeded"], ["x"]) == "invalid"
+
+
+def test_report_has_percentiles_goodput_metadata_links_and_charts(tmp_path):
+    slo = parse_slo("ttft=500ms,itl=50ms")
+    d = tmp_path / "c4"
+    d.mkdir()
+    lines = []
+    for i in range(20):
+        metrics = {
+            "time_to_first_token": {"value": 100.0 + 50 * i, "unit": "ms"},
+            "inter_token_latency": {"value": 20_000_000.0, "unit": "ns"},
+            "request_latency": {"value": 3.0, "unit": "sec"},
+            "output_sequence_length": {"value": 128, "unit": "tokens"},
+        }
+        lines.append(json.dumps({"metadata": {}, "metrics": metrics, "error": None}))
+    lines.append(json.dumps({"metadata": {}, "metrics": {}, "error": {"code": 500}}))
+    (d / "profile_export.jsonl").write_text("\n".join(lines) + "\n")
+    (d / "profile_export_aiperf.json").write_text("{}")
+    reqs = ap.request_figures(d)
+    assert len(reqs) == 20 and reqs[0] == {"ttft": 100.0, "itl": 20.0, "e2e": 3000.0, "tokens": 128.0}
+    pct = {"p50": 575.0, "p90": 1050.0, "p99": 1040.0, "max": 1050.0, "avg": 575.0}
+    p = point(4, ttft_ms=pct, e2e_ms={"p50": 3000.0, "p90": 3000.0, "p99": 3000.0, "max": 3000.0})
+    p["goodput"] = goodput(slo, reqs, 10.0, 1000.0, 2)
+    summary = {
+        "valid": True,
+        "verdict": "valid, client-limited",
+        "reasons": [],
+        "caveats": ["warning: the client machine's CPUs were 100% busy"],
+        "warnings": ["warning: the client machine's CPUs were 100% busy"],
+        "deployment": "pd <b>$\\frac{1}{2}$",
+        "url": "http://127.0.0.1:1",
+        "model": "m",
+        "plan": {"isl": 512, "osl": 128, "concurrency": [4], "seed": 0},
+        "gpus": 2,
+        "plan_digest": "d1g",
+        "versions": {"sglang": "0.5.23 (simulated)"},
+        "slo": slo.as_dict(),
+        "command": "muse-launch bench pd --slo ttft=500ms,itl=50ms",
+        "started": "2026-12-03T07:00:00Z",
+        "finished": "2026-12-03T07:01:00Z",
+        "roles": [{"name": "prefill", "kind": "prefill", "engine": "sglang", "gpus": [0, 1], "url": "u"}],
+        "points": [p],
+    }
+    charts = write_report(summary, tmp_path)
+    assert charts == ["cdf.png", "latency.png", "pareto.png", "throughput.png"]
+    page = (tmp_path / "report.html").read_text()
+    assert "Verdict: valid, client-limited" in page and "100% busy" in page
+    assert "575.0/1050.0/1040.0/1050.0" in page and "45% NO" in page  # 9 of 20 under 500 ms
+    assert "sglang 0.5.23 (simulated)" in page and "{'sglang'" not in page and "{'name'" not in page
+    assert "prefill (prefill, sglang, GPUs 0,1)" in page
+    assert "muse-launch bench pd --slo" in page and "2026-12-03T07:00:00Z" in page and "d1g" in page
+    assert "href='c4/profile_export_aiperf.json'" in page and "<b>$" not in page
+    assert page.count("<img ") == 4
+    text = "\n".join(table_lines(summary))
+    assert "TTFT p50/p90/p99/max" in text and "good tok/s/GPU" in text and "SLO ttft<=500ms" in text
+
+
+def test_compare_by_run_id_with_delta_and_ratio_goodput_first(tmp_path):
+    home = tmp_path / "home"
+    g = {"output_tokens_per_s_per_gpu": 40.0, "requests_per_s": 2.0, "attained_pct": 95.0, "meets_slo": True}
+    a = record(home / "pd" / "bench", "20261203-070000", points=[point(4, goodput=g)])
+    b_points = [point(4, goodput={**g, "output_tokens_per_s_per_gpu": 60.0}, output_tokens_per_s=300.0)]
+    record(home / "agg" / "bench", "20261203-080000", deployment="agg", points=b_points)
+    record(home / "other" / "bench", "20261203-070000", deployment="other")
+    env = {**os.environ, "MUSE_LAUNCH_HOME": str(home)}
+    run = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "bench", "compare", "pd/20261203-070000", "20261203-080000"]
+        + ["--out", str(tmp_path / "cmp")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    diff = lines[next(i for i, x in enumerate(lines) if x.startswith("against pd")) + 2 :]
+    assert diff[0].split()[1:3] == ["good", "tok/s/GPU"] and diff[0].split()[-2:] == ["+20", "1.50x"]
+    assert any(x.split()[1:3] == ["out", "tok/s"] and x.split()[-1] == "0.75x" for x in diff)
+    cmp = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert cmp["differences"][0]["metric"] == "good tok/s/GPU" and cmp["differences"][0]["ratio"] == 1.5
+    ambiguous = subprocess.run(
+        [sys.executable, "-m", "muse_launch", "bench", "compare", "20261203-070000", str(a)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert ambiguous.returncode == 2 and "names 2 runs" in ambiguous.stderr
+
+
+def test_sweep_pick_writes_the_variant_with_the_most_goodput_per_gpu(tmp_path):
+    from muse_launch.bench.measure import BenchPlan
+    from muse_launch.bench.sweep import pick_variant
+    from muse_launch.core import load_plan
+
+    topology = Path(__file__).parents[2] / "topologies" / "pd-b300-low-latency.yaml"
+    slo = parse_slo("ttft=500ms,itl=50ms")
+    pick = tmp_path / "best.yaml"
+    opts = SweepOptions(
+        topology, ("rehearse.itl_ms=2,8",), (), True, False, BenchPlan((1, 4), 64, 16, 8, 5.0, slo=slo),
+        tmp_path, pick=pick,
+    )  # fmt: skip
+    g = {"meets_slo": True, "attained_pct": 100.0}
+    results = []
+    for itl, per_gpu, meets in (("2", 30.0, True), ("8", 90.0, False), ("5", 60.0, True)):
+        combo = (f"rehearse.itl_ms={itl}",)
+        pts = [
+            point(1, goodput={**g, "output_tokens_per_s_per_gpu": per_gpu / 2}),
+            point(4, goodput={**g, "output_tokens_per_s_per_gpu": per_gpu, "meets_slo": meets}),
+        ]
+        run = record(tmp_path, f"itl{itl}", points=pts)
+        results.append({"combination": list(combo), "run": str(run), "state": "valid"})
+    lines: list[str] = []
+    assert pick_variant(opts, results, lines.append) == 0
+    text = pick.read_text()
+    assert text.startswith("# picked by `muse-launch sweep --pick`: rehearse.itl_ms=5")
+    assert "#   rehearse.itl_ms=8: 45.0 at concurrency 1" in text  # its c=4 misses the SLO
+    picked = load_plan(pick, [], rehearse=True).plan
+    assert picked == load_plan(topology, ["rehearse.itl_ms=5"], rehearse=True).plan
+    none = [{**r, "run": str(record(tmp_path / "n", Path(r["run"]).name, valid=False))} for r in results]
+    pick.unlink()
+    assert pick_variant(opts, none, lines.append) == 1 and not pick.exists()
+    assert "no variant meets the SLO" in lines[-1]

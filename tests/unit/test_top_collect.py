@@ -161,6 +161,7 @@ def test_the_table_says_n_a_for_none_and_shows_zero_as_zero():
         for line in console.export_text().splitlines()
         if line.count("\u2502") > 10
     }
-    assert lines["idle"][5:11] == ["0", "0", "0.0%", "0.0", "0.0", "-"]  # known zeros, and no new first token
-    assert lines["dark"][5:11] == ["n/a"] * 6
-    assert lines["dark"][11].startswith("no /metrics: sglang serves it with")
+    # known zeros, and no new first token (TTFT and ITL: "-")
+    assert lines["idle"][5:12] == ["0", "0", "0.0%", "0.0", "0.0", "-", "-"]
+    assert lines["dark"][5:12] == ["n/a"] * 7
+    assert lines["dark"][12].startswith("no /metrics: sglang serves it with")
