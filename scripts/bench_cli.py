@@ -4,8 +4,9 @@
 
 1. Each command from exec to exit through the console script (.venv/bin/muse-launch): the
    fastest and the median of N runs, wall clock and CPU (user + system; a loaded machine moves
-   CPU time less than wall time), each run paired with a bare interpreter's. Goals (issue 35): `--help`
-   0.10 s, `validate topologies/epd-b300.yaml` 0.20 s, `down` and `status` with nothing running 0.20 s.
+   CPU time less than wall time), each run paired with a bare interpreter's. The start-up budget:
+   `--help` 0.10 s, `validate topologies/epd-b300.yaml` 0.20 s, `down` and `status` with nothing
+   running 0.20 s.
 2. `up -d` beside a launcher written by hand that starts the same waves (the plan's argv and env,
    each role in its own session, its log in a file) and polls the same probes at the same
    interval, with no checks, no state and no supervisor; each started alternately, `--rounds`
@@ -32,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = str(Path(sys.executable).with_name("muse-launch"))
 EPD = REPO / "topologies" / "epd-b300.yaml"
-GOALS = {"--help": 0.10, "validate": 0.20, "down": 0.20, "status": 0.20}  # issue 35's goals
+GOALS = {"--help": 0.10, "validate": 0.20, "down": 0.20, "status": 0.20}  # the start-up budget, seconds
 
 # The hand-written launcher: the standard library only, the waves in order, each role polled ready.
 HAND = r"""
