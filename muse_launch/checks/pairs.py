@@ -44,8 +44,10 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
     # Read each worker's facts once: a router over P prefills and D decodes makes P x D pairs.
     facts = {s.name: _read(s) for s in urls.values() if s.kind in ("prefill", "decode")}
     for front in roles(ctx, ROUTER_ENGINES):
-        prefills = [urls[u] for u, _ in router.prefills(front.args) if u in urls]
-        decodes = [urls[u] for u in router.decodes(front.args) if u in urls]
+        # By kind too: replicas whose ports step onto another role's give that role's URL (a port check
+        # reports the clash; this one must not read a router as a worker)
+        prefills = [urls[u] for u, _ in router.prefills(front.args) if u in urls and urls[u].name in facts]
+        decodes = [urls[u] for u in router.decodes(front.args) if u in urls and urls[u].name in facts]
         for prefill in prefills:
             for decode in decodes:
                 if facts[prefill.name] == facts[decode.name]:

@@ -301,3 +301,13 @@ def test_xeon_page_size() -> None:
     assert findings_for(text) == []
     found = findings_for(text.replace("page_size: 1", "page_size: 16"))
     assert [(f.severity, f.path) for f in found] == [(Severity.WARNING, ("roles", "worker", "page_size"))]
+
+
+def test_replicas_stepping_onto_the_routers_port_are_a_finding_not_an_internal_error():
+    """256 prefills and decodes step their ports over the router's: the router's URL is no worker (this read
+    the router as a decode and ended in an internal error, exit 70)."""
+    text = (ROOT / "examples" / "pd-vllm-cpu.yaml").read_text()
+    text = edit(text, "kind: prefill", "kind: prefill\n    replicas: 256")
+    text = edit(text, "kind: decode", "kind: decode\n    replicas: 256")
+    findings = findings_for(text, {"MUSE_LAUNCH_VLLM_PYTHON": "/x/python", "MUSE_LAUNCH_TINY_MODEL": "/x/m"})
+    assert any("already the HTTP port of" in f.message for f in findings), findings
