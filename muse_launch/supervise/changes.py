@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
 DRAIN_POLL = 0.1
+DRAIN_RETRY = 0.5  # after an instance did not answer how many requests it has in flight
 WAIT_POLL = 0.05
 SCALABLE_KINDS = ("prefill", "decode", "worker")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
@@ -676,23 +677,28 @@ class Changes:
         `timeout` seconds."""
         began = time.monotonic()
         settle = began + router.REMOVAL_SETTLE_S
-        most, last = 0, None
+        most, last, seen = 0, None, False
         while time.monotonic() - began < timeout:
             last = in_flight(self.client, spec.engine, spec.url or "")
             if last is None:
-                break
+                # No answer this time: a busy engine answers its /metrics late (real SGLang on a loaded
+                # host did); ask again until the drain timeout rather than stop looking at the first miss
+                time.sleep(DRAIN_RETRY)
+                continue
+            seen = True
             most = max(most, last)
             if last == 0 and time.monotonic() >= settle:
                 waited = time.monotonic() - began
                 say(f"{spec.name}: drained in {waited:.2f}s ({most} in flight when it left the router)")
                 return {"drain_s": round(waited, 3), "in_flight_at_removal": most}
             time.sleep(DRAIN_POLL)
-        if last is None:
+        if not seen:
             say(
                 f"{spec.name}: it does not say what it has in flight (no metrics); waited the drain "
                 f"timeout ({timeout:g}s) instead"
             )
-            time.sleep(max(0.0, timeout - (time.monotonic() - began)))
+        elif last is None:
+            say(f"{spec.name}: its in-flight count stopped answering; stopping it after the drain timeout")
         else:
             say(f"{spec.name}: still {last} in flight after the drain timeout ({timeout:g}s); stopping it")
         return {"drain_s": round(time.monotonic() - began, 3), "in_flight_at_removal": most}

@@ -20,7 +20,13 @@ WIRED = {
 def changes(d: Deployment) -> list[tuple[str, str]]:
     """(role, state) in the order the supervisor reported them."""
     lines = (d.run_dir / "supervisor.log").read_text().splitlines()
-    return [(w[0], w[1]) for w in map(str.split, lines) if len(w) >= 2 and w[1] in ("starting", "ready")]
+    states = ("starting", "wiring", "ready")  # wiring: it answers, and does not list all its peers yet
+    return [(w[0], w[1]) for w in map(str.split, lines) if len(w) >= 2 and w[1] in states]
+
+
+def answered(seen: list[tuple[str, str]], name: str) -> int:
+    """When `name` first answered its probe: its `wiring` line, or `ready` where it was wired at once."""
+    return min(i for i, (role, state) in enumerate(seen) if role == name and state in ("wiring", "ready"))
 
 
 @pytest.mark.parametrize("start", ["overlap", "waves"])
@@ -36,7 +42,7 @@ def test_epd_comes_up_wired_in_the_order_its_policy_says(tmp_path, start):
         assert status["state"] == "ready"
         assert {r["name"]: r["wiring"] for r in status["roles"]} == WIRED
         seen = changes(d)
-        first_ready = next(i for i, (_, state) in enumerate(seen) if state == "ready")
+        first_ready = next(i for i, (_, state) in enumerate(seen) if state in ("wiring", "ready"))
         started_before = {name for name, state in seen[:first_ready] if state == "starting"}
         if start == "overlap":
             assert "start: overlap" in up.stdout
@@ -44,10 +50,8 @@ def test_epd_comes_up_wired_in_the_order_its_policy_says(tmp_path, start):
         else:
             assert "start: waves (as the file asks)" in up.stdout
             assert started_before == {"encoder"}
-        # Either way the router starts once its workers are ready (start_policy.py says why).
-        assert seen.index(("router", "starting")) > max(
-            seen.index(("prefill", "ready")), seen.index(("decode", "ready"))
-        )
+        # Either way the router starts once its workers answer (start_policy.py says why).
+        assert seen.index(("router", "starting")) > max(answered(seen, "prefill"), answered(seen, "decode"))
         assert (
             "wiring: prefill: 1/1 encoders; decode: 1/1 encoders; router: 1/1 prefill, 1/1 decode"
             in d.cli("status", d.name).stdout.replace("\n", " ")

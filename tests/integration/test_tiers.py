@@ -16,7 +16,10 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (["nonsense"], "unknown tier or suite: nonsense (fast; slurm k8s vllm parsers graph bench local;"),
+        (
+            ["nonsense"],
+            "unknown tier or suite: nonsense (fast; slurm k8s vllm sglang parsers graph bench local;",
+        ),
         (["slurm", "sulrm"], "unknown tier or suite: sulrm"),
         (["fast", "-x"], "`fast` takes no more arguments"),
     ],
