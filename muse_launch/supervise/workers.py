@@ -11,7 +11,8 @@ Every answer read here is bounded and checked (muse_launch/bounded_json.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import httpx
 
@@ -35,8 +36,24 @@ def _api(check: WiringCheck) -> str:
     return check.list_url.rsplit("/", 1)[0] + router.WORKER_API
 
 
+TRANSPORT_TRIES = 3  # a router call whose connection broke (a stale pooled one) goes again on a new one
+
+
+def _again(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """`send` (an idempotent call: a GET, a DELETE that takes 404, a POST that takes 409), once more on a
+    fresh connection where the transport failed; the last failure is raised."""
+    for attempt in range(TRANSPORT_TRIES):
+        try:
+            return send()
+        except httpx.TransportError:
+            if attempt == TRANSPORT_TRIES - 1:
+                raise
+            time.sleep(0.1 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
 def _ids(client: httpx.Client, check: WiringCheck) -> dict[str, str]:
-    answer = client.get(_api(check), headers=check.headers, timeout=HTTP_TIMEOUT)
+    answer = _again(lambda: client.get(_api(check), headers=check.headers, timeout=HTTP_TIMEOUT))
     if answer.status_code != 200:
         raise RouterRefused(f"GET {_api(check)} answered {answer.status_code}")
     return router.worker_ids(load_answer(answer.content))
@@ -45,7 +62,7 @@ def _ids(client: httpx.Client, check: WiringCheck) -> dict[str, str]:
 def register(client: httpx.Client, check: WiringCheck, wire: Wire) -> None:
     """Add one worker to the router, as the worker type it serves and with its bootstrap port."""
     body = router.worker_entry(wire.kind, wire.url, wire.bootstrap_port)
-    answer = client.post(_api(check), json=body, headers=check.headers, timeout=HTTP_TIMEOUT)
+    answer = _again(lambda: client.post(_api(check), json=body, headers=check.headers, timeout=HTTP_TIMEOUT))
     if answer.status_code not in (200, 201, 202, 409):  # 409: smg already holds (or drains) it
         raise RouterRefused(f"POST {_api(check)} ({wire.peer}) answered {answer.status_code}")
 
@@ -55,7 +72,9 @@ def deregister(client: httpx.Client, check: WiringCheck, url: str) -> bool:
     wid = _ids(client, check).get(url.rstrip("/"))
     if wid is None:
         return False
-    answer = client.delete(f"{_api(check)}/{wid}", headers=check.headers, timeout=HTTP_TIMEOUT)
+    answer = _again(
+        lambda: client.delete(f"{_api(check)}/{wid}", headers=check.headers, timeout=HTTP_TIMEOUT)
+    )
     if answer.status_code not in (200, 202, 204, 404):
         raise RouterRefused(f"DELETE {_api(check)}/{wid} answered {answer.status_code}")
     return True
