@@ -91,6 +91,7 @@ class ControlServer:
             os.umask(old)
         self.sock.listen(8)
         self.closed = False
+        self.accept_failures = 0  # accepts that failed and were tried again (out of descriptors)
         self.mutex = threading.Lock()  # guards busy_with and lease; held for a moment, never over a change
         self.lease: _Lease | None = None
         self.thread = threading.Thread(target=self._accept, name="control", daemon=True)
@@ -119,6 +120,7 @@ class ControlServer:
                     return  # closed: the supervisor goes
                 # out of descriptors or memory (EMFILE, ENFILE, ENOBUFS), or one connection that broke:
                 # the pending connections wait in the backlog until there is room again
+                self.accept_failures += 1
                 time.sleep(backoff)
                 backoff = min(ACCEPT_BACKOFF[1], backoff * 2)
                 continue

@@ -325,7 +325,10 @@ def test_running_out_of_file_descriptors_does_not_end_the_accept_loop(run_dir):
         except OSError:
             pass  # not one descriptor left in this process: the server's accept fails with EMFILE
         waiting.connect(str(run_dir.path / SOCKET_NAME))  # queued; accepting it needs a descriptor
-        time.sleep(0.3)  # the accept loop meets EMFILE meanwhile (on main: it ended there for good)
+        deadline = time.monotonic() + 30  # the accept loop meets EMFILE (on main: it ended there for good)
+        while server.accept_failures == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.accept_failures > 0, "the accept loop never met EMFILE"
     finally:
         for fd in filler:
             os.close(fd)
