@@ -230,7 +230,7 @@ def init(
 # by the command that needs it. Add a module here rather than importing it above.
 COMMAND_MODULES = (
     "muse_launch.commands.run",
-    "muse_launch.commands.change",
+    "muse_launch.commands.live",
     "muse_launch.commands.export",
     "muse_launch.commands.host",
     "muse_launch.commands.top",

@@ -1,6 +1,6 @@
 """`up FILE` on a running deployment of that file: print the difference (plan/diff.py), then apply it through
 the deployment's Backend, one step at a time; `--dry-run` prints it and stops. Written once, above the seam:
-each backend makes the steps (add_instance, remove_instance, restart_instance) or refuses them with
+each backend makes the steps (change.py's AddInstance, RemoveInstance, RestartInstance) or refuses them with
 errors.NotSupported, which ends here as one clear error, the deployment left as it was."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from muse_launch.backend_types import Capability
+from muse_launch.change import AddInstance, RemoveInstance, RestartInstance, adopt
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
 from muse_launch.plan.diff import (
     Difference,
@@ -167,9 +169,9 @@ def _instances(backend: Backend, run_dir: RunDir) -> set[str]:
 
 
 def relaunches(backend: Backend) -> bool:
-    """Whether the backend can take the edited file (`adopt`) and restart an instance with the launch it
-    gives now (`restart_instance(relaunch=True)`): a backend says so with `relaunches = True`."""
-    return getattr(backend, "relaunches", False) is True
+    """Whether the backend can take the edited file (Adopt) and restart an instance with the launch it
+    gives now (RestartInstance(relaunch=True))."""
+    return backend.can(Capability.RELAUNCH)
 
 
 def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, name: str) -> None:
@@ -185,7 +187,7 @@ def refuse_what_the_seam_cannot_carry(difference: Difference, backend: Backend, 
     new_roles = [
         s.instance for s in difference.steps if s.kind is StepKind.ADD and difference.role(s.role).before == 0
     ]
-    new_roles = [] if getattr(backend, "adds_roles", False) is True else new_roles
+    new_roles = [] if backend.can(Capability.ADDS_ROLES) else new_roles
     if not new_launch and not new_roles:
         return
     parts = [f"a new launch of {', '.join(new_launch)}"] if new_launch else []
@@ -209,15 +211,13 @@ def _make(backend: Backend, run_dir: RunDir, step: Step, instances: Callable[[],
     """The step; for an add, the new instance's name (as the backend returns it, else as it appears)."""
     if step.kind is StepKind.ADD:
         before = instances()
-        named = backend.add_instance(run_dir, step.role, by_file=True)
+        named = backend.change(run_dir, AddInstance(step.role, by_file=True)).get("instance")
         appeared = sorted(instances() - before)
         return named if isinstance(named, str) and named else (appeared[0] if appeared else None)
     if step.kind is StepKind.REMOVE:
-        backend.remove_instance(run_dir, step.instance, by_file=True)
-    elif relaunches(backend):  # with the launch the adopted file gives it
-        backend.restart_instance(run_dir, step.instance, relaunch=True)
-    else:
-        backend.restart_instance(run_dir, step.instance)
+        backend.change(run_dir, RemoveInstance(step.instance, by_file=True))
+    else:  # with the launch the adopted file gives it, where the backend took the file
+        backend.change(run_dir, RestartInstance(step.instance, relaunch=relaunches(backend)))
     return None
 
 
@@ -270,14 +270,14 @@ def _undo(backend: Backend, run_dir: RunDir, applied: Applied, say: Callable[[st
     for role in reversed(applied.removed):
         say(f"undo: adding back an instance of {role}, which this `up` removed")
         try:
-            backend.add_instance(run_dir, role, by_file=True)
+            backend.change(run_dir, AddInstance(role, by_file=True))
         except UserError as exc:
             say(f"undo: {role} stays one instance short: {exc}")
             left.append(f"remove of an instance of {role}")
     for _, name in reversed(applied.added):
         say(f"undo: removing {name}, which this `up` added")
         try:
-            backend.remove_instance(run_dir, name, by_file=True)
+            backend.change(run_dir, RemoveInstance(name, by_file=True))
         except UserError as exc:
             say(f"undo: {name} stays: {exc}")
             left.append(f"add {name}")
@@ -331,8 +331,7 @@ def up_changes(
 ) -> int | None:
     """`up FILE` of a deployment that runs: the exit code once its difference is printed (and, without
     `dry_run`, applied). None: nothing of that name runs and `up` starts it as usual."""
-    from muse_launch.backend import backend_of
-    from muse_launch.supervise.requests import changes_held
+    from muse_launch.backends import backend_of
 
     found = running_record(loaded.plan.name)
     if found is None:
@@ -358,8 +357,9 @@ def up_changes(
         say(f"{record.name}: no supervisor watches it; `up` starts it afresh once what is left of it stops")
         print_would_start(say, loaded)
         return 0
-    moved = getattr(backend, "as_started", None)  # a backend that moves the plan as its `up` did
-    as_started = (lambda plan: moved(run_dir, loaded, rehearse)) if callable(moved) else None
+    # a backend that moves the plan as its `up` did
+    moves = backend.can(Capability.MOVES_PLAN)
+    as_started = (lambda plan: backend.plan_as_started(run_dir, loaded, rehearse)) if moves else None
     difference = difference_of(loaded, record, rehearse, as_started)
     print_difference(say, record.name, str(loaded.source), difference)
     if dry_run:
@@ -378,12 +378,12 @@ def up_changes(
     # One change from the adoption to the last step: no other is served between them, and the adopted file
     # stands only where the steps were applied (a refusal that undid them leaves the file it had).
     applied = Applied()
-    with changes_held(backend, run_dir, f"up of {loaded.source.name}", say) as held:
+    with backend.held(run_dir, f"up of {loaded.source.name}", say) as held:
         if relaunches(backend):  # what it adds and relaunches is planned from this file from now on
             # with the `${env:...}` values read here: a changed secret is what the difference was made of
             environ = {n: os.environ[n] for n in loaded.loaded.env_names if n in os.environ}
             source, hidden = str(loaded.source.resolve()), lambda text: say(loaded.redact(text))
-            backend.adopt(run_dir, source, sets, hidden, environ=environ, sha256=loaded.loaded.sha256)
+            backend.change(run_dir, adopt(source, sets, environ, loaded.loaded.sha256), hidden)
         try:
             execute(difference, backend, run_dir, say, redact=loaded.redact, applied=applied)
         except NotSupported:

@@ -77,7 +77,7 @@ def bench(
             f"bench takes one deployment; {' '.join(map(str, runs))} is more",
             fix="`muse-launch bench compare RUN RUN...` compares recorded runs",
         )
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
     from muse_launch.bench.measure import parse_slo
     from muse_launch.bench.target import target_of
 

@@ -129,7 +129,7 @@ def up(
 ) -> None:
     """Start a topology in dependency order, each role polled ready, and keep it up. On a deployment of the
     file that runs: print the difference, then apply it, leaving unchanged roles alone (docs/apply.md)."""
-    from muse_launch.backend import backend_named, backends, claim_for
+    from muse_launch.backends import backend_named, backends, claim_for
     from muse_launch.checks import engine as engine_check_
     from muse_launch.core import UpRequest, load_plan
     from muse_launch.errors import UsageError
@@ -210,15 +210,14 @@ def down(
     import contextlib
     import sys
 
-    from muse_launch.backend import backend_of
-    from muse_launch.local.down import format_report, report_json
+    from muse_launch.backends import backend_of
 
     run_dir = resolve_name(name)
     # By its state, or by its marker where the state is damaged (the local backend reads it under the lock).
     # With --json a backend's progress lines go to stderr: stdout is the one document.
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         report = backend_of(run_dir).stop(run_dir, grace)
-    for line in [report_json(report)] if as_json else format_report(report):
+    for line in [report.to_json()] if as_json else report.lines():
         typer.echo(line)
     raise typer.Exit(0 if report.clean else 1)
 
@@ -239,7 +238,7 @@ def status(
     from rich.live import Live
     from rich.table import Table
 
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
 
     run_dir, _ = _deployment(name)
     console = _console()
@@ -286,7 +285,7 @@ def logs(
 ) -> None:
     """Role logs, each line prefixed with its role (coloured on a terminal)."""
 
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
     from muse_launch.errors import INTERRUPTED, UsageError
     from muse_launch.rundir.logs import RolePrinter
     from muse_launch.rundir.state import RunDir, running_deployments
@@ -332,7 +331,7 @@ def smoke(
 ) -> None:
     """One chat completion through the router (plus reasoning and tool-call checks where the parsers are
     on)."""
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
     from muse_launch.smoke import smoke_record
 
     run_dir, record = _deployment(name)
@@ -357,7 +356,7 @@ def ls(
     if not running and not damaged:
         typer.echo("[]" if as_json else "no deployment is running")
         return
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
 
     rows = [
         {

@@ -50,7 +50,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
     from muse_launch.errors import RuntimeFailure
     from muse_launch.local.status import health_now
     from muse_launch.rundir.state import read_state

@@ -19,6 +19,8 @@ import psutil
 
 from muse_launch.errors import UsageError
 
+GPU_RELEASE_SECONDS = 10.0  # a dead process's memory is freed at once; tearing down 100+ GiB takes a moment
+
 VIEW_ENV = "MUSE_LAUNCH_GPU_VIEW"
 GIB = 1 << 30
 

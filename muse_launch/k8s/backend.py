@@ -298,7 +298,7 @@ class KubernetesBackend:
         """Delete every object `up` applied, then wait until no pod of the deployment is left."""
         from kubernetes.client.exceptions import ApiException
 
-        from muse_launch.local.down import DownReport
+        from muse_launch.backend_types import DownReport
 
         rec = self._read(run_dir)
         started = time.monotonic()

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
-from collections.abc import Callable as _Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from muse_launch.backend import Backend
+from muse_launch.backend_types import DownReport, Say
+from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.local.down import DownReport
-    from muse_launch.local.status import OwnerOf
     from muse_launch.rundir.logs import RolePrinter
 
 
@@ -32,10 +32,7 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-Say = _Callable[[str], None]
-
-
-class K8sBackend:
+class K8sBackend(Backend):
     name = K8S
 
     def owns(self, run_dir: RunDir) -> bool:
@@ -161,9 +158,6 @@ class K8sBackend:
             )
         return table
 
-    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
-        return lambda role: None  # the roles run in pods: no pid here to look at
-
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None:
@@ -184,78 +178,23 @@ class K8sBackend:
                 printer.line(role, one)
         printer.flush()
 
-    def add_instance(
-        self,
-        run_dir: RunDir,
-        role: str,
-        say: Say = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> str:
-        raise NotSupported(
-            f"adding an instance of {role} on Kubernetes is not supported by muse-launch yet",
-            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-            "and `up --on k8s` it again",
-        )
-
-    def scale_role(
-        self,
-        run_dir: RunDir,
-        role: str,
-        replicas: int,
-        say: Say = print,
-        why: str = "",
-        drain_timeout: float | None = None,
-        allow_downtime: bool = False,
-    ) -> dict:
-        raise NotSupported(
-            f"scaling {role} on Kubernetes is not supported by muse-launch yet",
-            fix=f"set roles.{role}.replicas to {replicas} in the file, then "
-            f"`muse-launch down {run_dir.name}` and `up --on k8s` it again",
-        )
-
-    def remove_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Say = print,
-        why: str = "",
-        drain_timeout: float | None = None,
-        allow_downtime: bool = False,
-        by_file: bool = False,
-    ) -> dict:
-        raise NotSupported(
-            f"removing {instance} on Kubernetes is not supported by muse-launch yet",
-            fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on k8s` again",
-        )
-
-    def restart_instance(
-        self,
-        run_dir: RunDir,
-        instance: str,
-        say: Say = print,
-        why: str = "",
-        allow_downtime: bool = False,
-        drain_timeout: float | None = None,
-        relaunch: bool = False,
-    ) -> dict:
-        raise NotSupported(
-            f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
-            fix="the kubelet restarts a container that dies by the pod's restart policy",
-        )
-
-    def adopt(
-        self,
-        run_dir: RunDir,
-        source: str,
-        sets: tuple[str, ...],
-        say: Say = print,
-        environ: Mapping[str, str] | None = None,
-        sha256: str | None = None,
-    ) -> dict:
+    def change(self, run_dir: RunDir, change: Change, say: Say = print) -> dict:
         name = run_dir.name
+        match change:
+            case AddInstance(role=role):
+                what, fix = f"adding an instance of {role}", f"raise roles.{role}.replicas in the file"
+            case ScaleRole(role=role, replicas=replicas):
+                what, fix = f"scaling {role}", f"set roles.{role}.replicas to {replicas} in the file"
+            case RemoveInstance(instance=instance):
+                what, fix = f"removing {instance}", "lower its role's replicas in the file"
+            case RestartInstance(instance=instance):
+                raise NotSupported(
+                    f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
+                    fix="the kubelet restarts a container that dies by the pod's restart policy",
+                )
+            case _:
+                what, fix = f"changing {name} by an edited file while it runs", "edit the file"
         raise NotSupported(
-            f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",
-            fix=f"`muse-launch down {name}`, then `up --on k8s` the file again",
+            f"{what} on Kubernetes is not supported by muse-launch yet",
+            fix=f"{fix}, then `muse-launch down {name}` and `up --on k8s` it again",
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from muse_launch.backend_types import Capability, DownReport, OwnerOf
 from muse_launch.errors import RuntimeFailure
 from muse_launch.rundir.state import LOCAL, DeploymentRecord, RunDir
 from muse_launch.supervise.requests import SupervisedChanges
@@ -16,8 +17,6 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.local.down import DownReport
-    from muse_launch.local.status import OwnerOf
     from muse_launch.plan.spec import LaunchSpec, Plan
     from muse_launch.rundir.logs import RolePrinter
     from muse_launch.supervise.changes import Placement
@@ -25,8 +24,11 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
 
 class LocalBackend(SupervisedChanges):
     name = LOCAL
+    capabilities = SupervisedChanges.capabilities | {Capability.ADDS_ROLES}
 
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Callable[[str], None]) -> dict:
+        """Over the control socket, which only the deployment's own user may open (an adopted file's
+        `${env:...}` values go in clear over it)."""
         from muse_launch.supervise.control import request
 
         return request(run_dir, op, args, say)
@@ -118,28 +120,6 @@ class LocalBackend(SupervisedChanges):
 
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
-
-    relaunches = True  # restart_instance(relaunch=True) starts the adopted file's launch
-    adds_roles = True  # add_instance of a role the adopted file brings in
-
-    def adopt(
-        self,
-        run_dir: RunDir,
-        source: str,
-        sets: tuple[str, ...],
-        say: Callable[[str], None] = print,
-        environ: Mapping[str, str] | None = None,
-        sha256: str | None = None,
-    ) -> dict:
-        """From now on the supervisor places and relaunches instances by this file (with these --set
-        values and `${env:...}` values), checked as `up` checks it; the roles running are not touched. The
-        values go over the control socket, which only the deployment's own user may open."""
-        import json
-
-        args = {"file": source, "sets": json.dumps(list(sets)), "env": json.dumps(dict(environ or {}))}
-        if sha256:  # the file must be the one whose difference `up` printed
-            args["sha256"] = sha256
-        return self._ask(run_dir, "adopt", args, say)  # under `held`: it stands once the lease commits
 
 
 def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:

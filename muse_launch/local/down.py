@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psutil
 from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 
+from muse_launch.backend_types import DownReport
 from muse_launch.errors import RuntimeFailure
-from muse_launch.host.gpus import GpuReader
-from muse_launch.local.gpus import GPU_RELEASE_SECONDS, await_gpu_release, deployment_holders
+from muse_launch.host.gpus import GPU_RELEASE_SECONDS, GpuReader
+from muse_launch.local.gpus import await_gpu_release, deployment_holders
 from muse_launch.proc import cgroups
 from muse_launch.proc.cgroups import BEST_EFFORT_NOTE
 from muse_launch.proc.identity import catches, holds_open
@@ -47,23 +48,6 @@ SUPERVISOR_EXIT_SECONDS = 5.0
 PORTS_CLOSE_SECONDS = 10.0
 LOCK_WAIT_SECONDS = 60.0  # for an `up` still in its checks, or another `down`, beyond the roles' graces
 LOCK_POLL_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class DownReport:
-    name: str
-    seconds: float
-    stopped: tuple[str, ...]  # roles that had a process, in the order they were stopped
-    killed: tuple[str, ...]  # processes that needed SIGKILL
-    survivors: tuple[str, ...]  # alive even after SIGKILL
-    open_ports: tuple[str, ...]  # still accepting connections at the end
-    notes: tuple[str, ...]
-    gpus: str | None = None  # "GPUs 0-7 free"; None where the host's GPUs cannot be read
-    gpus_held: tuple[str, ...] = ()  # the deployment's processes still holding GPU memory
-
-    @property
-    def clean(self) -> bool:
-        return not self.survivors and not self.open_ports and not self.gpus_held
 
 
 def refuse_leftovers(run_dir: RunDir) -> None:
@@ -309,39 +293,6 @@ def bring_down(run_dir: RunDir, grace: float | None = None, gpus: GpuReader | No
         release.line if release else None,
         release.held if release else (),
     )
-
-
-def report_json(report: DownReport) -> str:
-    """`down --json` (docs/status-json.md): the report's fields, and whether it left nothing."""
-    import dataclasses
-    import json
-
-    data = {**dataclasses.asdict(report), "seconds": round(report.seconds, 3), "clean": report.clean}
-    return json.dumps(data, indent=2)
-
-
-def format_report(report: DownReport) -> list[str]:
-    lines = [*report.notes]
-    lines.append(
-        f"{report.name}: stopped {', '.join(report.stopped)} in {report.seconds:.2f}s"
-        if report.stopped
-        else f"{report.name}: nothing was running; checked in {report.seconds:.2f}s"
-    )
-    if report.killed:
-        lines.append("had to SIGKILL:")
-        lines += [f"  {k}" for k in report.killed]
-    if report.survivors:
-        lines.append("still alive after SIGKILL (uninterruptible; check the GPU driver):")
-        lines += [f"  {s}" for s in report.survivors]
-    if report.open_ports:
-        lines.append("ports still open:")
-        lines += [f"  {p}" for p in report.open_ports]
-    if report.gpus_held:
-        lines.append(f"GPU memory still held after {GPU_RELEASE_SECONDS:g}s:")
-        lines += [f"  {h}" for h in report.gpus_held]
-    elif report.gpus:
-        lines.append(report.gpus)
-    return lines
 
 
 def bring_down_without_state(run_dir: RunDir, grace: float | None = None) -> DownReport:

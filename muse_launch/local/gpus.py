@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING
 import psutil
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.host.gpus import Gpu, GpuHolder, GpuReader, GpuView, command_of, gib, index_ranges
+from muse_launch.host.gpus import (
+    GPU_RELEASE_SECONDS,
+    Gpu,
+    GpuHolder,
+    GpuReader,
+    GpuView,
+    command_of,
+    gib,
+    index_ranges,
+)
 from muse_launch.plan.spec import Plan
 from muse_launch.proc import cgroups
 from muse_launch.proc.identity import CREATE_TIME_SLACK, start_ticks
@@ -28,9 +37,6 @@ from muse_launch.topology.hardware import CHECKPOINT_VRAM_GB, PROFILES, Hardware
 if TYPE_CHECKING:  # `down` and `status` import this module, and need no topology schema
     from muse_launch.topology.model import Topology
 
-GPU_RELEASE_SECONDS = (
-    10.0  # the driver frees a dead process's memory at once; tearing down 100+ GiB takes a moment
-)
 GPU_POLL_SECONDS = 0.1
 GB = 10**9  # checkpoint sizes are in GB, as the recipes state them
 SKIP_FLAG = "--skip-gpu-check"

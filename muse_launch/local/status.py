@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -12,6 +12,7 @@ import httpx
 from rich.table import Table
 from rich.text import Text
 
+from muse_launch.backend_types import OwnerOf, nobody
 from muse_launch.errors import UsageError
 from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.local.gpus import role_gpu_memory
@@ -20,7 +21,7 @@ from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState
-from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
+from muse_launch.rundir.state import DeploymentRecord, RunDir
 from muse_launch.supervise.probe import ReadinessCheck
 
 
@@ -48,9 +49,6 @@ def observed(record: DeploymentRecord) -> DeploymentRecord:
     return replace(record, supervisor=None, roles=roles, change=None)
 
 
-OwnerOf = Callable[[RoleRecord], ListenerOwner | None]  # whose listener a role's probe must find, if seen
-
-
 def local_owners(record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
     """On this host a role's processes can be looked at: the listener that answers must be the role's own."""
     marker = Marker(record.name, str(run_dir.path))
@@ -63,7 +61,7 @@ def local_owners(record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
 
 
 def health_now(
-    record: DeploymentRecord, run_dir: RunDir, client: httpx.Client, owner_of: OwnerOf = lambda role: None
+    record: DeploymentRecord, run_dir: RunDir, client: httpx.Client, owner_of: OwnerOf = nobody
 ) -> dict[str, str | None]:
     """ "ok", or what the role's probe sees now; None for a role without a live process."""
     out: dict[str, str | None] = {}

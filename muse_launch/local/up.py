@@ -359,7 +359,7 @@ def _control(
     """Once ready: `scale` and `restart` reach this supervisor through its control socket
     (supervise/control.py)."""
     try:
-        server = ControlServer(run_dir, Changes(sup, options.placement, client).handle)
+        server = ControlServer(run_dir, Changes(sup, options.placement, client))
     except OSError as exc:  # supervising goes on; changes are refused for want of a socket
         say(f"warning: no control socket ({exc}): `scale` and `restart` cannot reach this supervisor")
         server = None

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from enum import Enum
 
 LOCAL, SLURM, K8S = "local", "slurm", "k8s"
-BACKEND_NAMES = (LOCAL, SLURM, K8S)  # the backends muse_launch/backend.py knows, as state.json names them
+BACKEND_NAMES = (LOCAL, SLURM, K8S)  # the backends muse_launch/backends.py knows, as state.json names them
 
 
 class RoleState(str, Enum):

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Mapping
-from collections.abc import Callable as _Callable
+from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from muse_launch.backend_types import Capability, DownReport, Say
+from muse_launch.change import Adopt, Change
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
@@ -21,17 +23,14 @@ if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host
     from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
-    from muse_launch.local.down import DownReport
-    from muse_launch.local.status import OwnerOf
     from muse_launch.plan.spec import Plan
     from muse_launch.rundir.logs import RolePrinter
 
 
-Say = _Callable[[str], None]
-
-
 class SlurmBackend(SupervisedChanges):
     name = SLURM
+    # a new role would need a place in the allocation `up` planned: refused before (no ADDS_ROLES)
+    capabilities = SupervisedChanges.capabilities | {Capability.MOVES_PLAN}
 
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Say) -> dict:
         """Through request and answer files in the run directory, relayed by the batch host's watcher."""
@@ -101,9 +100,6 @@ class SlurmBackend(SupervisedChanges):
             return json.dumps(view.to_json(health), indent=None if watch else 2)
         return slurm_table(view, health)
 
-    def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
-        return lambda role: None  # the roles run on other nodes: no pid here to look at
-
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter
     ) -> None:
@@ -113,7 +109,7 @@ class SlurmBackend(SupervisedChanges):
         files = {role: run_dir.log(role) for role in roles}
         print_files(run_dir, files, lines, follow, printer)
 
-    def as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
+    def plan_as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
         """The file's plan moved onto the job's nodes, as the batch host moved the first one
         (placement.json, read as untrusted: a node is a name and an address, or it is not used)."""
         import sys
@@ -142,18 +138,12 @@ class SlurmBackend(SupervisedChanges):
                 fix=f"`muse-launch down {run_dir.name}`, then `up --on slurm` the file",
             ) from None
 
-    relaunches = True  # the batch supervisor takes the edited file (adopt) and relaunches by it
-    adds_roles = False  # a new role would need a place in the allocation `up` planned: refused before
+    def change(self, run_dir: RunDir, change: Change, say: Say = print) -> dict:
+        if isinstance(change, Adopt):
+            change = self._adopted(run_dir, change)
+        return super().change(run_dir, change, say)
 
-    def adopt(
-        self,
-        run_dir: RunDir,
-        source: str,
-        sets: tuple[str, ...],
-        say: Say = print,
-        environ: Mapping[str, str] | None = None,
-        sha256: str | None = None,
-    ) -> dict:
+    def _adopted(self, run_dir: RunDir, change: Adopt) -> Adopt:
         """The batch supervisor reads the edited file from a copy in the run directory, as it read the
         first one (the allocation shares the run directory), and relaunches changed instances by it on the
         nodes they run on. Requests are files: the `${env:...}` values go as salted digests
@@ -166,11 +156,7 @@ class SlurmBackend(SupervisedChanges):
 
         record = read_state(run_dir)
         salt = record.masks.salt if record else ""
-        digests = {n: env_digest(salt, n, v) for n, v in (environ or {}).items()}
-        files = SlurmFiles(run_dir)
-        copy = files.dir / "adopted.yaml"  # the batch host plans from a copy in the run directory, as `up`'s
-        replace_file(copy, read_regular_file(Path(source)), root=run_dir.home)
-        args = {"file": str(copy), "sets": json.dumps(list(sets)), "env_sha256": json.dumps(digests)}
-        if sha256:
-            args["sha256"] = sha256
-        return self._ask(run_dir, "adopt", args, say)  # under `held`: it stands once the lease commits
+        digests = tuple((n, env_digest(salt, n, v)) for n, v in change.environ)
+        copy = SlurmFiles(run_dir).dir / "adopted.yaml"  # the batch host plans from a copy, as from `up`'s
+        replace_file(copy, read_regular_file(Path(change.file)), root=run_dir.home)
+        return replace(change, file=str(copy), environ=(), env_sha256=digests)

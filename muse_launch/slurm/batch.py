@@ -223,7 +223,7 @@ def _control(
     """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
     to its control socket on this host (slurm/control.py, supervise/control.py)."""
     try:
-        server = ControlServer(run_dir, Changes(sup, place, client).handle)
+        server = ControlServer(run_dir, Changes(sup, place, client))
     except OSError as exc:
         print(f"muse-launch: warning: no control socket ({exc}): `scale` and `restart` cannot reach it")
         yield

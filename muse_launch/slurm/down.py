@@ -13,8 +13,8 @@ import socket
 import time
 from dataclasses import replace
 
+from muse_launch.backend_types import DownReport
 from muse_launch.errors import RuntimeFailure
-from muse_launch.local.down import DownReport
 from muse_launch.proc.process import (
     Marker,
     StopReport,

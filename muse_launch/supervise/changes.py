@@ -18,7 +18,6 @@ here, in the change's own thread, so the loop goes on watching every other role 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import time
@@ -28,6 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from muse_launch.change import (
+    AddInstance,
+    Adopt,
+    Change,
+    RemoveInstance,
+    RestartInstance,
+    ScaleRole,
+    describe,
+)
 from muse_launch.engines import ROUTER_ENGINES, router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.host.gpus import index_ranges
@@ -43,12 +51,12 @@ if TYPE_CHECKING:
     from muse_launch.supervise.supervisor import Supervisor
 
 Say = Callable[[str], None]
+Drained = RemoveInstance | RestartInstance | ScaleRole  # the changes that take an instance out
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
 DRAIN_POLL = 0.1
 DRAIN_RETRY = 0.5  # after an instance did not answer how many requests it has in flight
 WAIT_POLL = 0.05
 SCALABLE_KINDS = ("prefill", "decode", "worker")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
 
 @dataclass(frozen=True)
@@ -103,50 +111,39 @@ class Changes:
             say(f"{self.sup.plan.name}: later changes planned from the file it had before")
         return {"committed": commit}
 
-    def handle(self, op: str, args: dict[str, Any], say: Say) -> dict[str, Any]:
-        why = args.get("why") if isinstance(args.get("why"), str) else None
-        drain = args.get("drain_timeout", DRAIN_TIMEOUT)
-        if not isinstance(drain, int | float) or isinstance(drain, bool) or not 0 <= drain <= 86400:
-            raise UsageError("--drain-timeout must be between 0 and 86400 seconds")
-        self.allow_downtime = args.get("allow_downtime") is True
-        self.by_file = args.get("by_file") is True  # a step of `up FILE`: the adopted file's roles come, go
-        if op == "release":  # a lease ended: a file adopted under it stands only if it ended committed
-            return self.settle(args.get("commit") is True, say)
-        if op == "adopt":
+    def handle(self, change: Change, leased: bool, say: Say) -> dict[str, Any]:
+        """Make one change (read back from the wire as a typed value: change.py), one at a time; `leased`:
+        it is one request of a larger change held under a lease (a file adopted under it stands once the
+        lease ends committed)."""
+        self.allow_downtime = not isinstance(change, Adopt) and change.allow_downtime
+        # a step of `up FILE`: the adopted file's roles come and go
+        self.by_file = isinstance(change, AddInstance | RemoveInstance) and change.by_file
+        if isinstance(change, Adopt):
             before = (self.placement, self.new_roles, self.gone_roles)
-            result = self.adopt(
-                args.get("file"),
-                args.get("sets"),
-                args.get("env", "{}"),
-                say,
-                args.get("sha256"),
-                args.get("env_sha256"),
-            )
-            self._unadopted = before if isinstance(args.get("lease"), str) else None
+            result = self.adopt(change, say)
+            self._unadopted = before if leased else None
             return result
-        of_role = op in ("add", "scale")
-        target = args.get("role" if of_role else "instance")
-        if not isinstance(target, str):
-            raise UsageError(f"{op}: which {'role' if of_role else 'instance'}?")
-        what = (
-            (why or f"scale {target}") if op == "scale" else f"{op} {target}" + (f" ({why})" if why else "")
-        )
-        self.sup.call(lambda: self.sup.set_change(what))
+        drain = change.drain_timeout if isinstance(change, Drained) else None
+        drain = DRAIN_TIMEOUT if drain is None else drain
+        self.sup.call(lambda: self.sup.set_change(describe(change)))
         try:
-            if op == "scale":
-                return self.scale(target, args.get("replicas"), float(drain), say)
-            if op == "add":
-                return self.add(target, say)
-            if op == "remove":
-                return self.remove(target, float(drain), say)
-            relaunch = args.get("relaunch") is True
-            return self.restart(target, args.get("allow_downtime") is True, float(drain), say, relaunch)
+            match change:
+                case ScaleRole(role=role, replicas=replicas):
+                    return self.scale(role, replicas, drain, say)
+                case AddInstance(role=role):
+                    return self.add(role, say)
+                case RemoveInstance(instance=instance):
+                    return self.remove(instance, drain, say)
+                case RestartInstance(instance=instance, allow_downtime=allow, relaunch=relaunch):
+                    return self.restart(instance, allow, drain, say, relaunch)
         except httpx.HTTPError as exc:
+            target = change.role if isinstance(change, ScaleRole | AddInstance) else change.instance
             raise RuntimeFailure(
-                f"{op} {target}: a router did not answer: {type(exc).__name__}: {exc}"
+                f"{change.op} {target}: a router did not answer: {type(exc).__name__}: {exc}"
             ) from None
         finally:
             self.sup.call(lambda: self.sup.set_change(None))
+        raise UsageError(f"{change.op}: not a change this supervisor makes")
 
     # ---- what the supervisor holds, read in its loop ----------------------------------------------
 
@@ -707,37 +704,19 @@ class Changes:
 
     # ---- adopt: the file later changes are planned from ---------------------------------------------
 
-    def adopt(
-        self,
-        source: object,
-        sets: object,
-        env: object,
-        say: Say,
-        sha256: object = None,
-        env_sha256: object = None,
-    ) -> dict[str, Any]:
+    def adopt(self, change: Adopt, say: Say) -> dict[str, Any]:
         """`up FILE` of the running deployment: from now on new instances are placed, and relaunched ones
         started, by this file, its --set values and the `${env:...}` values `up` read (not this process's:
         a changed secret is the change). Loaded and checked here as `up` checks it; nothing running is
         touched. The new file's secrets are hidden from then on, in state.json and in what `logs` and
         `down` show, as the first file's are."""
-        if not isinstance(source, str) or not isinstance(sets, str) or not isinstance(env, str):
-            raise UsageError("adopt: a file, its --set values and its environment")
-        values = _json_or_none(sets)
-        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise UsageError("adopt: --set values must be a list of strings")
-        environ = _json_or_none(env)
-        if not isinstance(environ, dict) or not all(
-            isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
-            for k, v in environ.items()
-        ):
-            raise UsageError("adopt: the environment must map variable names to strings")
+        source, sha256 = change.file, change.sha256
         if self.placement is None or self.placement.reload is None:
             raise NotSupported("this supervisor cannot take a new file (started by `up --only`)")
-        if env_sha256 is not None:
-            self._refuse_other_values(env_sha256)
-        fresh = self.placement.reload(source, tuple(values), {**os.environ, **environ})
-        if isinstance(sha256, str) and fresh.sha256 != sha256:  # what `up` printed is what is applied
+        if change.env_sha256 is not None:
+            self._refuse_other_values(dict(change.env_sha256))
+        fresh = self.placement.reload(source, change.sets, {**os.environ, **dict(change.environ)})
+        if sha256 and fresh.sha256 != sha256:  # what `up` printed is what is applied
             raise RuntimeFailure(
                 f"{source} changed while `up` ran (it is not the file whose difference was printed); "
                 "nothing was changed",
@@ -763,14 +742,9 @@ class Changes:
         say(f"{self.sup.plan.name}: later changes planned from {source}")
         return {"file": source}
 
-    def _refuse_other_values(self, given: object) -> None:
+    def _refuse_other_values(self, digests: Mapping[str, str]) -> None:
         """Where `up` cannot hand its `${env:...}` values over (SLURM: requests are files), it hands their
         salted digests: a value that is not the one this supervisor was started with is refused."""
-        digests = _json_or_none(given) if isinstance(given, str) else None
-        if not isinstance(digests, dict) or not all(
-            isinstance(k, str) and ENV_NAME.fullmatch(k) and isinstance(v, str) for k, v in digests.items()
-        ):
-            raise UsageError("adopt: the environment's digests must map variable names to strings")
         salt = self.sup.record.masks.salt
         other = sorted(n for n, d in digests.items() if env_digest(salt, n, os.environ.get(n)) != d)
         if other:
@@ -901,13 +875,6 @@ def env_digest(salt: str, name: str, value: str | None) -> str:
     the value; unset differs from every value."""
     body = "\0" if value is None else f"={value}"
     return hashlib.sha256(f"{salt}\0{name}{body}".encode(errors="surrogateescape")).hexdigest()
-
-
-def _json_or_none(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def _seconds_between(start: str | None, end: str | None) -> float | None:

@@ -34,9 +34,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from muse_launch.bounded_json import load_bounded_json
+from muse_launch.change import KINDS, Change, from_wire
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
 from muse_launch.rundir.state import RunDir
 
@@ -46,7 +47,7 @@ MAX_REQUEST = 4 << 20  # a request: `adopt` carries the file's `${env:...}` valu
 MAX_DEPTH = 8  # a request nests 2 deep; deeper is refused before the parser recurses
 MAX_ANSWER_LINES = 100_000
 REQUEST_READ_TIMEOUT = 5.0  # the whole request, from the connection on: a client that trickles is dropped
-OPS = ("add", "remove", "restart", "adopt", "scale", "hold", "release")
+OPS = (*KINDS, "hold", "release")  # the changes, and a lease's start and end
 MAX_VALUE = 8192  # one string argument (a file's path, an instance's name)
 BIG_VALUES = {"env": MAX_REQUEST, "sets": MAX_REQUEST}  # `adopt`'s values and --set values, as JSON
 LEASE_IDLE = 60.0  # a lease with no request of it running ends this long after the last one ended
@@ -67,12 +68,19 @@ DEADLINES = {
 }
 ERROR_KINDS = {"usage": UsageError, "not_supported": NotSupported, "failure": RuntimeFailure}
 
-Handler = Callable[[str, dict[str, Any], Callable[[str], None]], dict[str, Any]]
+
+class Handler(Protocol):
+    """The supervisor's side: makes one typed change, or settles a lease's outcome (supervise/changes.py)."""
+
+    def handle(self, change: Change, leased: bool, say: Callable[[str], None]) -> dict[str, Any]: ...
+
+    def settle(self, commit: bool, say: Callable[[str], None]) -> dict[str, Any]: ...
 
 
 class ControlServer:
-    """The supervisor's end: a thread accepts; each request runs `handler(op, args, say)` in a thread of
-    its own, one at a time. `handler` raises a UserError to refuse."""
+    """The supervisor's end: a thread accepts; each request, read back as a typed change (change.py
+    `from_wire`), runs `handler.handle(change, leased, say)` in a thread of its own, one at a time; the end
+    of a lease runs `handler.settle`. The handler raises a UserError to refuse."""
 
     def __init__(self, run_dir: RunDir, handler: Handler):
         self.run_dir = run_dir
@@ -213,8 +221,14 @@ class ControlServer:
                 self.busy_with = None
 
     def _run(self, op: str, args: dict[str, Any], send: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        def say(text: str) -> None:
+            send({"say": text})
+
         try:
-            return {"ok": True, "result": self.handler(op, args, lambda text: send({"say": text}))}
+            if op == "release":
+                return {"ok": True, "result": self.handler.settle(args.get("commit") is True, say)}
+            leased = isinstance(args.get("lease"), str)
+            return {"ok": True, "result": self.handler.handle(from_wire(op, args), leased, say)}
         except UserError as exc:
             kind = next((k for k, t in ERROR_KINDS.items() if isinstance(exc, t)), "failure")
             return {"ok": False, "kind": kind, "error": str(exc), "fix": exc.fix}
@@ -257,12 +271,12 @@ def _refused(error: str, busy: bool = False) -> dict[str, Any]:
 
 def describe(op: str, args: dict[str, Any]) -> str:
     """The change in progress as `status` and a refused client see it: `restart prefill-0`."""
-    target = args.get("role" if op in ("add", "scale") else "instance")
-    if op == "adopt":
-        return "up of an edited file"
     if op == "hold":
         what = args.get("what")
         return what if isinstance(what, str) and what else "a change of several steps"
+    if op == "adopt":
+        return "up of an edited file"
+    target = args.get("role" if op in ("add", "scale") else "instance")
     return f"{op} {target}" if isinstance(target, str) else op
 
 

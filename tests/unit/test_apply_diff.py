@@ -12,6 +12,9 @@ from cli_run import muse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from muse_launch.backend import Backend
+from muse_launch.backend_types import Capability
+from muse_launch.change import AddInstance, Adopt, RemoveInstance, RestartInstance, from_wire
 from muse_launch.commands.apply import execute, recorded_instances
 from muse_launch.core import load_plan
 from muse_launch.errors import NotSupported, RuntimeFailure
@@ -260,11 +263,11 @@ def test_applying_the_steps_yields_the_new_instances(old, new):
 # ---- the application, against a recording backend -----------------------------------------------------
 
 
-class Recording:
-    """A backend that makes each change in memory and records it; `refuse`: the methods it cannot make."""
+class Recording(Backend):
+    """A backend that makes each change in memory and records it; `refuse`: the changes it cannot make."""
 
     name = "fake"
-    relaunches = True  # its restart starts the file's new launch
+    capabilities = frozenset({Capability.CHANGES, Capability.RELAUNCH})  # its restart starts the new launch
 
     def __init__(self, names, refuse=(), fail=()):
         self.instances = set(names)
@@ -280,21 +283,35 @@ class Recording:
         if (method, arg) in self.fail:
             raise RuntimeFailure(f"{arg} did not get ready")
 
-    def add_instance(self, run_dir, role, **_):
-        self._call("add", role)
-        self.added += 1
-        self.instances.add(f"{role}-new{self.added}")
+    def change(self, run_dir, change, say=print):
+        match change:
+            case AddInstance(role=role):
+                self._call("add", role)
+                self.added += 1
+                self.instances.add(f"{role}-new{self.added}")
+            case RemoveInstance(instance=instance):
+                self._call("remove", instance)
+                self.instances.remove(instance)
+            case RestartInstance(instance=instance, relaunch=relaunch):
+                self.restart(instance)
+                self.relaunched.append(relaunch)  # with the adopted file's launch
+            case Adopt(file=source, sets=sets):
+                self.adopted = (source, sets)
+        return {}
 
-    def remove_instance(self, run_dir, instance, **_):
-        self._call("remove", instance)
-        self.instances.remove(instance)
-
-    def restart_instance(self, run_dir, instance, relaunch=False):
+    def restart(self, instance):
         self._call("restart", instance)
-        self.relaunched.append(relaunch)  # with the adopted file's launch
 
-    def adopt(self, run_dir, source, sets, say=print):
-        self.adopted = (source, sets)
+
+def changes_of(**made):
+    """A LocalBackend.change that makes each kind of change by the function given for it (`add`, `remove`,
+    `restart`, `adopt`: each takes the change), and records the others as made."""
+
+    def change(self, run_dir, change, say=print):
+        made_by = made.get(change.op)
+        return (made_by(change) if made_by else None) or {}
+
+    return change
 
 
 def _steps_for_everything():
@@ -448,13 +465,12 @@ def _lease(monkeypatch) -> list[bool]:
 
 
 def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home, monkeypatch):
-    def refuse(self, run_dir, instance, **_):
+    def refuse(change):
         raise NotSupported(
-            f"restarting {instance} alone is not supported on this host yet", fix="down, then up"
+            f"restarting {change.instance} alone is not supported on this host yet", fix="down, then up"
         )
 
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", refuse)
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: {})
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.change", changes_of(restart=refuse))
     ended = _lease(monkeypatch)
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
@@ -503,7 +519,7 @@ def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
     write_state(RunDir.of(record.name), _supervised(starting))
     called = []
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.restart_instance", lambda self, *a: called.append(a)
+        "muse_launch.local.backend.LocalBackend.change", lambda self, *a, **k: called.append(a)
     )
     ran = muse(
         "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", "roles.decode.mem_fraction=0.7"
@@ -528,7 +544,7 @@ def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
     record, difference = _steps_for_everything()
 
     class Leaky(Recording):
-        def restart_instance(self, run_dir, instance, **_):
+        def restart(self, instance):
             raise NotSupported(f"token s3cr3t refused for {instance}", fix="give s3cr3t again")
 
     backend = Leaky(r.name for r in record.roles)
@@ -580,11 +596,10 @@ def test_a_failed_instance_of_an_unchanged_role_is_started_again():
 
 def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_old_one(home, monkeypatch):
     calls = []
-    for method in ("add_instance", "remove_instance", "restart_instance", "adopt"):
-        monkeypatch.setattr(
-            f"muse_launch.local.backend.LocalBackend.{method}", lambda self, *a, m=method: calls.append(m)
-        )
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.relaunches", False)  # a backend that cannot
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.change", lambda self, *a: calls.append(a))
+    # a backend that cannot
+    only_changes = frozenset({Capability.CHANGES})
+    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.capabilities", only_changes)
     _write_running()
     edits = ("roles.decode.mem_fraction=0.7", "roles.encoder.replicas=2", "roles.encoder.tp=1")
     ran = muse(
@@ -601,11 +616,11 @@ def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_
 def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.add_instance",
-        lambda self, run_dir, role, **_: calls.append(role) or "decode-1",
-    )
-    monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.adopt", lambda self, *a, **k: calls.append("adopt")
+        "muse_launch.local.backend.LocalBackend.change",
+        changes_of(
+            add=lambda change: calls.append(change.role) or {"instance": "decode-1"},
+            adopt=lambda change: calls.append("adopt"),
+        ),
     )
     ended = _lease(monkeypatch)
     two = ("roles.decode.gpus=[4, 5]", "roles.decode.tp=2", "roles.decode.ep=2")
@@ -646,10 +661,9 @@ def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(
     read, not the one it was started with, so `up` hands it those values (and no other variable)."""
     seen = {}
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.adopt",
-        lambda self, run_dir, source, sets, say=print, environ=None, **_: seen.update(environ or {}),
+        "muse_launch.local.backend.LocalBackend.change",
+        changes_of(adopt=lambda change: seen.update(change.environ)),
     )
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.restart_instance", lambda *a, **k: {})
     _lease(monkeypatch)
     secret = ("roles.decode.env.DECODE_TOKEN=${env:DECODE_TOKEN}",)
     monkeypatch.setenv("DECODE_TOKEN", "first-value-1")
@@ -677,11 +691,9 @@ def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(
 )
 def test_the_supervisor_refuses_an_environment_that_is_not_names_to_strings(env):
     from muse_launch.errors import UsageError
-    from muse_launch.supervise.changes import Changes
 
-    changes = Changes(None, None, None)  # refused before anything of the supervisor is touched
-    with pytest.raises(UsageError, match="environment"):
-        changes.adopt("/a/file.yaml", "[]", env, print)
+    with pytest.raises(UsageError, match="environment"):  # refused before it reaches a supervisor
+        from_wire("adopt", {"file": "/a/file.yaml", "sets": "[]", "env": env})
 
 
 ENCODER2 = (
@@ -744,7 +756,7 @@ def test_the_supervisor_refuses_a_file_that_changed_after_up_printed_its_differe
     first = Placement(never, never, reload=lambda source, sets, environ: edited, sha256="a" * 64)
     changes = Changes(None, first, None)
     with pytest.raises(Failure, match="changed while `up` ran"):
-        changes.adopt("/a/file.yaml", "[]", "{}", print, "a" * 64)
+        changes.adopt(Adopt("/a/file.yaml", sha256="a" * 64), print)
     assert changes.placement is first
 
 

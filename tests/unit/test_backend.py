@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from muse_launch.backend import backend_named, backend_of, backends, claim_for
+from muse_launch.backends import backend_named, backend_of, backends, claim_for
+from muse_launch.change import AddInstance, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.rundir.state import RunDir, StateDamaged, read_state, write_state
@@ -93,12 +94,13 @@ def test_up_on_names_a_remote_backend_only():
 def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
     backend, run_dir = backends()[name], RunDir.of("demo")
     for change, arg in (
-        (backend.add_instance, "decode"),
-        (backend.remove_instance, "decode-1"),
-        (backend.restart_instance, "decode-0"),
+        (AddInstance("decode"), "decode"),
+        (RemoveInstance("decode-1"), "decode-1"),
+        (RestartInstance("decode-0"), "decode-0"),
+        (ScaleRole("decode", 3), "decode"),
     ):
         with pytest.raises(NotSupported) as caught:
-            change(run_dir, arg)
+            backend.change(run_dir, change)
         assert arg in str(caught.value) and caught.value.fix
 
 
@@ -110,13 +112,9 @@ def test_run_time_changes_need_the_supervisor_and_say_so_without_one(home, name,
 
     backend, run_dir = backends()[name], RunDir.of("demo")
     run_dir.path.mkdir(parents=True)
-    for change, arg in (
-        (backend.add_instance, "decode"),
-        (backend.remove_instance, "decode-1"),
-        (backend.restart_instance, "decode-0"),
-    ):
+    for change in (AddInstance("decode"), RemoveInstance("decode-1"), RestartInstance("decode-0")):
         with pytest.raises(RuntimeFailure, match=says) as caught:
-            change(run_dir, arg)
+            backend.change(run_dir, change)
         assert "down demo" in caught.value.fix
 
 

@@ -1,6 +1,6 @@
 """The packages of muse_launch import each other in layers: no cycle between any two of them, counting every
 import (at module level, inside functions, under TYPE_CHECKING), read from the source with ast so that a
-lazy import is seen as well; and nothing below the top layer (cli.py, commands/, backend.py) imports it."""
+lazy import is seen as well; and nothing below the top layer (cli.py, commands/, backends.py) imports it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "muse_launch"
-TOP = {"muse_launch.cli", "muse_launch.commands", "muse_launch.backend", "muse_launch.__main__"}
+TOP = {"muse_launch.cli", "muse_launch.commands", "muse_launch.backends", "muse_launch.__main__"}
 
 
 def _module_name(path: Path) -> tuple[str, bool]:

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from wire_handler import WireHandler
 
 from muse_launch.engines import router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
@@ -32,7 +33,7 @@ def test_a_request_is_answered_with_its_progress_lines_then_its_result(run_dir):
         say(f"doing {op} {args['role']}")
         return {"instance": "decode-1"}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         lines: list[str] = []
         assert request(run_dir, "add", {"role": "decode"}, lines.append) == {"instance": "decode-1"}
@@ -46,7 +47,7 @@ def test_the_error_a_change_refuses_with_reaches_the_client_as_the_same_kind(run
     def handler(op, args, say):
         raise NotSupported("vllm-router takes no worker at run time", fix="route with smg")
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         with pytest.raises(NotSupported, match="vllm-router") as caught:
             request(run_dir, "add", {"role": "decode"}, print)
@@ -63,7 +64,7 @@ def test_a_second_change_while_one_runs_is_refused_at_once(run_dir):
         release.wait(10)
         return {}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         first = threading.Thread(target=request, args=(run_dir, "add", {"role": "decode"}, print))
         first.start()
@@ -96,7 +97,7 @@ def test_a_change_asked_for_the_moment_the_last_one_answered_is_served(run_dir, 
         return late
 
     monkeypatch.setattr(control, "_sender", slow_after_the_answer)
-    server = ControlServer(run_dir, lambda op, args, say: {"instance": args["instance"]})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {"instance": args["instance"]}))
     try:
         for name in ("prefill-0", "prefill-1", "decode-0"):
             assert request(run_dir, "restart", {"instance": name, "allow_downtime": False}, print) == {
@@ -114,7 +115,7 @@ def test_the_change_in_progress_is_named_in_words_not_as_its_arguments(run_dir):
         release.wait(10)
         return {}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         args = {"instance": "prefill-0", "allow_downtime": False, "drain_timeout": 120.0}
         first = threading.Thread(target=request, args=(run_dir, "restart", args, print))
@@ -133,7 +134,7 @@ def test_a_planted_link_where_the_socket_goes_is_replaced_not_followed(run_dir, 
     victim = tmp_path / "victim"
     victim.write_text("keep me")
     os.symlink(victim, run_dir.path / SOCKET_NAME)
-    server = ControlServer(run_dir, lambda op, args, say: {})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {}))
     try:
         assert victim.read_text() == "keep me"
         assert not (run_dir.path / SOCKET_NAME).is_symlink()
@@ -196,7 +197,7 @@ def test_a_hostile_answer_on_the_socket_is_refused_not_crashed_on(run_dir):
 
 
 def test_a_bad_request_on_the_socket_gets_a_usage_error(run_dir):
-    server = ControlServer(run_dir, lambda op, args, say: {})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {}))
     try:
         with pytest.raises(UsageError, match="bad request"):
             request(run_dir, "explode", {}, print)
@@ -313,7 +314,7 @@ def _last_line(conn: socket.socket) -> dict:
 def test_running_out_of_file_descriptors_does_not_end_the_accept_loop(run_dir):
     import resource
 
-    server = ControlServer(run_dir, lambda op, args, say: {"instance": "decode-1"})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {"instance": "decode-1"}))
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     filler: list[int] = []
@@ -406,7 +407,7 @@ def test_a_long_change_is_not_given_up_on_while_the_supervisor_beats(run_dir, mo
         time.sleep(1.5)  # longer than the silence the client bears: the beats carry it
         return {"instance": "decode-1"}
 
-    server = ControlServer(run_dir, slow)
+    server = ControlServer(run_dir, WireHandler(slow))
     try:
         assert request(run_dir, "add", {"role": "decode"}, print) == {"instance": "decode-1"}
     finally:
@@ -417,7 +418,7 @@ def test_a_request_trickled_a_byte_at_a_time_is_dropped_at_its_whole_request_dea
     from muse_launch.supervise import control
 
     monkeypatch.setattr(control, "REQUEST_READ_TIMEOUT", 1.0)
-    server = ControlServer(run_dir, lambda op, args, say: {})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {}))
     try:
         conn = _raw(run_dir)
         conn.setblocking(True)
@@ -442,7 +443,7 @@ def test_a_request_trickled_a_byte_at_a_time_is_dropped_at_its_whole_request_dea
 
 
 def test_deeply_nested_json_is_answered_a_clear_error_and_the_server_goes_on(run_dir):
-    server = ControlServer(run_dir, lambda op, args, say: {"instance": "decode-1"})
+    server = ControlServer(run_dir, WireHandler(lambda op, args, say: {"instance": "decode-1"}))
     try:
         conn = _raw(run_dir)
         conn.sendall(b"[" * 50_000 + b"\n")
@@ -463,7 +464,7 @@ def test_an_env_value_far_over_8_kib_is_handed_over_whole_and_the_size_stays_bou
         seen.update(args)
         return {"file": args["file"]}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     secret = "k" * (200 << 10)  # a certificate or a long token: 200 KiB
     try:
         args = {"file": "/x/demo.yaml", "sets": "[]", "env": json.dumps({"TLS_CERT": secret})}
@@ -487,7 +488,7 @@ def test_a_lease_keeps_every_other_change_out_between_its_requests_and_its_end_i
         calls.append((op, args))
         return {"instance": args.get("instance", "")}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         token = request(run_dir, "hold", {"what": "restart decode, rolling over 2"}, print)["lease"]
         assert request(run_dir, "restart", {"instance": "decode-0", "lease": token}, print)
@@ -516,7 +517,7 @@ def test_a_lease_whose_client_went_away_ends_by_itself_uncommitted(run_dir, monk
         calls.append((op, args))
         return {}
 
-    server = ControlServer(run_dir, handler)
+    server = ControlServer(run_dir, WireHandler(handler))
     try:
         request(run_dir, "hold", {"what": "up of demo.yaml"}, print)
         with pytest.raises(RuntimeFailure, match=r"in progress \(up of demo.yaml\)"):

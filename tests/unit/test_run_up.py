@@ -110,12 +110,10 @@ def test_a_busy_port_says_how_to_move_the_role():
 
 
 def test_down_of_a_deployment_with_nothing_running_says_so_plainly():
-    from muse_launch.local.down import DownReport, format_report
+    from muse_launch.backend_types import DownReport
 
-    assert format_report(DownReport("pd", 0.05, (), (), (), (), ())) == [
-        "pd: nothing was running; checked in 0.05s"
-    ]
-    assert format_report(DownReport("pd", 1.5, ("router", "prefill"), (), (), (), ())) == [
+    assert DownReport("pd", 0.05, (), (), (), (), ()).lines() == ["pd: nothing was running; checked in 0.05s"]
+    assert DownReport("pd", 1.5, ("router", "prefill"), (), (), (), ()).lines() == [
         "pd: stopped router, prefill in 1.50s"
     ]
 

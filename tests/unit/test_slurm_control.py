@@ -11,7 +11,9 @@ import threading
 import time
 
 import pytest
+from wire_handler import WireHandler
 
+from muse_launch.change import adopt
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import RunDir
 from muse_launch.slurm.control import FileDesk, request
@@ -32,7 +34,7 @@ class BatchHost:
 
     def __init__(self, files: SlurmFiles, handler):
         self.files = files
-        self.server = ControlServer(files.run_dir, handler)
+        self.server = ControlServer(files.run_dir, WireHandler(handler))
         self.desk = FileDesk(files)
         self.desk.open = True
         self.beating = True
@@ -149,9 +151,8 @@ def test_an_edited_file_goes_to_the_batch_host_as_a_copy_and_its_secrets_as_dige
     edited.write_text("version: 1\n")
     host = BatchHost(files, handler)
     try:
-        SlurmBackend().adopt(
-            files.run_dir, str(edited), ("a=1",), print, {"TOKEN": "s3cret-value-9"}, "ab" * 32
-        )
+        change = adopt(str(edited), ("a=1",), {"TOKEN": "s3cret-value-9"}, "ab" * 32)
+        SlurmBackend().change(files.run_dir, change, print)
     finally:
         host.close()
     assert seen["op"] == "adopt" and seen["sets"] == '["a=1"]' and seen["sha256"] == "ab" * 32
@@ -175,7 +176,7 @@ def test_a_job_whose_nodes_are_not_recorded_is_not_diffed(files, placed):
         files.write_json(files.placement, placed)
     loaded = load_plan("examples/slurm-scale.yaml")
     with pytest.raises(RuntimeFailure, match="its job's nodes are not recorded"):
-        SlurmBackend().as_started(files.run_dir, loaded, rehearse=True)
+        SlurmBackend().plan_as_started(files.run_dir, loaded, rehearse=True)
 
 
 def test_the_edited_file_is_moved_onto_the_jobs_nodes(files):
@@ -184,6 +185,7 @@ def test_the_edited_file_is_moved_onto_the_jobs_nodes(files):
 
     nodes = [{"name": "n0", "address": "10.9.0.1"}, {"name": "n1", "address": "10.9.0.2"}]
     files.write_json(files.placement, {"nodes": nodes})
-    plan = SlurmBackend().as_started(files.run_dir, load_plan("examples/slurm-scale.yaml"), rehearse=True)
+    loaded = load_plan("examples/slurm-scale.yaml")
+    plan = SlurmBackend().plan_as_started(files.run_dir, loaded, rehearse=True)
     hosts = {s.name: s.host for s in plan.specs}
     assert hosts == {"prefill": "10.9.0.1", "decode": "10.9.0.2", "router": "10.9.0.1"}

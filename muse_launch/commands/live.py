@@ -64,7 +64,8 @@ def scale(
 ) -> None:
     """More or fewer instances of a worker role of a running deployment, with no failed request: all or
     nothing (no room for every new instance: refused before any starts)."""
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
+    from muse_launch.change import ScaleRole
 
     count = _replicas(replicas, role)
     run_dir, record = _deployment(name)
@@ -75,7 +76,8 @@ def scale(
     backend = backend_of(run_dir)
     why = f"scale {role} {len(instances)} -> {count}"
     began = time.monotonic()
-    result = backend.scale_role(run_dir, role, count, _say, why, drain_timeout, allow_downtime)
+    change = ScaleRole(role, count, why, drain_timeout, allow_downtime)
+    result = backend.change(run_dir, change, _say)
     now = result.get("instances") if isinstance(result.get("instances"), list) else []
     typer.echo(
         f"{role}: {len(instances)} -> {len(now)} instances in {time.monotonic() - began:.1f}s "
@@ -100,19 +102,18 @@ def restart(
 ) -> None:
     """Replace every instance of a role with a fresh process, one at a time, with no failed request where
     capacity allows (another instance, or room for one surge instance)."""
-    from muse_launch.backend import backend_of
-    from muse_launch.supervise.requests import changes_held
+    from muse_launch.backends import backend_of
+    from muse_launch.change import RestartInstance
 
     run_dir, record = _deployment(name)
     instances = _role_of(record, role)
     backend = backend_of(run_dir)
     began = time.monotonic()
     # one change for the whole roll: no other is served between two of its instances
-    with changes_held(backend, run_dir, f"restart {role}, rolling over {len(instances)}", _say):
+    with backend.held(run_dir, f"restart {role}, rolling over {len(instances)}", _say):
         for instance in instances:
-            result = backend.restart_instance(
-                run_dir, instance, _say, f"restart {role}", allow_downtime, drain_timeout
-            )
+            change = RestartInstance(instance, f"restart {role}", allow_downtime, drain_timeout)
+            result = backend.change(run_dir, change, _say)
             _say(f"{instance}: replaced (generation {result.get('generation', '?')})")
     typer.echo(f"{role}: {len(instances)} restarted in {time.monotonic() - began:.1f}s")
 

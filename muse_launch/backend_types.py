@@ -1,0 +1,90 @@
+"""What the Backend seam (muse_launch/backend.py) takes and returns, shared by every backend and the
+commands above it: a backend's declared capabilities, what `down` left (DownReport), whose listener a
+role's probe must find (OwnerOf). Nothing here imports a backend."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from muse_launch.host.gpus import GPU_RELEASE_SECONDS
+
+if TYPE_CHECKING:
+    from muse_launch.proc.listeners import ListenerOwner
+    from muse_launch.rundir.state import RoleRecord
+
+Say = Callable[[str], None]
+OwnerOf = Callable[["RoleRecord"], "ListenerOwner | None"]  # whose listener a role's probe must find, if seen
+
+
+def nobody(role: RoleRecord) -> ListenerOwner | None:
+    """OwnerOf where the roles run elsewhere (SLURM's nodes, Kubernetes' pods): no pid here to look at."""
+    return None
+
+
+class Capability(enum.Enum):
+    """What a backend can do beyond up, down, status and logs; the commands ask, never probe."""
+
+    CHANGES = "changes"  # add, remove, restart an instance, scale a role while it serves
+    LEASES = "leases"  # several changes held as one (`held`): a rolling restart, `up FILE`'s steps
+    RELAUNCH = "relaunch"  # `up FILE` of an edited file: adopt it, relaunch instances by it
+    ADDS_ROLES = "adds_roles"  # and add instances of a role the edited file brings in
+    MOVES_PLAN = "moves_plan"  # the plan runs elsewhere than the file says (`plan_as_started`)
+
+
+@dataclass
+class Held:
+    """A lease on a deployment's changes (Backend.held); `commit` says whether what was done under it
+    stands."""
+
+    commit: bool = False
+
+
+@dataclass(frozen=True)
+class DownReport:
+    name: str
+    seconds: float
+    stopped: tuple[str, ...]  # roles that had a process, in the order they were stopped
+    killed: tuple[str, ...]  # processes that needed SIGKILL
+    survivors: tuple[str, ...]  # alive even after SIGKILL
+    open_ports: tuple[str, ...]  # still accepting connections at the end
+    notes: tuple[str, ...]
+    gpus: str | None = None  # "GPUs 0-7 free"; None where the host's GPUs cannot be read
+    gpus_held: tuple[str, ...] = ()  # the deployment's processes still holding GPU memory
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors and not self.open_ports and not self.gpus_held
+
+    def to_json(self) -> str:
+        """`down --json` (docs/status-json.md): the report's fields, and whether it left nothing."""
+        import dataclasses
+        import json
+
+        data = {**dataclasses.asdict(self), "seconds": round(self.seconds, 3), "clean": self.clean}
+        return json.dumps(data, indent=2)
+
+    def lines(self) -> list[str]:
+        lines = [*self.notes]
+        lines.append(
+            f"{self.name}: stopped {', '.join(self.stopped)} in {self.seconds:.2f}s"
+            if self.stopped
+            else f"{self.name}: nothing was running; checked in {self.seconds:.2f}s"
+        )
+        if self.killed:
+            lines.append("had to SIGKILL:")
+            lines += [f"  {k}" for k in self.killed]
+        if self.survivors:
+            lines.append("still alive after SIGKILL (uninterruptible; check the GPU driver):")
+            lines += [f"  {s}" for s in self.survivors]
+        if self.open_ports:
+            lines.append("ports still open:")
+            lines += [f"  {p}" for p in self.open_ports]
+        if self.gpus_held:
+            lines.append(f"GPU memory still held after {GPU_RELEASE_SECONDS:g}s:")
+            lines += [f"  {h}" for h in self.gpus_held]
+        elif self.gpus:
+            lines.append(self.gpus)
+        return lines
