@@ -132,7 +132,7 @@ def from_wire(op: str, args: Mapping[str, Any]) -> Change:
     read = _Reader(op, args)
     if kind is Adopt:
         return Adopt(
-            read.text("file", what="a file"),
+            read.text("file"),
             tuple(read.json_strings("sets")),
             tuple(sorted(read.json_env("env").items())) if "env" in args or "env_sha256" not in args else (),
             tuple(sorted(read.json_env("env_sha256").items())) if "env_sha256" in args else None,
@@ -154,10 +154,10 @@ class _Reader:
     def __init__(self, op: str, args: Mapping[str, Any]):
         self.op, self.args = op, args
 
-    def text(self, key: str, what: str | None = None) -> str:
+    def text(self, key: str) -> str:
         value = self.args.get(key)
         if not isinstance(value, str) or not value:
-            raise UsageError(f"{self.op}: which {what or key}?")
+            raise UsageError(f"{self.op}: which {key}?")
         return value
 
     def optional_text(self, key: str) -> str | None:
