@@ -15,7 +15,8 @@ ask for that, never probe for methods.
 - `stop(run_dir, grace)`: stop it in reverse dependency order; a DownReport says what is left (nothing,
   when `clean`). It must work from what the run directory holds when state.json is damaged.
 - `observe(record)`: the record corrected by what this backend sees now (a role that died unseen shows
-  failed); `status(run_dir, client, as_json, watch)`: the status table or JSON, health and wiring included.
+  failed); `status(run_dir, client)`: the deployment as it sees it now, each role's health included, as a
+  DeploymentView that render_status.py draws (a table or JSON) for every backend alike.
 - `listener_owners(record, run_dir)`: for each role, the process whose listener must answer its port (this
   host sees its roles' processes); `nobody` where the roles run elsewhere (SLURM's nodes, Kubernetes' pods).
 - `print_logs(run_dir, roles, lines, follow, printer)`: each role's last lines, and with `follow` the new
@@ -38,13 +39,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from muse_launch.backend_types import Capability, DownReport, Held, OwnerOf, Say, nobody
+from muse_launch.backend_types import Capability, DeploymentView, DownReport, Held, OwnerOf, Say, nobody
 from muse_launch.errors import NotSupported
 
 if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of nothing load none of these
     import httpx
     from rich.console import Console
-    from rich.table import Table
 
     from muse_launch.change import Change
     from muse_launch.core import LoadedPlan, UpRequest
@@ -77,7 +77,7 @@ class Backend:
     def observe(self, record: DeploymentRecord) -> DeploymentRecord:
         return record
 
-    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
+    def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         raise NotSupported(f"`status` of a deployment on {self.name} is not supported")
 
     def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:

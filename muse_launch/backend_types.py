@@ -1,13 +1,14 @@
 """What the Backend seam (muse_launch/backend.py) takes and returns, shared by every backend and the
 commands above it: a backend's declared capabilities, what `down` left (DownReport), whose listener a
-role's probe must find (OwnerOf). Nothing here imports a backend."""
+role's probe must find (OwnerOf), a deployment as `status` shows it (DeploymentView). Nothing here imports
+a backend."""
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from muse_launch.host.gpus import GPU_RELEASE_SECONDS
 
@@ -88,3 +89,38 @@ class DownReport:
         elif self.gpus:
             lines.append(self.gpus)
         return lines
+
+
+@dataclass(frozen=True)
+class RoleView:
+    """One role in `status` as its backend sees it now (render_status.py draws it)."""
+
+    name: str
+    kind: str
+    state: str  # a RoleState's value (a pod's state on Kubernetes)
+    where: str  # its pid, node or pod: the column the deployment's view names
+    gpus: str = "-"
+    url: str = "-"
+    ready_at: str | None = None  # ISO 8601
+    restarts: str = "0"
+    generation: str = "-"
+    health: str | None = None  # "ok", or what its probe sees now; None: nothing to ask
+    reason: str | None = None  # why it failed (shown where there is no health to show)
+    gpu_memory: str | None = None  # "60 GiB", where the host's GPUs are read
+    json: Mapping[str, Any] = field(default_factory=dict)  # its entry in `status --json`, health added
+
+
+@dataclass(frozen=True)
+class DeploymentView:
+    """A deployment in `status` as its backend sees it now: `observe` corrected by what it sees, with its
+    roles' health; one renderer above the seam draws it as a table or JSON (render_status.py)."""
+
+    name: str
+    state: str
+    about: str  # how and where it runs, after its state in the title
+    where: str  # what the roles' `where` is: pid | node | pod
+    roles: tuple[RoleView, ...]
+    json: Mapping[str, Any]  # `status --json` (docs/status-json.md) but its roles, which are the roles' own
+    change: tuple[str, str] | None = None  # what is changing, and since when (ISO 8601)
+    notes: tuple[str, ...] = ()  # under the table: wiring, the installed releases
+    gpu_memory: bool = False  # the host's GPUs were read: each role's memory is shown

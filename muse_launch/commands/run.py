@@ -239,6 +239,7 @@ def status(
     from rich.table import Table
 
     from muse_launch.backends import backend_of
+    from muse_launch.render_status import render as draw
 
     run_dir, _ = _deployment(name)
     console = _console()
@@ -246,7 +247,7 @@ def status(
     with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
 
         def render() -> str | Table:
-            return backend.status(run_dir, client, as_json, watch)
+            return draw(backend.status(run_dir, client), as_json, watch)
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)

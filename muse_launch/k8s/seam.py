@@ -5,14 +5,13 @@ this host or on SLURM never loads it."""
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from muse_launch.backend import Backend
-from muse_launch.backend_types import DownReport, Say
+from muse_launch.backend_types import DeploymentView, DownReport, RoleView, Say
 from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
@@ -22,7 +21,6 @@ from . import record as records
 if TYPE_CHECKING:
     import httpx
     from rich.console import Console
-    from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.rundir.logs import RolePrinter
@@ -110,53 +108,47 @@ class K8sBackend(Backend):
             roles.append(replace(role, url=url, state=state, process=None))
         return replace(record, roles=tuple(roles), supervisor=None)
 
-    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
-        from rich.table import Table
-
+    def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         from .backend import KubernetesBackend
 
         rec, view = KubernetesBackend(_say).status(run_dir)
-        if as_json:
-            data = {
-                "name": run_dir.name,
-                "on": self.name,
-                "context": rec.context,
-                "server": rec.server,
-                "namespace": rec.namespace,
-                "flavour": rec.flavour,
-                "ready": view.ready,
-                "workloads": view.workloads,
-                "roles": [
-                    {
-                        "name": r.name,
-                        "state": r.state,
-                        "pod": r.pod.name if r.pod else r.pod_name,
-                        "node": r.pod.node if r.pod else None,
-                        "ip": r.pod.ip if r.pod else None,
-                        "restarts": r.pod.restarts if r.pod else 0,
-                        "reason": r.pod.reason if r.pod else None,
-                    }
-                    for r in view.roles
-                ],
-            }
-            return json.dumps(data, indent=None if watch else 2)
-        title = (
-            f"{run_dir.name} on Kubernetes: {rec.server} (context {rec.context}, namespace "
-            f"{rec.namespace}, {rec.flavour}){'' if view.ready else ' - not ready'}"
-        )
-        table = Table("role", "state", "pod", "node", "address", "restarts", "reason", title=title)
+        roles = []
         for r in view.roles:
             pod = r.pod
-            table.add_row(
-                r.name,
-                r.state,
-                pod.name if pod else (r.pod_name or "-"),
-                (pod.node if pod else None) or "-",
-                (pod.ip if pod else None) or "-",
-                str(pod.restarts if pod else 0),
-                (pod.reason if pod and r.state != "ready" else None) or "",
+            entry = {
+                "name": r.name,
+                "state": r.state,
+                "pod": pod.name if pod else r.pod_name,
+                "node": pod.node if pod else None,
+                "ip": pod.ip if pod else None,
+                "restarts": pod.restarts if pod else 0,
+                "reason": pod.reason if pod else None,
+            }
+            where = f"{entry['pod'] or '-'}" + (f" on {pod.node}" if pod and pod.node else "")
+            reason = (pod.reason if pod and r.state != "ready" else None) or None
+            health = None if pod is None else "ok" if r.state == "ready" else None
+            shown = RoleView(r.name, r.component, r.state, where, url=(pod.ip if pod else None) or "-")
+            roles.append(
+                replace(shown, restarts=str(entry["restarts"]), health=health, reason=reason, json=entry)
             )
-        return table
+        document = {
+            "name": run_dir.name,
+            "on": self.name,
+            "context": rec.context,
+            "server": rec.server,
+            "namespace": rec.namespace,
+            "flavour": rec.flavour,
+            "ready": view.ready,
+            "workloads": view.workloads,
+        }
+        return DeploymentView(
+            run_dir.name,
+            "ready" if view.ready else "not ready",
+            f"on Kubernetes: {rec.server}, context {rec.context}, namespace {rec.namespace}, {rec.flavour}",
+            "pod",
+            tuple(roles),
+            document,
+        )
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter

@@ -29,7 +29,7 @@ class PodView:
 
 
 @dataclass
-class RoleView:
+class RoleInCluster:
     name: str  # a role of the plan (a rank of a multi-node role is one)
     pod_name: str | None  # the pod it expects (None: a Deployment's, named by its ReplicaSet)
     component: str
@@ -48,7 +48,7 @@ class RoleView:
 
 @dataclass
 class ClusterView:
-    roles: list[RoleView]
+    roles: list[RoleInCluster]
     workloads: dict[str, bool]  # Kind/name -> its own ready condition
     pods_left: list[str] = field(default_factory=list)  # every pod of the deployment (for down)
 
@@ -104,7 +104,7 @@ def observe(cluster: Any, record: K8sRecord) -> ClusterView:
         by_component.setdefault((p.metadata.labels or {}).get(COMPONENT, ""), []).append(p)
     roles = []
     for role in record.roles:
-        view = RoleView(role["name"], role.get("pod"), role["component"])
+        view = RoleInCluster(role["name"], role.get("pod"), role["component"])
         pod = (
             by_name.get(view.pod_name)
             if view.pod_name

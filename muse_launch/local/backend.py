@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from muse_launch.backend_types import Capability, DownReport, OwnerOf
+from muse_launch.backend_types import Capability, DeploymentView, DownReport, OwnerOf
 from muse_launch.errors import RuntimeFailure
 from muse_launch.rundir.state import LOCAL, DeploymentRecord, RunDir
 from muse_launch.supervise.requests import SupervisedChanges
@@ -14,7 +14,6 @@ from muse_launch.supervise.requests import SupervisedChanges
 if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads none of these
     import httpx
     from rich.console import Console
-    from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.plan.spec import LaunchSpec, Plan
@@ -78,19 +77,10 @@ class LocalBackend(SupervisedChanges):
 
         return observed(record)
 
-    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
-        import json
-
+    def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         from muse_launch.host.gpus import read_gpu_view
         from muse_launch.host.versions import deployment_versions
-        from muse_launch.local.status import (
-            gpu_memory_now,
-            health_now,
-            local_owners,
-            observed,
-            status_json,
-            status_table,
-        )
+        from muse_launch.local.status import gpu_memory_now, health_now, local_owners, local_view, observed
         from muse_launch.rundir.state import read_state
 
         recorded = read_state(run_dir)  # again at each refresh of --watch
@@ -103,10 +93,7 @@ class LocalBackend(SupervisedChanges):
         versions = dict(recorded.versions) or deployment_versions(recorded.roles)
         record = observed(recorded)
         health = health_now(record, run_dir, client, local_owners(record, run_dir))
-        gpu_memory = gpu_memory_now(record, read_gpu_view)
-        if as_json:  # --watch: JSON lines
-            return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
-        return status_table(record, health, versions, gpu_memory)
+        return local_view(record, health, versions, gpu_memory_now(record, read_gpu_view))
 
     def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
         from muse_launch.local.status import local_owners

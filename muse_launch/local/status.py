@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import replace
-from datetime import datetime
-from typing import Any
 
 import httpx
-from rich.table import Table
-from rich.text import Text
 
-from muse_launch.backend_types import OwnerOf, nobody
-from muse_launch.errors import UsageError
+from muse_launch.backend_types import DeploymentView, OwnerOf, RoleView, nobody
 from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.local.gpus import role_gpu_memory
-from muse_launch.local.progress import STATE_STYLES
 from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker
@@ -95,103 +88,55 @@ def gpu_memory_now(record: DeploymentRecord, read: GpuReader) -> GpuMemory | Non
     return role_gpu_memory(record, view) if view.available else None
 
 
-def status_json(
+def local_view(
     record: DeploymentRecord,
     health: dict[str, str | None],
     versions: dict[str, str | None] | None = None,
     gpu_memory: GpuMemory | None = None,
-) -> dict[str, Any]:
-    """docs/status-json.md's shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
-    ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read); "versions": the
-    installed release of each engine and router (null: not found here)."""
-    out = record.status_dict()
+) -> DeploymentView:
+    """The deployment as this host sees it: each role's pid, health now, and GPU memory ({"total_bytes",
+    "by_gpu": {index: bytes}} in JSON, null where the host's GPUs cannot be read); "versions": the installed
+    release of each engine and router (null: not found here)."""
+    supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
+    wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
+    installed = ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items()) if versions else ""
+    notes = (f"wiring: {wiring}",) * bool(wiring) + (f"installed: {installed}",) * bool(installed)
+    document = record.status_dict()
     if versions is not None:
-        out["versions"] = versions
-    for role in out["roles"]:
-        seen = health[role["name"]]
-        role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
-        held = gpu_memory.get(role["name"], {}) if gpu_memory is not None else None
-        role["gpu_memory"] = (
+        document["versions"] = versions
+    roles = []
+    for role, entry in zip(record.roles, document.pop("roles"), strict=True):
+        held = gpu_memory.get(role.name, {}) if gpu_memory is not None else None
+        entry["gpu_memory"] = (
             None
             if held is None
             else {"total_bytes": sum(held.values()), "by_gpu": {str(g): b for g, b in sorted(held.items())}}
         )
-    return out
-
-
-def since(iso: str | None) -> str:
-    if iso is None:
-        return "-"
-    try:
-        moment = datetime.fromisoformat(iso).astimezone()
-    except (ValueError, OverflowError):  # the local zone's offset is a day or more: TZ=UTC+27
-        raise UsageError(
-            f"the local time zone (TZ={os.environ.get('TZ', '')!r}) is a day or more from UTC; "
-            "times cannot be shown in it",
-            fix="set TZ to a real zone: TZ=UTC, TZ=Europe/Berlin",
-        ) from None
-    age = int((datetime.now(moment.tzinfo) - moment).total_seconds())
-    return (
-        f"{moment:%H:%M:%S} ({age // 3600}h{age // 60 % 60:02d}m)"
-        if age >= 3600
-        else f"{moment:%H:%M:%S} ({age // 60}m{age % 60:02d}s)"
-    )
-
-
-def status_table(
-    record: DeploymentRecord,
-    health: dict[str, str | None],
-    versions: dict[str, str | None] | None = None,
-    gpu_memory: GpuMemory | None = None,
-) -> Table:
-    supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
-    wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
-    installed = ", ".join(f"{e} {v or 'unknown'}" for e, v in versions.items()) if versions else ""
-    caption = (
-        "\n".join(
-            c
-            for c in (f"wiring: {wiring}" if wiring else "", f"installed: {installed}" if installed else "")
-            if c
+        roles.append(
+            RoleView(
+                role.name,
+                role.kind,
+                role.state.value,
+                str(role.process.pid) if role.process else "-",
+                ",".join(map(str, role.gpus)) or "-",
+                role.url or "-",
+                role.ready_at,
+                role.restarts_text,
+                str(role.generation),
+                health[role.name],
+                role.reason if role.state is RoleState.FAILED else None,
+                f"{gib(sum(held.values()))} GiB" if held else None,
+                entry,
+            )
         )
-        or None
-    )
-    table = Table(
-        title=f"{record.name}: {record.shown_state} ({supervisor}; {record.source})"
-        + (f"\nchanging: {record.change.what} (since {since(record.change.since)})" if record.change else ""),
-        title_justify="left",
-        caption=caption,
-        caption_justify="left",
-    )
-    columns = (
-        "role",
-        "kind",
-        "state",
+    return DeploymentView(
+        record.name,
+        record.shown_state,
+        f"{supervisor}; {record.source}",
         "pid",
-        "gpus",
-        *(("gpu memory",) if gpu_memory is not None else ()),
-        "url",
-        "ready since",
-        "restarts",
-        "gen",
-        "health now",
+        tuple(roles),
+        document,
+        (record.change.what, record.change.since) if record.change else None,
+        notes,
+        gpu_memory is not None,
     )
-    for column in columns:
-        table.add_column(column)
-    for role in record.roles:
-        seen = health[role.name] or (role.reason if role.state is RoleState.FAILED else None)
-        held = gpu_memory.get(role.name) if gpu_memory is not None else None
-        memory = (f"{gib(sum(held.values()))} GiB" if held else "-",) if gpu_memory is not None else ()
-        table.add_row(
-            role.name,
-            role.kind,
-            Text(role.state.value, style=STATE_STYLES[role.state]),
-            str(role.process.pid) if role.process else "-",
-            ",".join(map(str, role.gpus)) or "-",
-            *memory,
-            role.url or "-",
-            since(role.ready_at),
-            role.restarts_text,
-            str(role.generation),
-            Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
-        )
-    return table

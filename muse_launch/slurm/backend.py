@@ -4,13 +4,12 @@ SLURM. The roles' processes are on other nodes: this host never looks at their p
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from muse_launch.backend_types import Capability, DownReport, Say
+from muse_launch.backend_types import Capability, DeploymentView, DownReport, Say
 from muse_launch.change import Adopt, Change
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
@@ -20,7 +19,6 @@ from muse_launch.supervise.requests import SupervisedChanges
 if TYPE_CHECKING:  # each method imports what it runs: a deployment on this host never loads these
     import httpx
     from rich.console import Console
-    from rich.table import Table
 
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.plan.spec import Plan
@@ -90,15 +88,12 @@ class SlurmBackend(SupervisedChanges):
 
         return slurm_view(RunDir.of(record.name), record).record
 
-    def status(self, run_dir: RunDir, client: httpx.Client, as_json: bool, watch: bool) -> str | Table:
+    def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         from muse_launch.local.status import health_now
-        from muse_launch.slurm.status import slurm_table, slurm_view
+        from muse_launch.slurm.status import slurm_view
 
         view = slurm_view(run_dir, read_state(run_dir))
-        health = health_now(view.record, run_dir, client)  # roles on other nodes: no listener owner to check
-        if as_json:
-            return json.dumps(view.to_json(health), indent=None if watch else 2)
-        return slurm_table(view, health)
+        return view.shown(health_now(view.record, run_dir, client))  # on other nodes: no listener owner
 
     def print_logs(
         self, run_dir: RunDir, roles: list[str], lines: int, follow: bool, printer: RolePrinter

@@ -5,13 +5,8 @@ that ended (cancelled by hand, timed out) leaves no role ready."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
-from rich.table import Table
-from rich.text import Text
-
-from muse_launch.local.progress import STATE_STYLES
-from muse_launch.local.status import since
+from muse_launch.backend_types import DeploymentView, RoleView
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import DeploymentRecord, RunDir
 
@@ -27,23 +22,49 @@ class SlurmView:
     supervisor: bool  # the batch supervisor's heartbeat is fresh
     state: str  # the deployment: starting | ready | degraded | stopped | failed | cancelled | pending
 
-    def to_json(self, health: dict[str, str | None]) -> dict[str, Any]:
-        out = self.record.status_dict()
-        out["state"] = self.state
-        out["supervisor_pid"] = (
-            self.record.supervisor.pid if self.supervisor and self.record.supervisor else None
-        )
-        out["slurm"] = {
+    def shown(self, health: dict[str, str | None]) -> DeploymentView:
+        """As `status` shows it: the job as SLURM sees it now, each role's node."""
+        record = self.record
+        document = record.status_dict()
+        document["state"] = self.state
+        document["supervisor_pid"] = record.supervisor.pid if self.supervisor and record.supervisor else None
+        document["slurm"] = {
             "job_id": self.job.id,
             "state": self.job.state,
             "nodes": list(self.job.nodes),
             "reason": self.job.reason or None,
         }
-        for role in out["roles"]:
-            role["node"] = self.nodes.get(role["name"])
-            seen = health.get(role["name"])
-            role["health"] = None if seen is None else "ok" if seen == "ok" else "failing"
-        return out
+        roles = []
+        for role, entry in zip(record.roles, document.pop("roles"), strict=True):
+            entry["node"] = self.nodes.get(role.name)
+            roles.append(
+                RoleView(
+                    role.name,
+                    role.kind,
+                    role.state.value,
+                    self.nodes.get(role.name, "-"),
+                    ",".join(map(str, role.gpus)) or "-",
+                    role.url or "-",
+                    role.ready_at,
+                    str(role.restarts),
+                    str(role.generation),
+                    health.get(role.name),
+                    role.reason if role.state is RoleState.FAILED else None,
+                    json=entry,
+                )
+            )
+        supervisor = "supervisor on the batch host" if self.supervisor else "no supervisor running"
+        nodes = ",".join(self.job.nodes) or "-"
+        reason = f", {self.job.reason}" if self.job.reason and self.job.reason != "None" else ""
+        return DeploymentView(
+            record.name,
+            self.state,
+            f"SLURM job {self.job.id} {self.job.state}{reason} on {nodes}; {supervisor}; {record.source}",
+            "node",
+            tuple(roles),
+            document,
+            (record.change.what, record.change.since) if record.change else None,
+        )
 
 
 def slurm_view(run_dir: RunDir, record: DeploymentRecord) -> SlurmView:
@@ -71,44 +92,3 @@ def slurm_view(run_dir: RunDir, record: DeploymentRecord) -> SlurmView:
     elif not alive and not any(r.live for r in record.roles):
         state = "starting"
     return SlurmView(record, job, nodes, alive, state)
-
-
-def slurm_table(view: SlurmView, health: dict[str, str | None]) -> Table:
-    record = view.record
-    supervisor = "supervisor on the batch host" if view.supervisor else "no supervisor running"
-    nodes = ",".join(view.job.nodes) or "-"
-    reason = f", {view.job.reason}" if view.job.reason and view.job.reason != "None" else ""
-    table = Table(
-        title=f"{record.name}: {view.state} (SLURM job {view.job.id} {view.job.state}{reason} on {nodes}; "
-        f"{supervisor}; {record.source})"
-        + (f"\nchanging: {record.change.what} (since {since(record.change.since)})" if record.change else ""),
-        title_justify="left",
-    )
-    for column in (
-        "role",
-        "kind",
-        "state",
-        "node",
-        "gpus",
-        "url",
-        "ready since",
-        "restarts",
-        "gen",
-        "health now",
-    ):
-        table.add_column(column)
-    for role in record.roles:
-        seen = health.get(role.name) or (role.reason if role.state is RoleState.FAILED else None)
-        table.add_row(
-            role.name,
-            role.kind,
-            Text(role.state.value, style=STATE_STYLES[role.state]),
-            view.nodes.get(role.name, "-"),
-            ",".join(map(str, role.gpus)) or "-",
-            role.url or "-",
-            since(role.ready_at),
-            str(role.restarts),
-            str(role.generation),
-            Text(seen or "-", style="green" if seen == "ok" else "red" if seen else "dim"),
-        )
-    return table

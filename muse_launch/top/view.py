@@ -11,8 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.local.progress import STATE_STYLES
-from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.render_status import style_of
 
 NA = Text("n/a", style="dim")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -105,7 +104,7 @@ def role_table(snap: Mapping[str, Any], once: bool = False) -> Table:
         table.add_column(column, justify=justify, no_wrap=column != "metrics")
     for row in snap["roles"]:
         state = row["state"]
-        style = STATE_STYLES.get(RoleState(state), "") if state in RoleState._value2member_map_ else ""
+        style = style_of(state)
         health = row["health"]
         table.add_row(
             _t(row["name"]),

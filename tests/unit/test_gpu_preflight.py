@@ -285,17 +285,20 @@ def test_gpu_roles_number_gpus_in_pci_order_unless_the_file_says_otherwise():
 
 
 def test_status_json_carries_each_roles_gpu_memory_or_null():
-    from muse_launch.local.status import gpu_memory_now, status_json
+    from muse_launch.local.status import gpu_memory_now, local_view
+    from muse_launch.render_status import status_json
 
     record = record_with(None)
-    out = status_json(record, {"prefill": None}, gpu_memory={"prefill": {0: 60 * GIB, 1: 50 * GIB}})
+    held = {"prefill": {0: 60 * GIB, 1: 50 * GIB}}
+    out = status_json(local_view(record, {"prefill": None}, gpu_memory=held))
     assert out["roles"][0]["gpu_memory"] == {
         "total_bytes": 110 * GIB,
         "by_gpu": {"0": 60 * GIB, "1": 50 * GIB},
     }
     unreadable = gpu_memory_now(record, lambda: GpuView("none", unavailable="no NVML"))
     assert unreadable is None
-    assert status_json(record, {"prefill": None}, gpu_memory=unreadable)["roles"][0]["gpu_memory"] is None
+    shown = status_json(local_view(record, {"prefill": None}, gpu_memory=unreadable))
+    assert shown["roles"][0]["gpu_memory"] is None and shown["roles"][0]["health"] is None
 
 
 def test_a_multi_node_plan_is_judged_one_host_at_a_time():

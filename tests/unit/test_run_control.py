@@ -270,8 +270,9 @@ def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
 def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_status():
     from dataclasses import replace
 
-    from muse_launch.local.status import status_table
+    from muse_launch.local.status import local_view
     from muse_launch.plan.spec import LaunchSpec, Plan
+    from muse_launch.render_status import status_table
     from muse_launch.rundir.lifecycle import RoleState
     from muse_launch.rundir.state import Change
     from muse_launch.supervise.record import planned_record
@@ -284,7 +285,7 @@ def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_stat
         record, change=Change("add decode-1 (scale decode 1 -> 2)", "2026-12-02T00:00:00+00:00")
     )
     assert changing.shown_state == "changing"
-    table = status_table(changing, {"decode": "ok"})
+    table = status_table(local_view(changing, {"decode": "ok"}))
     assert "changing" in str(table.title) and "add decode-1 (scale decode 1 -> 2)" in str(table.title)
     assert [c.header for c in table.columns][-2] == "gen" and list(table.columns[-2].cells) == ["3"]
     stopped = replace(changing, roles=(replace(changing.roles[0], state=RoleState.STOPPED),))
