@@ -56,6 +56,9 @@ if TYPE_CHECKING:  # each command imports what it runs: `--help` and `down` of n
 class Backend:
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
+    # the flags of `up` that only this backend takes (UpRequest.flags), and why the others do not apply
+    flags: ClassVar[tuple[str, ...]] = ()
+    not_here: ClassVar[str] = ""
 
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities

@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .checks import Finding, Severity, recheck_placement, run_checks
 from .errors import CheckFailed
@@ -70,22 +71,12 @@ def load_plan(
 
 @dataclass(frozen=True)
 class UpRequest:
-    """What `up` was asked, for any backend; a backend refuses the options it cannot honour."""
+    """What `up` was asked: what every backend takes, and the flags of one backend as given (`flags`: the
+    option as typed -> its value, only those given). The command refuses a flag the chosen backend does not
+    take (Backend.flags); the backend builds its own options from the rest."""
 
     detach: bool = False
     fail_fast: bool = False
     rehearse: bool = False
-    keep: bool = False  # this host: leave the others running when a role fails to start
-    only: str | None = None  # this host: start this role alone
-    skip_gpu_check: bool = False  # this host: do not read its GPUs first
     sets: tuple[str, ...] = ()
-    # SLURM: sbatch's --partition, --account, --time, and more options as given
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    sbatch: tuple[str, ...] = field(default_factory=tuple)
-    # Kubernetes: lws | rbg, the kubeconfig context, the namespace, IMAGE or ROLE=IMAGE as given
-    flavour: str = "lws"
-    context: str | None = None
-    namespace: str = "default"
-    images: tuple[str, ...] = field(default_factory=tuple)
+    flags: Mapping[str, Any] = field(default_factory=dict)

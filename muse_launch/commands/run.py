@@ -115,11 +115,13 @@ def up(
     sbatch: list[str] = typer.Option(
         [], "--sbatch", help="--on slurm: one more sbatch option, e.g. --sbatch=--qos=x"
     ),
-    to: str = typer.Option(
-        "lws", "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"
+    to: str | None = typer.Option(
+        None, "--to", help="--on k8s: lws (LeaderWorkerSet, default) | rbg (RoleBasedGroup)"
     ),
     context: str | None = typer.Option(None, "--context", help="--on k8s: the kubeconfig context"),
-    namespace: str = typer.Option("default", "--namespace", "-n", help="--on k8s: the namespace"),
+    namespace: str | None = typer.Option(
+        None, "--namespace", "-n", help="--on k8s: the namespace (default: default)"
+    ),
     image: list[str] = typer.Option([], "--image", help="--on k8s: IMAGE for every role, or ROLE=IMAGE"),
     dry_run: bool = typer.Option(
         False,
@@ -134,6 +136,22 @@ def up(
     from muse_launch.core import UpRequest, load_plan
     from muse_launch.errors import UsageError
 
+    backend = backend_named(on) if on is not None else backends()["local"]
+    given = {
+        "--keep": keep,
+        "--only": only,
+        "--skip-gpu-check": skip_gpu_check,
+        "--partition": partition,
+        "--account": account,
+        "--time": time_limit,
+        "--sbatch": tuple(sbatch),
+        "--to": to,
+        "--context": context,
+        "--namespace": namespace,
+        "--image": tuple(image),
+    }
+    flags = {flag: value for flag, value in given.items() if value not in (None, False, ())}
+    _refuse_flags_of_others(backend, flags)  # before anything is read or started
     pending = engine_check_.start_for_file(file, set_) if engine_check and not rehearse else None
     try:
         loaded = load_plan(file, set_, rehearse=rehearse)
@@ -154,25 +172,26 @@ def up(
         code = up_changes(loaded, on, rehearse, dry_run, typer.echo, tuple(set_))
         if code is not None:
             raise typer.Exit(code)
-    backend = backend_named(on) if on is not None else backends()["local"]
-    request = UpRequest(
-        detach=detach,
-        fail_fast=fail_fast,
-        rehearse=rehearse,
-        keep=keep,
-        only=only,
-        skip_gpu_check=skip_gpu_check,
-        sets=tuple(set_),
-        partition=partition,
-        account=account,
-        time=time_limit,
-        sbatch=tuple(sbatch),
-        flavour=to,
-        context=context,
-        namespace=namespace,
-        images=tuple(image),
-    )
+    request = UpRequest(detach, fail_fast, rehearse, tuple(set_), flags)
     raise typer.Exit(backend.bring_up(loaded, request, _console(), claim_for(backend.name)))
+
+
+def _refuse_flags_of_others(backend, flags: dict) -> None:
+    """A flag of another backend's `up` is refused, not ignored: it names the backend that takes it."""
+    from muse_launch.backends import backends
+    from muse_launch.errors import UsageError
+
+    other = [flag for flag in flags if flag not in backend.flags]
+    if not other:
+        return
+    owners = {flag: b.name for b in backends().values() for flag in b.flags}
+    here = "on this host" if backend.name == "local" else f"with --on {backend.name}"
+    takes = sorted({owners[flag] for flag in other if owners[flag] != "local"})
+    raise UsageError(
+        f"{', '.join(other)}: not {here}{backend.not_here}",
+        fix=f"leave {'them' if len(other) > 1 else 'it'} out"
+        + (f", or `up --on {takes[0]}`" if len(takes) == 1 else ""),
+    )
 
 
 def down(

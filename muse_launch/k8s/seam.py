@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from muse_launch.backend import Backend
 from muse_launch.backend_types import DeploymentView, DownReport, RoleView, Say
 from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
-from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
 from . import record as records
@@ -32,6 +32,7 @@ def _say(text: str) -> None:
 
 class K8sBackend(Backend):
     name = K8S
+    flags = ("--to", "--context", "--namespace", "--image")
 
     def owns(self, run_dir: RunDir) -> bool:
         """Up on Kubernetes: its record says so, and `down` has not taken it down since."""
@@ -45,18 +46,16 @@ class K8sBackend(Backend):
     ) -> int:
         from .backend import K8sOptions, KubernetesBackend
 
-        one_host_only = {"--only": request.only, "--keep": request.keep}
-        if given := [flag for flag, value in one_host_only.items() if value]:
-            raise UsageError(f"{', '.join(given)}: not with --on {self.name}")
+        flags = request.flags
         chosen: dict[str, str] = {}
-        for value in request.images:
+        for value in flags.get("--image", ()):
             role, sep, image = value.partition("=")
             chosen[role if sep else ""] = image if sep else value
         claim(RunDir.of(loaded.plan.name))  # a SLURM job of this name must be over first
         options = K8sOptions(
-            flavour=request.flavour,
-            context=request.context,
-            namespace=request.namespace,
+            flavour=flags.get("--to", "lws"),
+            context=flags.get("--context"),
+            namespace=flags.get("--namespace", "default"),
             images=chosen,
             sets=request.sets,
             rehearse=request.rehearse,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
 class LocalBackend(SupervisedChanges):
     name = LOCAL
     capabilities = SupervisedChanges.capabilities | {Capability.ADDS_ROLES}
+    flags = ("--keep", "--only", "--skip-gpu-check")
 
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Callable[[str], None]) -> dict:
         """Over the control socket, which only the deployment's own user may open (an adopted file's
@@ -44,18 +45,19 @@ class LocalBackend(SupervisedChanges):
 
         if not request.rehearse:
             refuse_multi_node(loaded.plan)
+        only = request.flags.get("--only")
         options = UpOptions(
             detach=request.detach,
             fail_fast=request.fail_fast,
-            keep=request.keep,
-            only=request.only,
+            keep=bool(request.flags.get("--keep")),
+            only=only,
             start=loaded.loaded.topology.start,
             secret_sources=loaded.loaded.secret_sources,
-            placement=None if request.only else placement(loaded, request, read_gpu_view),
+            placement=None if only else placement(loaded, request, read_gpu_view),
         )
         skipped = (
             SKIP_FLAG
-            if request.skip_gpu_check
+            if request.flags.get(SKIP_FLAG)
             else "a rehearsal runs no GPU engine"
             if request.rehearse
             else None
@@ -149,7 +151,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
             )
         skipped = (
             SKIP_FLAG
-            if request.skip_gpu_check
+            if request.flags.get(SKIP_FLAG)
             else "a rehearsal runs no GPU engine"
             if request.rehearse
             else None
@@ -174,7 +176,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
                         held.setdefault(gpu, f"{role.name} of {record.name}")
         gpus = tuple(range(profile.gpus_per_node))
         source = f"the {profile.name} hardware profile"
-        view = read_gpus() if not (request.skip_gpu_check or request.rehearse) else None
+        view = read_gpus() if not (request.flags.get(SKIP_FLAG) or request.rehearse) else None
         if view is not None and view.available:
             gpus, source = tuple(g.index for g in view.gpus), view.source
             owners = Owners(records)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from muse_launch.backend_types import Capability, DeploymentView, DownReport, Say
 from muse_launch.change import Adopt, Change
-from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.errors import RuntimeFailure
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, read_state
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.supervise.requests import SupervisedChanges
@@ -29,6 +29,8 @@ class SlurmBackend(SupervisedChanges):
     name = SLURM
     # a new role would need a place in the allocation `up` planned: refused before (no ADDS_ROLES)
     capabilities = SupervisedChanges.capabilities | {Capability.MOVES_PLAN}
+    flags = ("--partition", "--account", "--time", "--sbatch")
+    not_here = " (one job runs every role)"
 
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Say) -> dict:
         """Through request and answer files in the run directory, relayed by the batch host's watcher."""
@@ -44,14 +46,12 @@ class SlurmBackend(SupervisedChanges):
     ) -> int:
         from muse_launch.slurm.up import SlurmOptions, up_on_slurm
 
-        one_host_only = {"--only": request.only, "--keep": request.keep}
-        if given := [flag for flag, value in one_host_only.items() if value]:
-            raise UsageError(f"{', '.join(given)}: not with --on {self.name} (one job runs every role)")
+        flags = request.flags
         options = SlurmOptions(
-            partition=request.partition,
-            account=request.account,
-            time=request.time,
-            sbatch=request.sbatch,
+            partition=flags.get("--partition"),
+            account=flags.get("--account"),
+            time=flags.get("--time"),
+            sbatch=tuple(flags.get("--sbatch", ())),
             detach=request.detach,
             fail_fast=request.fail_fast,
             rehearse=request.rehearse,

@@ -44,6 +44,23 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (["up", "topologies/h200-bf16-2node.yaml"], 2, "spans 2 nodes"),
         (["init", "--hardware", "tpu"], 2, "error: unknown hardware 'tpu'"),
         (["scale", "no-such", "decode", "-1"], 2, "scale decode -1: REPLICAS must be a whole number from 1"),
+        # a flag of another backend's `up` is refused before anything is read, naming where it belongs
+        (
+            ["up", EPD, "--partition", "gpu"],
+            2,
+            "--partition: not on this host\n  fix: leave it out, or `up --on slurm`",
+        ),
+        (["up", EPD, "--on", "slurm", "--keep"], 2, "--keep: not with --on slurm (one job runs every role)"),
+        (
+            ["up", EPD, "--on", "k8s", "--only", "decode", "-n", "x"],
+            2,
+            "--only: not with --on k8s\n  fix: leave it out",
+        ),
+        (
+            ["up", EPD, "--on", "slurm", "--to", "rbg", "--image", "i"],
+            2,
+            "--to, --image: not with --on slurm",
+        ),
         (["status"], 1, "error: no deployment is running\n  fix: `muse-launch up FILE -d` starts one"),
         (["logs"], 1, "error: no deployment is running"),
         (["smoke"], 1, "error: no deployment is running"),
