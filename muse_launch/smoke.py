@@ -310,8 +310,8 @@ def smoke_record(
     from muse_launch.engines import ENGINES
     from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
-    from muse_launch.local.explain import explain_addresses
     from muse_launch.rundir.lifecycle import DeploymentState
+    from muse_launch.rundir.role_addresses import explain_addresses
 
     if record.state is DeploymentState.STOPPED:
         raise RuntimeFailure(

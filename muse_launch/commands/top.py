@@ -52,8 +52,8 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     from muse_launch.backends import backend_of
     from muse_launch.errors import RuntimeFailure
-    from muse_launch.local.status import health_now
     from muse_launch.rundir.state import read_state
+    from muse_launch.supervise.probe import health_now
     from muse_launch.top.collect import read_all, snapshot
     from muse_launch.top.deadline import bounded_client
 

@@ -82,8 +82,9 @@ class LocalBackend(SupervisedChanges):
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         from muse_launch.host.gpus import read_gpu_view
         from muse_launch.host.versions import deployment_versions
-        from muse_launch.local.status import gpu_memory_now, health_now, local_owners, local_view, observed
+        from muse_launch.local.status import gpu_memory_now, local_owners, local_view, observed
         from muse_launch.rundir.state import read_state
+        from muse_launch.supervise.probe import health_now
 
         recorded = read_state(run_dir)  # again at each refresh of --watch
         if recorded is None:

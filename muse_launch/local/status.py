@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-import httpx
-
-from muse_launch.backend_types import DeploymentView, OwnerOf, RoleView, nobody
+from muse_launch.backend_types import DeploymentView, OwnerOf, RoleView
 from muse_launch.host.gpus import GpuReader, gib
 from muse_launch.local.gpus import role_gpu_memory
 from muse_launch.proc.identity import is_suspended
@@ -15,7 +13,6 @@ from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState
 from muse_launch.rundir.state import DeploymentRecord, RunDir
-from muse_launch.supervise.probe import ReadinessCheck
 
 
 def observed(record: DeploymentRecord) -> DeploymentRecord:
@@ -51,30 +48,6 @@ def local_owners(record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
         if role.process
         else None
     )
-
-
-def health_now(
-    record: DeploymentRecord, run_dir: RunDir, client: httpx.Client, owner_of: OwnerOf = nobody
-) -> dict[str, str | None]:
-    """ "ok", or what the role's probe sees now; None for a role without a live process."""
-    out: dict[str, str | None] = {}
-    for role in record.roles:
-        if role.process is None or not role.live:
-            out[role.name] = None
-            continue
-        if role.process.find() and is_suspended(role.process.pid):  # its probe would only time out
-            out[role.name] = "stopped (SIGSTOP)"
-            continue
-        check = ReadinessCheck(
-            role.probe,
-            role.probe_host,
-            role.ports.get("http"),
-            run_dir.log(role.name),
-            client,
-            owner_of(role),
-        )
-        out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen
-    return out
 
 
 GpuMemory = Mapping[str, Mapping[int, int]]  # role -> GPU index -> bytes its processes hold

@@ -21,18 +21,18 @@ from rich.console import Console
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
 from muse_launch.local.down import refuse_leftovers
-from muse_launch.local.explain import explain_addresses
 from muse_launch.local.gpus import GpuPreflight
 from muse_launch.local.output import BackgroundWriter, LogWriter
-from muse_launch.local.progress import LiveProgress, PlainProgress
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.proc.programs import program_path
+from muse_launch.render_progress import LiveProgress, PlainProgress, invoked_as, ready_hint
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.logfiles import LogCaps, forget_rotated
 from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
+from muse_launch.rundir.role_addresses import explain_addresses
 from muse_launch.rundir.state import (
     DeploymentLock,
     DeploymentRecord,
@@ -440,21 +440,6 @@ def _say_ready(console: Console, record: DeploymentRecord, seconds: float, detac
         say(ready_hint(record.name))
     else:
         say("Ctrl-C stops it (a second Ctrl-C kills)")
-
-
-def ready_hint(name: str) -> str:
-    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, to copy as
-    they are."""
-    return f"smoke it with `{invoked_as()} smoke {name}`, stop it with `{invoked_as()} down {name}`"
-
-
-def invoked_as() -> str:
-    """How the user ran us, so the hints they copy work: `muse-launch`, `.venv/bin/muse-launch`, ..."""
-    program = sys.argv[0]
-    if Path(program).name != "muse-launch":
-        return f"{Path(sys.executable).name} -m muse_launch"
-    found = shutil.which("muse-launch")
-    return "muse-launch" if found and Path(found).resolve() == Path(program).resolve() else program
 
 
 def _detach(

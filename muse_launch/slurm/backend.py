@@ -89,8 +89,8 @@ class SlurmBackend(SupervisedChanges):
         return slurm_view(RunDir.of(record.name), record).record
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
-        from muse_launch.local.status import health_now
         from muse_launch.slurm.status import slurm_view
+        from muse_launch.supervise.probe import health_now
 
         view = slurm_view(run_dir, read_state(run_dir))
         return view.shown(health_now(view.record, run_dir, client))  # on other nodes: no listener owner

@@ -15,8 +15,8 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.files import open_fresh, replace_file
-from muse_launch.local.progress import LiveProgress, PlainProgress
 from muse_launch.plan.spec import Plan
+from muse_launch.render_progress import LiveProgress, PlainProgress
 from muse_launch.rundir.lifecycle import DeploymentState, RoleState
 from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.rundir.state import SLURM, RunDir, is_locked, read_state, write_state
@@ -137,7 +137,7 @@ def up_on_slurm(
             f"SLURM job {job_id} on {','.join(job.nodes)}"
         )
         if options.detach:
-            from muse_launch.local.up import ready_hint
+            from muse_launch.render_progress import ready_hint
 
             say(ready_hint(plan.name))
             return 0

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import httpx
 
+from muse_launch.backend_types import OwnerOf, nobody
 from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import ListenerOwner
 from muse_launch.rundir.logfiles import LineSplitter, read_chunk
+from muse_launch.rundir.state import DeploymentRecord, RunDir
 
 HTTP_TIMEOUT = 2.0  # a probe's time budget: an answer slower than this counts as "not ready yet"
 
@@ -111,3 +114,27 @@ class ReadinessCheck:
                 return True
         self.last_seen = f"no log line matches {self.probe.pattern!r} yet"
         return False
+
+
+def health_now(
+    record: DeploymentRecord, run_dir: RunDir, client: httpx.Client, owner_of: OwnerOf = nobody
+) -> dict[str, str | None]:
+    """ "ok", or what the role's probe sees now; None for a role without a live process."""
+    out: dict[str, str | None] = {}
+    for role in record.roles:
+        if role.process is None or not role.live:
+            out[role.name] = None
+            continue
+        if role.process.find() and is_suspended(role.process.pid):  # its probe would only time out
+            out[role.name] = "stopped (SIGSTOP)"
+            continue
+        check = ReadinessCheck(
+            role.probe,
+            role.probe_host,
+            role.ports.get("http"),
+            run_dir.log(role.name),
+            client,
+            owner_of(role),
+        )
+        out[role.name] = "ok" if check.check(alive_for=float("inf")) else check.last_seen
+    return out

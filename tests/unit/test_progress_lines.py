@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from muse_launch.local.progress import PlainProgress
 from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.render_progress import PlainProgress
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 

@@ -5,8 +5,11 @@ process or from state.json written by a detached one."""
 from __future__ import annotations
 
 import re
+import shutil
+import sys
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import TextIO
 
 from rich.console import Console
@@ -140,3 +143,18 @@ class LiveProgress:
             return "".join(last_lines(self.run_dir.log(role.name), 1))
         except OSError as exc:  # a link planted in place of its log: say so, never read through it
             return str(exc)
+
+
+def ready_hint(name: str) -> str:
+    """The one hint after a detached `up`, on one host or SLURM: commands as the user ran us, to copy as
+    they are."""
+    return f"smoke it with `{invoked_as()} smoke {name}`, stop it with `{invoked_as()} down {name}`"
+
+
+def invoked_as() -> str:
+    """How the user ran us, so the hints they copy work: `muse-launch`, `.venv/bin/muse-launch`, ..."""
+    program = sys.argv[0]
+    if Path(program).name != "muse-launch":
+        return f"{Path(sys.executable).name} -m muse_launch"
+    found = shutil.which("muse-launch")
+    return "muse-launch" if found and Path(found).resolve() == Path(program).resolve() else program
