@@ -230,8 +230,11 @@ def run_smoke(
 ) -> list[SmokeResult]:
     """The checks in order: the model the deployment reports (list_models), a streamed chat, then
     reasoning and a tool call. `headers`: what the front router wants on each request (its API key)."""
-    # role URLs are plain HTTP: no CA bundle
-    with httpx.Client(timeout=timeout, verify=False, auth=FrontAuth(base, headers or {})) as client:
+    from muse_launch.top.deadline import bounded_client
+
+    # each answer whole within `timeout`, however the router trickles it; role URLs are plain HTTP: no CA
+    auth = FrontAuth(base, headers or {})
+    with bounded_client(timeout, timeout=timeout, auth=auth) as client:
         model, listed = list_models(client, base, workers, declared)
         if model is None:
             return [listed]

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import httpx
 
+from muse_launch.top.deadline import bounded_client
+
 from .target import Target
 
 PROMPTS = (
@@ -63,7 +65,7 @@ def check_against(
         f"{reference.name} ({reference.url})"
     )
     differ = 0
-    with httpx.Client(timeout=600.0, verify=False) as client:
+    with bounded_client(600.0, timeout=600.0) as client:
         for i in range(count):
             text = prompt(i)
             got, why = greedy(client, target, text, max_tokens)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+from muse_launch.top.deadline import bounded_client
 
 from . import aiperf as ap
 from .gate import PointFigures, judge_point
@@ -190,7 +190,7 @@ def measure_point(
 
     if not live:
         echo(f"  concurrency {c:>4}: running (at most {point.requests} requests, {plan.duration:g} s)")
-    with httpx.Client(timeout=5.0, verify=False) as client:
+    with bounded_client(5.0, timeout=5.0) as client:
         before = generated_tokens(client, target.metrics_urls)
         run = ap.run_point(argv, out, plan.duration + ap.GRACE_S + 30.0, tick)
         after = generated_tokens(client, target.metrics_urls)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 from muse_launch.errors import RuntimeFailure, UsageError
+from muse_launch.top.deadline import bounded_client
 
 if TYPE_CHECKING:
     from muse_launch.rundir.state import DeploymentRecord, RoleRecord
@@ -135,7 +136,7 @@ def target_of(
     url = entry_url(record)
     generating = [r for r in record.roles if r.kind in GENERATING and r.url]
     workers = [_local(r.url) for r in record.roles if r.kind in WORKERS and r.url]
-    with httpx.Client(timeout=10.0, verify=False) as client:
+    with bounded_client(10.0, timeout=10.0) as client:
         if model is None:
             from muse_launch.engines import ENGINES
             from muse_launch.engines.argv import last_value

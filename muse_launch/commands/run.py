@@ -253,17 +253,19 @@ def status(
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
     import time
 
-    import httpx
     from rich.live import Live
     from rich.table import Table
 
     from muse_launch.backends import backend_of
     from muse_launch.render_status import render as draw
+    from muse_launch.supervise.probe import HTTP_TIMEOUT
+    from muse_launch.top.deadline import bounded_client
 
     run_dir, _ = _deployment(name)
     console = _console()
     backend = backend_of(run_dir)
-    with httpx.Client(verify=False) as client:  # the roles' probes are plain HTTP: no CA bundle to load
+    # each probe's answer whole within its time budget, however a server trickles it (plain HTTP: no CA)
+    with bounded_client(HTTP_TIMEOUT) as client:
 
         def render() -> str | Table:
             return draw(backend.status(run_dir, client), as_json, watch)

@@ -1,4 +1,5 @@
-"""An httpx client whose every request has a deadline for the WHOLE answer, headers included.
+"""An httpx client whose every request has a deadline for the WHOLE answer, headers included (`top`,
+`status`, `smoke` and `bench` read what servers answer through it).
 
 httpx's timeouts are per read: a server that sends its status line and headers a byte at a time, each byte
 within the read timeout, holds a request for ever. Here each socket read and write gets at most what is
@@ -106,6 +107,7 @@ class DeadlineTransport(httpx.BaseTransport):
         self._inner.close()
 
 
-def bounded_client(total: float, verify: bool = False) -> httpx.Client:
-    """A client (no proxy from the environment) whose every answer is whole within `total` seconds."""
-    return httpx.Client(transport=DeadlineTransport(total, verify=verify), trust_env=False)
+def bounded_client(total: float, verify: bool = False, **options) -> httpx.Client:
+    """A client (no proxy from the environment) whose every answer is whole within `total` seconds;
+    `options`: httpx.Client's own (auth, timeout)."""
+    return httpx.Client(transport=DeadlineTransport(total, verify=verify), trust_env=False, **options)

@@ -1,9 +1,12 @@
 """A server that sends its status line and headers a byte at a time, each byte well within a read timeout,
 holds a plain httpx request for as long as it likes; `top`'s client bounds the whole answer."""
 
+import json
+import os
 import socket
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -52,3 +55,44 @@ def test_fetch_of_a_header_trickle_ends_by_its_deadline(trickler):
             client.get(trickler, timeout=1.0)  # a health probe: bounded by the client's 3 s
         assert "Timeout" in type(err.value).__name__
         assert time.monotonic() - started < 4.5
+
+
+def test_status_of_a_role_that_trickles_its_headers_ends_within_the_probe_budget(
+    trickler, tmp_path, monkeypatch
+):
+    """`status` asks each role's probe through the bounded client: a trickle counts as no answer."""
+    from cli_run import muse
+
+    from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
+    from muse_launch.proc.identity import ProcessRef
+    from muse_launch.rundir.lifecycle import RoleState
+    from muse_launch.rundir.state import RunDir, write_state
+    from muse_launch.supervise.probe import HTTP_TIMEOUT
+    from muse_launch.supervise.record import planned_record
+
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    port = int(trickler.rsplit(":", 1)[1].split("/")[0])
+    spec = LaunchSpec(
+        "decode", "decode", "decode", "sglang", ("sglang",), (), ports={"http": port},
+        probe=Probe(ProbeKind.HTTP, ("/health",)),
+    )  # fmt: skip
+    record = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str)
+    me = ProcessRef.of(os.getpid())  # a live process: its health is asked
+    write_state(
+        RunDir.of("demo"), record.with_role(replace(record.roles[0], state=RoleState.READY, process=me))
+    )
+    started = time.monotonic()
+    ran = muse("status", "demo", "--json")
+    assert time.monotonic() - started < HTTP_TIMEOUT + 5, ran
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["roles"][0]["health"] == "failing"
+
+
+def test_smoke_of_a_router_that_trickles_its_headers_fails_by_its_timeout(trickler):
+    from muse_launch.smoke import run_smoke
+
+    base = trickler.rsplit("/", 1)[0]
+    started = time.monotonic()
+    results = run_smoke(base, reasoning=False, tools=False, timeout=1.0)
+    assert time.monotonic() - started < 5
+    assert not results[0].ok and "Timeout" in results[0].detail
