@@ -40,7 +40,7 @@ class Node:
 
 
 @dataclass
-class Group:
+class Cluster:
     id: str
     title: str
     nodes: list[str] = field(default_factory=list)
@@ -57,7 +57,7 @@ class Edge:
 @dataclass
 class Graph:
     title: str
-    groups: list[Group]
+    groups: list[Cluster]
     nodes: dict[str, Node]  # by spec name
     edges: list[Edge]
 
@@ -68,7 +68,7 @@ def build_graph(plan: Plan, redact: Redact = lambda s: s, start: str | None = No
     wave = {name: i + 1 for i, names in enumerate(plan.waves) for name in names}
     overlapping = _overlapping(plan, start)
     nodes: dict[str, Node] = {}
-    groups: dict[str, Group] = {}  # by the address the machine is reached at
+    groups: dict[str, Cluster] = {}  # by the address the machine is reached at
     node_names: dict[str, list[str]] = {}
     for spec in plan.specs:
         if spec.node and spec.node not in node_names.setdefault(spec.host, []):
@@ -80,7 +80,7 @@ def build_graph(plan: Plan, redact: Redact = lambda s: s, start: str | None = No
         if spec.host not in groups:
             names = node_names.get(spec.host)
             title = f"node {', '.join(names)} ({spec.host})" if names else f"host {spec.host}"
-            groups[spec.host] = Group(f"g{len(groups)}", redact(title))
+            groups[spec.host] = Cluster(f"g{len(groups)}", redact(title))
         groups[spec.host].nodes.append(spec.name)
     edges = _edges(plan, overlapping)
     for e in edges:

@@ -14,8 +14,8 @@ from muse_launch.backend_types import Capability
 from muse_launch.change import AddInstance, RemoveInstance, RestartInstance, adopt
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError, UserError
 from muse_launch.plan.diff import (
+    ComparedInstance,
     Difference,
-    Instance,
     Launch,
     Step,
     StepKind,
@@ -72,10 +72,10 @@ def _role_of(role: RoleRecord, planned_roles: set[str]) -> str:
     return stem if index.isdigit() and stem in planned_roles else base
 
 
-def recorded_instances(record: DeploymentRecord, planned_roles: set[str]) -> tuple[Instance, ...]:
+def recorded_instances(record: DeploymentRecord, planned_roles: set[str]) -> tuple[ComparedInstance, ...]:
     """The running deployment's instances as state.json keeps them (already checked as untrusted input)."""
     return tuple(
-        Instance(
+        ComparedInstance(
             r.name,
             _role_of(r, planned_roles),
             Launch(

@@ -253,6 +253,7 @@ def status(
     """Per role: state, pid, GPUs, GPU memory, URL, ready since, restarts, health now."""
     import time
 
+    import httpx  # noqa: F401  first: without it, `status` says which package it needs
     from rich.live import Live
     from rich.table import Table
 

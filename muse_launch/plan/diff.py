@@ -1,8 +1,8 @@
 """The difference between a running deployment and an edited file's checked plan, as ordered steps.
 
-Pure: both sides come in as `Instance` values (the running one read back from state.json by the caller, the
-new one from the plan through `planned`), and out come the steps that turn the one into the other, each
-printable without a secret.
+Pure: both sides come in as `ComparedInstance` values (the running one read back from state.json by the
+caller, the new one from the plan through `planned`), and out come the steps that turn the one into the
+other, each printable without a secret.
 
 What counts as a change of an instance is what is launched: its program and arguments, its environment,
 GPUs, ports, engine and kind. Not its probe, stop or log policy, and not the peer lists it is started with
@@ -105,7 +105,7 @@ class Launch:
 
 
 @dataclass(frozen=True)
-class Instance:
+class ComparedInstance:
     name: str  # as it runs (running side) or as planned (new side)
     role: str  # the topology role it is an instance of
     launch: Launch
@@ -121,11 +121,13 @@ def launch_digest(salt: str, spec: LaunchSpec) -> str:
     return hashlib.sha256(f"{salt}\0{body}".encode()).hexdigest()
 
 
-def planned(plan: Plan, redact: Callable[[str], str], salt: str | None = None) -> tuple[Instance, ...]:
+def planned(
+    plan: Plan, redact: Callable[[str], str], salt: str | None = None
+) -> tuple[ComparedInstance, ...]:
     """The plan's instances as the diff sees them; `salt`: the running deployment's (its record's masks), so
     that digests compare; None compares without them."""
     return tuple(
-        Instance(
+        ComparedInstance(
             s.name,
             s.role,
             Launch(
@@ -157,8 +159,8 @@ class Step:
     role: str
     instance: str  # ADD: the name the plan gives it; the others: the name it runs as
     changes: tuple[str, ...] = ()  # ROLL, RESTART_ROUTER: what differs, as shown
-    old: Instance | None = None
-    new: Instance | None = None
+    old: ComparedInstance | None = None
+    new: ComparedInstance | None = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ class Difference:
         return next(r for r in self.roles if r.role == name)
 
 
-def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
+def diff(running: Iterable[ComparedInstance], new: Iterable[ComparedInstance]) -> Difference:
     """The steps from `running` to `new`, ordered to keep capacity (see the module's docstring)."""
     running, new = tuple(running), tuple(new)
     order = list(dict.fromkeys([i.role for i in new] + [i.role for i in running]))
@@ -232,8 +234,8 @@ def diff(running: Iterable[Instance], new: Iterable[Instance]) -> Difference:
 
 
 def _match(
-    old: list[Instance], new: list[Instance]
-) -> tuple[list[tuple[Instance, Instance]], list[Instance], list[Instance]]:
+    old: list[ComparedInstance], new: list[ComparedInstance]
+) -> tuple[list[tuple[ComparedInstance, ComparedInstance]], list[ComparedInstance], list[ComparedInstance]]:
     """Running instances kept as they are (paired with a planned one of the same launch), and those left on
     each side, in order."""
     left_new = list(new)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..printable import escaped
-from .diff import Difference, Instance, Step, StepKind
+from .diff import ComparedInstance, Difference, Step, StepKind
 
 ROLLED = "rolled, one instance at a time"
 ROUTER_RESTART = "restarted, workers re-registered"
@@ -77,7 +77,7 @@ def plan_lines(difference: Difference) -> list[str]:
     return [f"{i:>{width}}. {step_line(s)}" for i, s in enumerate(difference.steps, 1)]
 
 
-def start_lines(instances: Iterable[Instance]) -> list[str]:
+def start_lines(instances: Iterable[ComparedInstance]) -> list[str]:
     """`--dry-run` of a deployment that is not running: what `up` would start, in start order."""
     return [
         escaped(f"+ {i.name} ({i.launch.kind}, {i.launch.engine}{', ' + i.url if i.url else ''})")

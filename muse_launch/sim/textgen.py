@@ -169,7 +169,7 @@ def tool_arguments(tool: dict, user_text: str) -> dict[str, Any]:
 
 
 @dataclass
-class Plan:
+class Reply:
     """What the simulated model 'generates' for a request, before max_tokens truncation."""
 
     reasoning: str = ""
@@ -214,7 +214,7 @@ def plan_chat(
     reasoning_parser: str | None,
     tool_call_parser: str | None,
     enable_auto_tool_choice: bool,
-) -> Plan:
+) -> Reply:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise RequestError("messages must be a non-empty list of message objects", param="messages")
@@ -247,7 +247,7 @@ def plan_chat(
 
     user_text = _last_user_text(messages)
     last = messages[-1] if isinstance(messages[-1], dict) else {}
-    plan = Plan()
+    plan = Reply()
     n_sent = {"low": 1, "medium": 2, "high": 3, "xhigh": 4}[effort]
     tool = None if last.get("role") == "tool" else pick_tool(tools, tool_choice)
     if tool is not None:
@@ -291,7 +291,7 @@ def plan_chat(
     return plan
 
 
-def realize(plan: Plan, max_tokens: int | None) -> Output:
+def realize(plan: Reply, max_tokens: int | None) -> Output:
     """Spend the token budget: reasoning first, then content, then the tool call."""
     budget = float("inf") if max_tokens is None else max(int(max_tokens), 0)
     r_pieces = pieces(plan.reasoning)

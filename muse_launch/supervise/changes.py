@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from muse_launch.backend_types import Say
 from muse_launch.change import (
     AddInstance,
     Adopt,
@@ -50,7 +51,6 @@ from muse_launch.supervise.workers import adds_workers, deregister, in_flight, r
 if TYPE_CHECKING:
     from muse_launch.supervise.supervisor import Supervisor
 
-Say = Callable[[str], None]
 Drained = RemoveInstance | RestartInstance | ScaleRole  # the changes that take an instance out
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
 DRAIN_POLL = 0.1

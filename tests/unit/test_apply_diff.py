@@ -20,7 +20,7 @@ from muse_launch.core import load_plan
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.plan.diff import (
     KIND_ORDER,
-    Instance,
+    ComparedInstance,
     Launch,
     StepKind,
     diff,
@@ -212,11 +212,11 @@ def sides(draw):
     for role in ROLES:
         variants = draw(st.lists(st.integers(0, 3), max_size=3 if role != "router" else 1))
         names = [role] if len(variants) == 1 else [f"{role}-{i}" for i in range(len(variants))]
-        out += [Instance(n, role, _launch(role, v)) for n, v in zip(names, variants, strict=True)]
+        out += [ComparedInstance(n, role, _launch(role, v)) for n, v in zip(names, variants, strict=True)]
     return out
 
 
-def applied(old: list[Instance], steps) -> Counter:
+def applied(old: list[ComparedInstance], steps) -> Counter:
     """The (role, launch) of each instance once the steps are made, as a backend would make them."""
     now = {i.name: (i.role, i.launch) for i in old}
     for n, step in enumerate(steps):
