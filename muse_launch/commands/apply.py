@@ -115,7 +115,7 @@ def difference_of(
         )
     if as_started is not None:
         plan = as_started(plan)
-    elif record.backend in (None, LOCAL):
+    elif record.backend == LOCAL:
         plan = _as_started_here(loaded, record)
     roles = {s.role for s in plan.specs}
     return diff(recorded_instances(record, roles), planned(plan, loaded.redact, record.masks.salt or None))

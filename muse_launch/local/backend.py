@@ -199,7 +199,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         records = running_deployments()
         held: dict[int, str] = {}
         for record in records:
-            if record.name == own or record.backend not in (None, LOCAL):
+            if record.name == own or record.backend != LOCAL:
                 continue
             for role in record.roles:
                 if role.state not in (RoleState.STOPPED, RoleState.FAILED):

@@ -250,7 +250,7 @@ HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "
     [
         (["--help"], set()),
         (["validate", "--help"], set()),
-        (["down"], {"psutil"}),
+        (["down"], {"psutil", "pydantic"}),  # state.json's records are pydantic models (rundir/state.py)
         (["ls"], {"psutil", "rich"}),  # nothing running: no backend is asked, no HTTP client loaded
         (["validate", EPD], {"pydantic", "yaml"}),
     ],
