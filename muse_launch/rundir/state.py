@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import time
@@ -145,7 +146,8 @@ def _url(value: str | None) -> str | None:
 
 
 def _probe(probe: Probe) -> Probe:
-    if not 100 <= probe.status <= 599 or probe.timeout < 0 or probe.interval <= 0:
+    finite = math.isfinite(probe.timeout) and math.isfinite(probe.interval)
+    if not finite or not 100 <= probe.status <= 599 or probe.timeout < 0 or probe.interval <= 0:
         raise ValueError("a probe's status, timeout or interval is out of range")
     if bad := [p for p in probe.paths if not p.startswith("/") or _CONTROL.search(p)]:
         raise ValueError(f"probe path {bad[0][:60]!r} does not start with / or holds a control character")
@@ -155,8 +157,8 @@ def _probe(probe: Probe) -> Probe:
 def _process(ref: ProcessRef | None) -> ProcessRef | None:
     if ref is not None and not 0 < ref.pid < 1 << 22:  # the kernel's pid_max is at most 2^22
         raise ValueError(f"pid {ref.pid} is out of range")
-    if ref is not None and ((ref.start_ticks or 0) < 0 or (ref.create_time or 0) < 0):
-        raise ValueError("a negative process start")
+    if ref is not None and ((ref.start_ticks or 0) < 0 or not 0 <= (ref.create_time or 0) < math.inf):
+        raise ValueError("a negative or endless process start")
     return ref
 
 
