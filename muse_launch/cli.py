@@ -126,9 +126,10 @@ def plan(
         installed = installed_here(
             loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True)
         )
-    from .supervise.start_policy import choose, engine_versions
+    from .plan.compose import compose
+    from .plan.start_policy import engine_versions
 
-    policy = choose(loaded_plan.plan, loaded_plan.loaded.topology.start, engine_versions(loaded_plan.plan))
+    policy = compose(loaded_plan.loaded.topology, rehearse=rehearse, versions=engine_versions).policy
     if policy.note and fmt is PlanFormat.text:
         typer.echo(policy.note, err=True)  # why, where the versions decide it
     renderers = {

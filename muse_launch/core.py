@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +9,7 @@ from typing import Any
 
 from .checks import Finding, Severity, recheck_placement, run_checks
 from .errors import CheckFailed
-from .plan.rehearse import rehearsal_plan
+from .plan.compose import compose
 from .plan.spec import Plan
 from .topology.load import LoadedTopology, load_topology
 
@@ -55,7 +54,7 @@ def load_plan(
     if stop or plan is None:
         raise CheckFailed("\n".join(f.format(loaded) for f in findings))
     if rehearse:
-        plan = rehearsal_plan(plan, loaded.topology, sys.executable)
+        plan = compose(loaded.topology, rehearse=True).plan
         moved = [f for f in recheck_placement(loaded.topology, plan) if f.severity is Severity.ERROR]
         if moved:
             raise CheckFailed(

@@ -134,11 +134,6 @@ def open_fresh(path: Path, *, root: Path | None = None, mode: int = FILE_MODE) -
     return fd
 
 
-def ensure_dir(path: Path, *, root: Path | None = None) -> None:
-    """`path` as a real directory (made 0700 if missing); a planted link there is an error."""
-    os.close(_open_dirs(Path(path) / "_", _root(Path(path), root), create=True))
-
-
 def replace_file(path: Path, data: bytes, *, root: Path | None = None, mode: int = FILE_MODE) -> None:
     """Write `data` to a new temporary file beside `path` and rename it over `path`: readers see the old
     content or the new, and a link planted at `path` is replaced, not written through."""

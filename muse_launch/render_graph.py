@@ -193,7 +193,7 @@ def _overlapping(plan: Plan, start: str | None) -> set[tuple[str, str]]:
     """(role, dependency) pairs that start together under `start: overlap` (engines allowing a late peer)."""
     if start == "waves":
         return set()
-    from .supervise.start_policy import OVERLAP, choose
+    from .plan.start_policy import OVERLAP, choose
 
     chosen = choose(plan, OVERLAP, {})
     return {

@@ -82,7 +82,7 @@ def plan_text(
     policy: str | None = None,
     start_after: dict[str, tuple[str, ...]] | None = None,
 ) -> str:
-    """`policy`/`start_after`: how `up` will start it (supervise/start_policy.py); without them, wave by
+    """`policy`/`start_after`: how `up` will start it (plan/start_policy.py); without them, wave by
     wave."""
     steps = start_steps(plan, start_after)
     after = start_after or {s.name: s.depends_on for s in plan.specs}

@@ -51,7 +51,3 @@ def judge_point(p: PointFigures, osl: int) -> list[str]:
                 f"{p.server_tokens:.0f} (tolerance {COUNT_TOLERANCE:.0%})"
             )
     return reasons
-
-
-def judge(points: list[PointFigures], osl: int) -> list[str]:
-    return [r for p in points for r in judge_point(p, osl)]

@@ -368,10 +368,6 @@ def _recipe_refusal(engine: str, flags: list[str], message: str, args: Iterable[
     return None
 
 
-def _model(spec: LaunchSpec) -> str | None:
-    return ENGINES[spec.engine].model(spec.args)
-
-
 def _one_line(text: str) -> str:
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "errors.pydantic.dev" not in ln]
     return " ".join(lines)

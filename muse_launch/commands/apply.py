@@ -117,20 +117,20 @@ def difference_of(
         )
     if as_started is not None:
         plan = as_started(plan)
-    elif record.backend in (None, LOCAL):
-        plan = _as_started_here(loaded, record)
+    elif record.backend == LOCAL:
+        plan = _as_started_here(loaded, record, rehearse)
     roles = {s.role for s in plan.specs}
     return diff(recorded_instances(record, roles), planned(plan, loaded.redact, record.masks.salt or None))
 
 
-def _as_started_here(loaded: LoadedPlan, record: DeploymentRecord) -> Plan:
+def _as_started_here(loaded: LoadedPlan, record: DeploymentRecord, rehearse: bool) -> Plan:
     """The plan as this host's `up` runs it: its start policy may set an engine's variable (the encoder
     eviction TTL of an overlapped start); with the versions the running deployment recorded, so that an
     unchanged file adds nothing."""
-    from muse_launch.supervise.start_policy import choose
+    from muse_launch.plan.compose import compose
 
     versions = {e: v.removesuffix(" (simulated)") if v else v for e, v in record.versions.items()}
-    return choose(loaded.plan, loaded.loaded.topology.start, versions).plan
+    return compose(loaded.loaded.topology, rehearse=rehearse, versions=versions).plan
 
 
 def print_difference(say: Callable[[str], None], name: str, source: str, difference: Difference) -> None:

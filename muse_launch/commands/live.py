@@ -88,10 +88,11 @@ def scale(
 def restart(
     name: str = typer.Argument(..., help="deployment name", autocompletion=_names),
     role: str = typer.Argument(..., help="a role of it"),
-    rolling: bool = typer.Option(
+    _rolling: bool = typer.Option(  # accepted, so that scripts passing it go on working; nothing to choose
         True,
         "--rolling",
-        help="one instance at a time, each replaced before the next (the default, and the only order)",
+        help="accepted and changes nothing: a restart always rolls, one instance at a time, each replaced "
+        "before the next",
     ),
     allow_downtime: bool = typer.Option(
         False, "--allow-downtime", help="accept failed requests where nothing can serve while it restarts"

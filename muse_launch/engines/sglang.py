@@ -132,7 +132,7 @@ ENCODER_HEALTH_CHECK_TIMEOUT_ENV = ("SGLANG_ENCODER_BOOTSTRAP_HEALTH_CHECK_TIMEO
 ENCODER_EVICTED_TTL_ENV = ("SGLANG_ENCODER_BOOTSTRAP_EVICTED_TTL", 600.0)  # 0: never dropped
 ENCODER_FAIL_THRESHOLD = 3
 # From this release a language worker takes an evicted encoder back when it turns healthy (0.5.16
-# dropped it for good), so it may start before its encoders (supervise/start_policy.py: the overlap start).
+# dropped it for good), so it may start before its encoders (plan/start_policy.py: the overlap start).
 LATE_ENCODERS_SINCE = "0.5.17"
 
 FACTS = WorkerFacts(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines import ENGINES, ROUTER_ENGINES
-from ..plan.spec import LaunchSpec, Plan
+from ..plan.spec import Plan
 from ..proc.programs import program_path
 
 PYTHON_NAME = re.compile(r"^python[0-9.]*$")
@@ -272,7 +272,3 @@ def older(version: str | None, than: str) -> bool:
 def summary(versions: Mapping[str, str | None]) -> str:
     """`sglang 0.5.23, sglang-router 0.3.2, vllm not installed here`."""
     return ", ".join(f"{engine} {version or 'not installed here'}" for engine, version in versions.items())
-
-
-def spec_engines(specs: Iterable[LaunchSpec]) -> list[str]:
-    return list(dict.fromkeys(s.engine for s in specs if s.engine in DISTRIBUTIONS))

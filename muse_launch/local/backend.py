@@ -115,18 +115,15 @@ class LocalBackend(SupervisedChanges):
 def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     """How the supervisor places a new instance: the file's plan with N replicas of a role (rehearsed as
     `up` was), and `up`'s port and GPU pre-flight for it."""
-    import sys
-
     from muse_launch.local.gpus import SKIP_FLAG, Owners, preflight_for
     from muse_launch.local.up import busy_fix
-    from muse_launch.plan.build import build_plan
-    from muse_launch.plan.placement import Room, with_replicas
-    from muse_launch.plan.rehearse import rehearsal_plan
+    from muse_launch.plan.compose import compose
+    from muse_launch.plan.placement import Room
+    from muse_launch.plan.start_policy import engine_versions
     from muse_launch.proc.ports import busy_ports, can_bind
     from muse_launch.rundir.lifecycle import LOCAL, RoleState
     from muse_launch.rundir.state import recorded_role, running_deployments
     from muse_launch.supervise.changes import Placement
-    from muse_launch.supervise.start_policy import choose, engine_versions
     from muse_launch.topology.hardware import PROFILES
 
     topology = loaded.loaded.topology
@@ -136,12 +133,13 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         """As `up` runs it: with its start policy, which may set an engine's variable (the encoder eviction
         TTL of an overlapped start), so that a new or relaunched instance runs what `up` of the file would
         start."""
-        changed = with_replicas(topology, counts, ports)
-        plan = build_plan(changed)
-        plan = rehearsal_plan(plan, changed, sys.executable) if request.rehearse else plan
-        if not versions:
-            versions.update(engine_versions(plan))
-        return choose(plan, topology.start, versions).plan
+
+        def read(plan: Plan) -> dict[str, str | None]:
+            if not versions:
+                versions.update(engine_versions(plan))
+            return versions
+
+        return compose(topology, counts=counts, ports=ports, rehearse=request.rehearse, versions=read).plan
 
     def preflight(part: Plan, say: Callable[[str], None], reserved: Sequence[LaunchSpec] = ()) -> None:
         """`reserved` (instances placed, not started) need nothing here: their GPUs and ports are held in
@@ -169,7 +167,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         records = running_deployments()
         held: dict[int, str] = {}
         for record in records:
-            if record.name == own or record.backend not in (None, LOCAL):
+            if record.name == own or record.backend != LOCAL:
                 continue
             for role in record.roles:
                 if role.state not in (RoleState.STOPPED, RoleState.FAILED):

@@ -374,7 +374,7 @@ def _require_unheld(
 
     held: dict[int, str] = {}
     for record in records:
-        if record.name == name or record.backend not in (None, LOCAL):
+        if record.name == name or record.backend != LOCAL:
             continue
         for role in record.roles:
             if role.state not in (RoleState.STOPPED, RoleState.FAILED):

@@ -24,6 +24,7 @@ from muse_launch.local.down import refuse_leftovers
 from muse_launch.local.gpus import GpuPreflight
 from muse_launch.local.output import BackgroundWriter, LogWriter
 from muse_launch.plan.spec import LaunchSpec, Plan
+from muse_launch.plan.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker, ProcessRef
@@ -47,7 +48,6 @@ from muse_launch.supervise.changes import Changes, Placement
 from muse_launch.supervise.control import ControlServer
 from muse_launch.supervise.record import planned_record
 from muse_launch.supervise.seams import LocalProcesses
-from muse_launch.supervise.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 
 FAILURE_LOG_LINES = 20

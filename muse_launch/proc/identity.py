@@ -211,7 +211,3 @@ def signal_if(pid: int, ticks: int | None, sig: int) -> bool:
         return False
     finally:
         os.close(fd)
-
-
-def ticks_of(proc: psutil.Process) -> int | None:
-    return start_ticks(proc.pid)

@@ -18,12 +18,6 @@ COLOURS = ("36", "32", "33", "35", "34", "91", "96", "92", "93", "95")  # ANSI f
 FOLLOW_ROUNDS = 64  # chunks of each log one print_new may print before it returns to its caller
 
 
-def open_log(path: Path):
-    """A role's log (HOME/NAME/logs/ROLE.log) for reading, following no link below the home: a planted
-    one raises files.PlantedLink (an OSError) rather than showing another file."""
-    return os.fdopen(open_nofollow(path, os.O_RDONLY, root=path.parents[2]), "rb")
-
-
 def open_log_fd(path: Path) -> int:
     return open_nofollow(path, os.O_RDONLY, root=path.parents[2])  # a planted link raises files.PlantedLink
 

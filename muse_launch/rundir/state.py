@@ -3,20 +3,28 @@ that makes a second `up` of the same name refuse."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import json
+import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass
+
+from muse_launch.bounded_json import Damaged, load_bounded_json
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import PlantedLink, open_nofollow, read_nofollow, replace_file
-from muse_launch.plan.spec import Probe, ProbeKind
+from muse_launch.plan.spec import Probe
+from muse_launch.proc.cgroups import LAYOUT_DIR, deployment_dir_name
 from muse_launch.proc.masks import Masks
 from muse_launch.proc.process import ProcessRef, StopTarget
 from muse_launch.rundir.lifecycle import (  # noqa: F401 - LOCAL, SLURM, K8S: as the backends import them
@@ -29,6 +37,7 @@ from muse_launch.rundir.lifecycle import (  # noqa: F401 - LOCAL, SLURM, K8S: as
     RoleState,
     deployment_state,
 )
+from muse_launch.topology.defaults import MAX_GRACE, STOP_SIGNALS
 from muse_launch.topology.grammar import path_part
 
 if TYPE_CHECKING:
@@ -61,7 +70,7 @@ def now_iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds")
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class RunDir:
     path: Path
 
@@ -98,22 +107,97 @@ class RunDir:
         return self.path / "supervisor.log"
 
 
-@dataclass(frozen=True)
+# ---- state.json: the records below are its one description. In memory they are built as the supervisor goes;
+# read back from disk they are untrusted (anyone who can write the run directory, a crash, a full disk may
+# have left anything there): bounded before parsing, then checked field by field, strictly (no "1" for 1,
+# no true for 1, no unknown key), and whatever does not fit is StateDamaged.
+
+MAX_STATE_BYTES = 8 << 20  # a topology file is at most 1 MiB; its state is a few times that at worst
+MAX_DEPTH = 16  # state.json nests 5 deep (deployment, roles, role, probe, paths)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_MODEL = ConfigDict(extra="forbid", arbitrary_types_allowed=False)
+
+
+def _plain(what: str) -> AfterValidator:
+    def check(value: str) -> str:
+        if _CONTROL.search(value):
+            raise ValueError(f"{what} holds a control character")
+        return value
+
+    return AfterValidator(check)
+
+
+def _iso(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value[:40]!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        raise ValueError(f"{value[:40]!r} has no time zone")
+    return value
+
+
+def _url(value: str | None) -> str | None:
+    if value is not None and (_CONTROL.search(value) or not re.match(r"https?://[^/?#\s]+", value)):
+        raise ValueError(f"{value[:60]!r} is not an http(s) URL")
+    return value
+
+
+def _probe(probe: Probe) -> Probe:
+    finite = math.isfinite(probe.timeout) and math.isfinite(probe.interval)
+    if not finite or not 100 <= probe.status <= 599 or probe.timeout < 0 or probe.interval <= 0:
+        raise ValueError("a probe's status, timeout or interval is out of range")
+    if bad := [p for p in probe.paths if not p.startswith("/") or _CONTROL.search(p)]:
+        raise ValueError(f"probe path {bad[0][:60]!r} does not start with / or holds a control character")
+    return probe
+
+
+def _process(ref: ProcessRef | None) -> ProcessRef | None:
+    if ref is not None and not 0 < ref.pid < 1 << 22:  # the kernel's pid_max is at most 2^22
+        raise ValueError(f"pid {ref.pid} is out of range")
+    if ref is not None and ((ref.start_ticks or 0) < 0 or not 0 <= (ref.create_time or 0) < math.inf):
+        raise ValueError("a negative or endless process start")
+    return ref
+
+
+def _signal(value: str) -> str:
+    if value not in STOP_SIGNALS:
+        raise ValueError(f"{value!r} is not a signal `down` stops a role with")
+    return value
+
+
+def _ports(ports: Mapping[str, int]) -> Mapping[str, int]:
+    if bad := [p for p in ports.values() if not 1 <= p <= 65535]:
+        raise ValueError(f"port {bad[0]} is not in 1-65535")
+    return ports
+
+
+Name = Annotated[str, Field(min_length=1, max_length=200), _plain("a name")]
+Time = Annotated[str | None, AfterValidator(_iso)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_GRACE, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, lt=1 << 31)]
+Process = Annotated[ProcessRef | None, AfterValidator(_process)]
+
+
+@dataclass(frozen=True, config=_MODEL)
 class RoleRecord:
-    name: str
-    kind: str
+    name: Name
+    kind: Annotated[str, _plain("a kind")]
     state: RoleState
-    gpus: tuple[int, ...]
-    url: str | None
-    ports: Mapping[str, int]
-    probe: Probe
-    probe_host: str  # where the supervisor reaches it (the bind address, loopback for 0.0.0.0)
-    stop_signal: str
-    grace: float
-    process: ProcessRef | None = None
-    restarts: int = 0
-    started_at: str | None = None  # of its current process
-    ready_at: str | None = None
+    gpus: tuple[Annotated[int, Field(ge=0)], ...]
+    url: Annotated[str | None, AfterValidator(_url)]
+    ports: Annotated[Mapping[str, int], AfterValidator(_ports)]
+    probe: Annotated[Probe, AfterValidator(_probe)]
+    # where the supervisor reaches it (the bind address, loopback for 0.0.0.0)
+    probe_host: Annotated[str, Field(min_length=1, max_length=253), _plain("a host")]
+    stop_signal: Annotated[str, AfterValidator(_signal)]
+    grace: Seconds
+    process: Process = None
+    restarts: Count = 0
+    started_at: Time = None  # of its current process
+    ready_at: Time = None
     reason: str | None = None  # why it failed or was restarted: an exit status, a timeout
     argv: tuple[str, ...] = ()  # as planned, secrets redacted: what smoke and status read of it
     engine: str = ""  # whose argv reader reads argv
@@ -121,17 +205,18 @@ class RoleRecord:
     # a language worker's encoders; empty for a role that lists none (supervise/wiring.py).
     wiring: tuple[tuple[str, int, int], ...] = ()
     cgroup: str | None = None  # its own cgroup (v2), where the host offers one: `down` kills what is in it
-    reset_after: float | None = None  # seconds ready after which `restarts` starts again from 0
+    # seconds ready after which `restarts` starts again from 0
+    reset_after: Annotated[float | None, Field(ge=0, allow_inf_nan=False)] = None
     # A router's API key as the file gives it (`${env:NAME}`, resolved by whoever needs it, never the value of
     # a secret): what `smoke` sends; None for a role that takes none (engines/router.py API_KEY).
     api_key: str | None = None
     # How many times `restart` (or a rolling change) replaced this instance: 0 as `up` or `scale` started it.
-    generation: int = 0
+    generation: Count = 0
     # What it launches, for `up` of an edited file (plan/diff.py): its topology role, its environment as
-    # shown (secrets redacted) and the salted digest of its launch in clear; None in an older state.
-    role: str | None = None
+    # shown (secrets redacted) and the salted digest of its launch in clear.
+    role: Annotated[str, Field(min_length=1, max_length=200), _plain("a role name")] | None = None
     env: Mapping[str, str] | None = None
-    launch_sha256: str | None = None
+    launch_sha256: Annotated[str | None, Field(pattern="^[0-9a-f]{64}$")] = None
 
     @property
     def restarts_text(self) -> str:
@@ -185,6 +270,8 @@ class RoleRecord:
         }
 
     def to_json(self) -> dict[str, Any]:
+        """Its entry in state.json: `status --json`'s, and what `down`, `up` of an edited file and a
+        restarted supervisor read back."""
         out = self.status_dict()
         out.update(
             **(self.process.to_json() if self.process else {"create_time": None}),
@@ -204,72 +291,30 @@ class RoleRecord:
         )
         return out
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RoleRecord:
-        p = d["probe"]
-        probe = Probe(
-            ProbeKind(p["kind"]),
-            tuple(p.get("paths", ())),
-            p.get("status", 200),
-            p.get("pattern"),
-            p["timeout"],
-            p["interval"],
-        )
-        process = ProcessRef.from_json(d.get("pid"), d)
-        return cls(
-            d["name"],
-            d["kind"],
-            RoleState(d["state"]),
-            tuple(d["gpus"]),
-            d["url"],
-            d["ports"],
-            probe,
-            d["probe_host"],
-            d["stop"]["signal"],
-            d["stop"]["grace"],
-            process,
-            d["restarts"],
-            d["started_at"],
-            d["ready_at"],
-            d["reason"],
-            tuple(d.get("argv", ())),
-            d.get("engine", ""),
-            tuple((k, have, want) for k, have, want in d.get("wiring_counts", ())),
-            d.get("cgroup"),
-            d.get("restarts_reset_after"),
-            d.get("api_key"),
-            d.get("generation", 0),
-            d.get("role"),
-            d.get("env"),
-            d.get("launch_sha256"),
-        )
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_MODEL)
 class Change:
     """A change of the running deployment in progress (`scale`, `restart`), one at a time."""
 
-    what: str  # "scale decode 1 -> 2"
-    since: str  # ISO 8601
+    what: Annotated[str, Field(min_length=1, max_length=300), _plain("a change")]  # "scale decode 1 -> 2"
+    since: Annotated[str, AfterValidator(_iso)]
 
     def to_json(self) -> dict[str, str]:
         return {"what": self.what, "since": self.since}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=_MODEL)
 class DeploymentRecord:
-    name: str
+    name: Annotated[str, Field(min_length=1)]
     source: str  # the topology file it came from
     stop_waves: tuple[tuple[str, ...], ...]  # reverse dependency order, for `down` without the plan
     roles: tuple[RoleRecord, ...]
-    supervisor: ProcessRef | None = None
+    supervisor: Process = None
     # engine -> the release `up` found for what it started (read through the real launcher, which the state
-    # keeps only redacted where it came from `${env:...}`); empty in a state written by an older muse-launch
+    # keeps only redacted where it came from `${env:...}`)
     versions: Mapping[str, str | None] = field(default_factory=dict)
     masks: Masks = Masks()  # how `down` hides secrets in the command lines it prints
-    backend: str | None = (
-        LOCAL  # the backend that owns it (muse_launch/backend.py); None: an older state.json
-    )
+    backend: Literal[BACKEND_NAMES] = LOCAL  # the backend that owns it (muse_launch/backend.py)
     change: Change | None = None  # a change in progress, told by the supervisor that makes it
 
     @property
@@ -300,6 +345,8 @@ class DeploymentRecord:
         }
 
     def to_json(self) -> dict[str, Any]:
+        """state.json. `state` (and each role's `pgid` and `wiring`) are derived, for readers of the file;
+        read back, they are ignored."""
         return {
             "name": self.name,
             "source": self.source,
@@ -318,21 +365,6 @@ class DeploymentRecord:
             "change": self.change.to_json() if self.change else None,
         }
 
-    @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> DeploymentRecord:
-        supervisor = ProcessRef.from_json(d.get("supervisor_pid"), d, "supervisor_")
-        return cls(
-            d["name"],
-            d["source"],
-            tuple(tuple(w) for w in d["stop_waves"]),
-            tuple(RoleRecord.from_json(r) for r in d["roles"]),
-            supervisor,
-            dict(d.get("versions") or {}),
-            Masks.from_json(d.get("masks")),
-            _backend_name(d.get("backend")),
-            Change(d["change"]["what"], d["change"]["since"]) if d.get("change") else None,
-        )
-
     def entry_roles(self) -> tuple[RoleRecord, ...]:
         """Where clients send requests: the routers; without one, the last role in start order with a URL
         (the one the others feed). The one rule for `up`'s ready line, the batch host's and smoke's."""
@@ -340,10 +372,152 @@ class DeploymentRecord:
         return routers or tuple(r for r in self.roles if r.url)[-1:]
 
 
-def _backend_name(value: object) -> str | None:
-    if value is not None and value not in BACKEND_NAMES:  # read back from disk: untrusted
-        raise ValueError(f"backend {value!r} is not one of {', '.join(BACKEND_NAMES)}")
-    return None if value is None else str(value)
+# state.json's keys, as to_json writes them: read back, each must be there and no other. A process written
+# as null has no start_ticks or boot_id; the probe writes the keys its kind reads.
+_PROCESS_KEYS = frozenset({"start_ticks", "boot_id", "create_time"})
+_ROLE_KEYS = frozenset(
+    "name kind state pid pgid gpus url ports restarts restarts_reset_after ready_at wiring generation "
+    "create_time start_ticks boot_id cgroup started_at probe probe_host stop reason argv engine "
+    "wiring_counts api_key role env launch_sha256".split()
+)
+_DEPLOYMENT_KEYS = frozenset(
+    "name source state supervisor_pid supervisor_create_time supervisor_start_ticks supervisor_boot_id "
+    "stop_waves roles versions masks backend change".split()
+)
+_PROBE_KEYS = frozenset("kind paths status pattern timeout interval".split())
+# where a field of the records is in the file, for a message that names what a person sees there
+_ON_DISK = {
+    "stop_signal": ("stop", "signal"),
+    "grace": ("stop", "grace"),
+    "wiring": ("wiring_counts",),
+    "reset_after": ("restarts_reset_after",),
+    "shown": ("sha256",),
+}
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise Damaged(f"{where}: a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _keys(
+    d: dict[str, Any], want: frozenset[str], where: str, optional: frozenset[str] = frozenset()
+) -> None:
+    if missing := sorted(want - optional - d.keys()):
+        raise Damaged(f"{where}: no {missing[0]!r}")
+    if unknown := sorted(d.keys() - want):
+        raise Damaged(f"{where}: unknown key {unknown[0][:40]!r}")
+
+
+def _process_fields(d: dict[str, Any], where: str, prefix: str = "") -> dict[str, Any] | None:
+    pid = d[f"{prefix}pid"]
+    if pid is None:
+        if given := sorted(k for k in _PROCESS_KEYS if d.get(f"{prefix}{k}") is not None):
+            raise Damaged(f"{where}{prefix}{given[0]}: set for no process")
+        return None
+    return {"pid": pid, **{k: d.get(f"{prefix}{k}") for k in _PROCESS_KEYS}}
+
+
+def _role_fields(d: Any, where: str) -> dict[str, Any]:
+    d = _object(d, where)
+    _keys(d, _ROLE_KEYS, where, frozenset({"start_ticks", "boot_id"}))  # not written for no process
+    probe = _object(d["probe"], f"{where}.probe")
+    _keys(probe, _PROBE_KEYS, f"{where}.probe", _PROBE_KEYS - {"kind", "timeout", "interval"})
+    stop = _object(d["stop"], f"{where}.stop")
+    _keys(stop, frozenset({"signal", "grace"}), f"{where}.stop")
+    fields = {k: d[k] for k in _ROLE_KEYS - _PROCESS_KEYS - {"pid", "pgid", "wiring", "stop"} if k in d}
+    fields.update(
+        process=_process_fields(d, f"{where}."),
+        stop_signal=stop["signal"],
+        grace=stop["grace"],
+        wiring=fields.pop("wiring_counts"),
+        reset_after=fields.pop("restarts_reset_after"),
+    )
+    return fields
+
+
+def _fields(data: Any) -> dict[str, Any]:
+    """state.json's data in the records' own shape (their fields' names), every key checked."""
+    d = _object(data, "top level")
+    _keys(d, _DEPLOYMENT_KEYS, "top level", frozenset({"supervisor_start_ticks", "supervisor_boot_id"}))
+    roles = d["roles"]
+    if not isinstance(roles, list):
+        raise Damaged(f"roles: a JSON {type(roles).__name__}, not a list")
+    masks = _object(d["masks"], "masks")
+    _keys(masks, frozenset({"salt", "sha256"}), "masks")
+    change = d["change"]
+    if change is not None:
+        _keys(_object(change, "change"), frozenset({"what", "since"}), "change")
+    return {
+        "name": d["name"],
+        "source": d["source"],
+        "stop_waves": d["stop_waves"],
+        "roles": [_role_fields(r, f"roles.{i}") for i, r in enumerate(roles)],
+        "supervisor": _process_fields(d, "", "supervisor_"),
+        "versions": d["versions"],
+        "masks": {"salt": masks["salt"], "shown": masks["sha256"]},
+        "backend": d["backend"],
+        "change": change,
+    }
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """A field's place in the records -> its place in state.json."""
+    out: list[str] = []
+    for i, part in enumerate(loc):
+        if part in ("process", "supervisor") and i + 1 < len(loc):
+            continue  # flattened into the role (or the deployment, as supervisor_...)
+        if i and loc[i - 1] == "supervisor":
+            part = f"supervisor_{part}"
+        out.extend(_ON_DISK.get(part, (part,)) if isinstance(part, str) else (str(part),))
+    return ".".join(out) or "top level"
+
+
+_RECORD = TypeAdapter(DeploymentRecord)
+
+
+def record_from_json(data: Any, name: str, run_dir: str) -> DeploymentRecord:
+    """The record of the deployment `name` whose run directory is `run_dir`, from state.json's data (JSON
+    read back, untrusted): every key there and no other, every field's type exact; Damaged says why not."""
+    fields = _fields(data)
+    try:  # strict over JSON's own types: an array is a tuple, a string an enum's value, and nothing else
+        record = _RECORD.validate_json(json.dumps(fields), strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise Damaged(f"{_where(first['loc'])}: {first['msg']}") from None
+    if record.name != name:
+        raise Damaged(f"it names deployment {record.name[:60]!r}, not {name!r}")
+    names = [r.name for r in record.roles]
+    if len(set(names)) != len(names):
+        raise Damaged("two roles of one name")
+    waved = [n for wave in record.stop_waves for n in wave]
+    if unknown := sorted(set(waved) - set(names)):
+        raise Damaged(f"a stop wave names no role: {unknown[0]!r}")
+    if len(set(waved)) != len(waved) or set(waved) != set(names):
+        raise Damaged("the stop waves do not list every role exactly once")
+    cgroup_dir = deployment_dir_name(name, run_dir)
+    for role in record.roles:
+        if role.cgroup is not None and not _own_cgroup(role.cgroup, cgroup_dir, role.name):
+            raise Damaged(f"role {role.name!r}: cgroup {role.cgroup[:80]!r} is not the role's own")
+    return record
+
+
+def _own_cgroup(path: str, deployment_dir: str, role: str) -> bool:
+    parts = path.split("/")
+    return (
+        path.startswith("/")
+        and ".." not in parts
+        and len(parts) >= 4
+        and parts[-1] == role
+        and parts[-2] == deployment_dir
+        and parts[-3] == LAYOUT_DIR
+        and not _CONTROL.search(path)
+    )
+
+
+def load_state_json(data: bytes) -> Any:
+    return load_bounded_json(data, MAX_STATE_BYTES, MAX_DEPTH)
 
 
 def write_state(run_dir: RunDir, record: DeploymentRecord) -> None:
@@ -411,16 +585,14 @@ class StateDamaged(RuntimeFailure):
 
 def read_state(run_dir: RunDir) -> DeploymentRecord | None:
     """None when there is no state.json; StateDamaged when it cannot be read back."""
-    from muse_launch.rundir.state_schema import MAX_STATE_BYTES, Damaged, check_state, load_state_json
-
     try:
         data = read_nofollow(run_dir.state_file, root=run_dir.home, limit=MAX_STATE_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StateDamaged(run_dir, f"{type(exc).__name__}: {exc}") from None
-    try:  # untrusted: bounded, then every field checked (rundir/state_schema.py)
-        return DeploymentRecord.from_json(check_state(load_state_json(data), run_dir.name, str(run_dir.path)))
+    try:
+        return record_from_json(load_state_json(data), run_dir.name, str(run_dir.path))
     except Damaged as exc:
         raise StateDamaged(run_dir, str(exc)) from None
 

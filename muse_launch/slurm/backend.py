@@ -107,10 +107,9 @@ class SlurmBackend(SupervisedChanges):
     def plan_as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
         """The file's plan moved onto the job's nodes, as the batch host moved the first one
         (placement.json, read as untrusted: a node is a name and an address, or it is not used)."""
-        import sys
-
-        from muse_launch.plan.build import PlanError, build_plan
-        from muse_launch.slurm.placement import AllocatedNode, allocated_plan
+        from muse_launch.plan.build import PlanError
+        from muse_launch.plan.compose import compose
+        from muse_launch.slurm.placement import AllocatedNode, on_nodes
 
         placed = SlurmFiles(run_dir).read_json(SlurmFiles(run_dir).placement) or {}
         nodes = placed.get("nodes") if isinstance(placed.get("nodes"), list) else []
@@ -126,7 +125,7 @@ class SlurmBackend(SupervisedChanges):
             )
         topology = loaded.loaded.topology
         try:
-            return allocated_plan(build_plan(topology), topology, allocation, rehearse, sys.executable)
+            return compose(topology, rehearse=rehearse, where=on_nodes(allocation)).plan
         except (PlanError, ValueError, IndexError, KeyError) as exc:
             raise RuntimeFailure(
                 f"{loaded.source} does not fit the job's {len(allocation)} nodes: {exc}",

@@ -29,6 +29,7 @@ from muse_launch.addresses import is_wildcard
 from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import LoadedPlan, load_plan
 from muse_launch.errors import UserError
+from muse_launch.plan.compose import compose
 from muse_launch.proc.process import Marker, ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.logfiles import LogCaps
@@ -43,7 +44,7 @@ from . import cluster
 from .changes import allocated_gpus, slurm_placement
 from .control import FileDesk
 from .files import HEARTBEAT_SECONDS, SlurmFiles
-from .placement import AllocatedNode, allocated_plan, placement, shape
+from .placement import AllocatedNode, on_nodes, placement, shape
 from .processes import SlurmProcesses, cpu_shares, shared_gpus
 
 REQUEST_POLL = 0.2
@@ -187,7 +188,7 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
     allocation = allocation_nodes()
     checked = load_plan(args.topology, args.set)  # the same checks as at submission
     topology = checked.loaded.topology
-    plan = allocated_plan(checked.plan, topology, allocation, args.rehearse, sys.executable)
+    plan = compose(topology, rehearse=args.rehearse, where=on_nodes(allocation)).plan
     findings = recheck_placement(topology, plan)
     for f in findings:
         print(f"muse-launch: on the allocation: {f.format(checked.loaded)}", flush=True)

@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from muse_launch.errors import RuntimeFailure
-from muse_launch.plan.build import PlanError, build_plan
-from muse_launch.plan.placement import with_replicas
+from muse_launch.plan.build import PlanError
+from muse_launch.plan.compose import compose
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.supervise.changes import Placement
 from muse_launch.topology.model import Topology
 
 from .files import SlurmFiles
-from .placement import AllocatedNode, allocated_plan
+from .placement import AllocatedNode, on_nodes
 from .processes import SlurmProcesses
 
 PORT_PROBE_S = 0.5
@@ -57,9 +56,10 @@ def slurm_placement(
     """`current()`: the instances the supervisor runs now; `reload`: the same from an edited file."""
 
     def replan(counts: Mapping[str, int], ports: Mapping[str, Mapping[str, int]] | None = None) -> Plan:
-        changed = with_replicas(topology, counts, ports)
         try:
-            return allocated_plan(build_plan(changed), changed, allocation, rehearse, sys.executable)
+            return compose(
+                topology, counts=counts, ports=ports, rehearse=rehearse, where=on_nodes(allocation)
+            ).plan
         except (PlanError, ValueError) as exc:
             raise RuntimeFailure(f"the file's plan with these replicas does not work: {exc}") from None
 

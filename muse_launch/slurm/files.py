@@ -84,7 +84,8 @@ class SlurmFiles:
 
     def read_json(self, path: Path) -> dict[str, Any] | None:
         """An object, or None where the file is gone or damaged (bounded before parsing: bounded_json.py)."""
-        from muse_launch.rundir.state_schema import MAX_STATE_BYTES, Damaged, load_state_json
+        from muse_launch.bounded_json import Damaged
+        from muse_launch.rundir.state import MAX_STATE_BYTES, load_state_json
 
         try:
             data = load_state_json(read_nofollow(path, root=self.run_dir.home, limit=MAX_STATE_BYTES + 1))

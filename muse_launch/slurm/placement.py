@@ -127,3 +127,12 @@ def allocated_plan(
         moves = {a: address_of[machine(a)] for a in addresses if not is_wildcard(a)}
         specs = [_moved(s, moves, where[s.name].address, keep_wildcard=True) for s in plan.specs]
     return replace(plan, specs=tuple(specs))
+
+
+def on_nodes(allocation: Sequence[AllocatedNode]):
+    """Where a plan goes on SLURM (plan/compose.py's `where`): onto the job's nodes, `allocated_plan`."""
+    import sys
+
+    return lambda plan, topology, rehearse: allocated_plan(
+        plan, topology, allocation, rehearse, sys.executable
+    )

@@ -153,13 +153,6 @@ class SlurmProcesses:
         """A step's processes run on its node: the batch host cannot see whose listener answers."""
         return None
 
-    def step_of(self, role: str) -> str | None:
-        if role not in self.step_ids:
-            found = cluster.steps(self.job_id).get(role)
-            if found:
-                self.step_ids[role] = found
-        return self.step_ids.get(role)
-
     def stop(self, targets: list[StopTarget], now: float) -> StepStop:
         """The supervisor's seam (supervise/supervisor.py Processes): signals now, polled until done."""
         return StepStop(self.job_id, targets, now, self.clients, self.step_ids)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import httpx
 
@@ -151,14 +151,3 @@ def load_in(answer: object) -> int | None:
                 total += value
                 seen = seen or key == "num_reqs"
     return total if seen else None
-
-
-def routers_of(checks: Iterable[WiringCheck], role: str, roles: dict[str, str]) -> list[WiringCheck]:
-    """The routers' wiring checks that list instances of `role` (`roles`: instance -> its role)."""
-    return [
-        c
-        for c in checks
-        if c.wires
-        and c.wires[0].kind in ("prefill", "decode", "worker")
-        and any(roles.get(w.peer) == role for w in c.wires)
-    ]

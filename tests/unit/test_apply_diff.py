@@ -28,11 +28,11 @@ from muse_launch.plan.diff import (
     planned,
 )
 from muse_launch.plan.diff_text import difference_lines, plan_lines
+from muse_launch.plan.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import RunDir, read_state, write_state
 from muse_launch.supervise.record import planned_record
-from muse_launch.supervise.start_policy import choose, engine_versions, recorded_versions
 
 EPD = "topologies/epd-b300.yaml"
 FAST = "rehearse={ready_after: 0.3}"

@@ -76,11 +76,13 @@ def test_without_a_readable_record_the_backend_is_the_one_whose_files_are_there(
     SlurmFiles(run_dir).dir.mkdir()
     SlurmFiles(run_dir).job.write_text("{}")
     assert backend_of(run_dir).name == "slurm"
-    # an older state.json, written before records named their backend
+    # a state.json without its backend is damaged: the files there name the backend
     state = planned_record(PLAN, "demo.yaml", str).to_json()
     del state["backend"]
     run_dir.state_file.write_text(json.dumps(state))
-    assert read_state(run_dir).backend is None and backend_of(run_dir).name == "slurm"
+    with pytest.raises(StateDamaged, match="no 'backend'"):
+        read_state(run_dir)
+    assert backend_of(run_dir).name == "slurm"
 
 
 def test_up_on_names_a_remote_backend_only():

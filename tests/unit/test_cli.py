@@ -267,8 +267,9 @@ HEAVY = {"pydantic", "httpx", "rich", "yaml", "aiohttp", "psutil", "tenacity", "
     [
         (["--help"], set()),
         (["validate", "--help"], set()),
-        (["down"], {"psutil"}),
-        (["ls"], {"psutil", "rich"}),  # nothing running: no backend is asked, no HTTP client loaded
+        (["down"], {"psutil", "pydantic"}),  # state.json's records are pydantic models (rundir/state.py)
+        # nothing running: no backend is asked, no HTTP client loaded (pydantic: state.json's records)
+        (["ls"], {"psutil", "pydantic", "rich"}),
         (["validate", EPD], {"pydantic", "yaml"}),
     ],
 )

@@ -15,8 +15,7 @@ from wire_handler import WireHandler
 
 from muse_launch.engines import router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
-from muse_launch.rundir.state import RunDir
-from muse_launch.rundir.state_schema import check_state
+from muse_launch.rundir.state import RunDir, record_from_json
 from muse_launch.supervise.control import SOCKET_NAME, ControlServer, parse_request, request
 from muse_launch.supervise.workers import load_in, running_in
 
@@ -252,8 +251,8 @@ def _state(change: dict | None = None, **role_fields) -> dict:
 
 def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
     good = _state({"what": "add decode-1", "since": "2026-12-02T00:00:00+00:00"}, generation=2)
-    checked = check_state(good, "demo", "/x/demo")
-    assert checked["roles"][0]["generation"] == 2 and checked["change"]["what"] == "add decode-1"
+    checked = record_from_json(good, "demo", "/x/demo")
+    assert checked.roles[0].generation == 2 and checked.change.what == "add decode-1"
     from muse_launch.bounded_json import Damaged
 
     for bad in (
@@ -264,7 +263,7 @@ def test_a_change_and_a_generation_in_state_json_are_checked_on_read():
         _state({"what": "", "since": "2026-12-02T00:00:00+00:00"}),
     ):
         with pytest.raises(Damaged):
-            check_state(bad, "demo", "/x/demo")
+            record_from_json(bad, "demo", "/x/demo")
 
 
 def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_status():

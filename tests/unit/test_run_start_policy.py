@@ -4,7 +4,7 @@ order")."""
 from __future__ import annotations
 
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
-from muse_launch.supervise.start_policy import OVERLAP, WAVES, choose
+from muse_launch.plan.start_policy import OVERLAP, WAVES, choose
 from muse_launch.supervise.wiring import Wire, wiring_checks
 
 
