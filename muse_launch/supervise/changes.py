@@ -46,7 +46,6 @@ Say = Callable[[str], None]
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
 DRAIN_POLL = 0.1
 DRAIN_RETRY = 0.5  # after an instance did not answer how many requests it has in flight
-WAIT_POLL = 0.05
 SCALABLE_KINDS = ("prefill", "decode", "worker")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
@@ -616,22 +615,22 @@ class Changes:
     def _await(
         self, done: Callable[[], bool], failed: Callable[[], str | None], name: str, timeout: float = 600.0
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.sup.call(done):
-                return
-            if reason := self.sup.call(failed):
-                raise RuntimeFailure(
-                    f"{name}: {reason}", fix=f"`muse-launch logs {self.sup.record.name} {name}` shows why"
-                )
-            time.sleep(WAIT_POLL)
-        raise RuntimeFailure(f"{name}: not ready and wired after {timeout:g}s")
+        """Until `done()` holds in the supervisor's loop, which completes the wait (`Supervisor.when`)."""
+        waiting = self.sup.when(done, failed)
+        try:
+            reason = waiting.result(timeout)
+        except TimeoutError:
+            waiting.cancel()
+            raise RuntimeFailure(f"{name}: not ready and wired after {timeout:g}s") from None
+        if reason:
+            raise RuntimeFailure(
+                f"{name}: {reason}", fix=f"`muse-launch logs {self.sup.record.name} {name}` shows why"
+            )
 
     def _forget(self, name: str) -> None:
         """Stop an instance and wait until it has left the supervisor's roles."""
         self.sup.call(lambda: self.sup.retire(name))
-        while self.sup.call(lambda: name in self.sup.runs):
-            time.sleep(WAIT_POLL)
+        self.sup.when(lambda: name not in self.sup.runs).result()
 
     # ---- remove -------------------------------------------------------------------------------------
 
