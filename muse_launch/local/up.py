@@ -10,8 +10,8 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,25 +27,24 @@ from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.plan.start_policy import choose, engine_versions, recorded_versions
 from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
-from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.proc.process import Marker
 from muse_launch.proc.programs import program_path
 from muse_launch.render_progress import LiveProgress, PlainProgress, invoked_as, ready_hint
 from muse_launch.rundir.lifecycle import RoleState
-from muse_launch.rundir.logfiles import LogCaps, forget_rotated
+from muse_launch.rundir.logfiles import forget_rotated
 from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.rundir.role_addresses import explain_addresses
 from muse_launch.rundir.state import (
     DeploymentLock,
     DeploymentRecord,
     RunDir,
-    StateSaver,
     read_state,
     recorded_role,
     running_deployments,
     write_state,
 )
-from muse_launch.supervise.changes import Changes, Placement
-from muse_launch.supervise.control import ControlServer
+from muse_launch.supervise.changes import Placement
+from muse_launch.supervise.host import SupervisorHost
 from muse_launch.supervise.record import planned_record
 from muse_launch.supervise.seams import LocalProcesses
 from muse_launch.supervise.supervisor import Outcome, Supervisor
@@ -244,7 +243,7 @@ def bring_up(
         lock.release()
 
 
-def _supervisor(
+def _host(
     plan: Plan,
     record: DeploymentRecord,
     run_dir: RunDir,
@@ -253,50 +252,25 @@ def _supervisor(
     start_after: StartAfter,
     options: UpOptions,
     say: Callable[[str], None],
-) -> tuple[Supervisor, StateSaver]:
-    """The supervisor, its state not yet written: the caller installs its signal handlers first, so that a
-    `down` that reads its pid in state.json finds it ready for SIGUSR1."""
-    me = ProcessRef.of(os.getpid())
-    saver = StateSaver(run_dir, say)  # a full or read-only disk: supervising goes on, one warning
-
-    def on_change(new: DeploymentRecord) -> None:
-        saver.save(new)
-        report(new)
-
-    sup = Supervisor(
+) -> SupervisorHost:
+    """The supervisor of this host's processes, hosted (supervise/host.py)."""
+    processes = LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token)
+    return SupervisorHost(
         plan,
-        replace(record, supervisor=me),
+        record,
         run_dir,
-        LocalProcesses(Marker(plan.name, str(run_dir.path)), run_dir, record.masks.token),
+        processes,
         client,
-        on_change=on_change,
+        say,
+        report=report,
         ports_taken=_ports_taken,
         start_after=start_after,
         redact=options.redact,
-        tend=LogCaps.of(plan.specs, run_dir.log).tend,
     )
-    return sup, saver
 
 
 def _ports_taken(spec: LaunchSpec, record: DeploymentRecord) -> list[str]:
     return taken_ports(spec, {r.process.pid: r.name for r in record.roles if r.process}, recorded_role)
-
-
-def _handle_signals(sup: Supervisor) -> dict[str, int]:
-    """SIGINT, SIGTERM, SIGHUP (terminal closed): stop, a second one kills. SIGUSR1: `down` takes over.
-
-    The handlers only note the signal and wake the supervisor's loop (a flag and a byte down a pipe):
-    they take no lock and do no I/O that could block, whatever the loop was doing when they ran."""
-    received: dict[str, int] = {}
-
-    def interrupt(signum: int, frame) -> None:
-        received.setdefault("signal", signum)
-        sup.request_stop()
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
-    signal.signal(signal.SIGUSR1, lambda *_: sup.release())
-    return received
 
 
 def _foreground(
@@ -315,7 +289,7 @@ def _foreground(
     progress = LiveProgress(console, run_dir, record) if console.is_terminal else PlainProgress(out)
     try:
         with httpx.Client(verify=False) as client:  # plain HTTP to the roles: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(
+            host = _host(
                 plan,
                 record,
                 run_dir,
@@ -326,48 +300,24 @@ def _foreground(
                 saying(quiet),
             )
             live = ExitStack()  # the live view while roles start, closed once they are ready
-            control = ExitStack()  # the control socket (scale, restart), from ready until supervising ends
 
             def ready(seconds: float) -> None:
                 nonlocal progress
-                control.enter_context(_control(sup, run_dir, client, options, saying(quiet)))
                 live.close()
-                _say_ready(quiet, sup.record, seconds, detached=False)
-                progress = PlainProgress(out, sup.record)  # after ready: a line per change, between logs
+                _say_ready(quiet, host.sup.record, seconds, detached=False)
+                progress = PlainProgress(out, host.sup.record)  # after ready: a line per change, between logs
                 names = [s.name for s in plan.specs]
                 printer = RolePrinter(console.file, names, colour=console.is_terminal, mask=options.redact)
                 follower = LogFollower({name: run_dir.log(name) for name in names}, from_end=True)
                 out.follow(lambda: follower.print_new(printer))
 
-            try:
-                received = _handle_signals(sup)
-                sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-                with control, live:
+            with host:
+                with live:
                     live.enter_context(progress)
-                    outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
-                return _finish(sup, outcome, options, received, quiet, run_dir)
-            finally:
-                sup.close()
+                    outcome = host.run(options.fail_fast, ready, options.placement)
+                return _finish(host.sup, outcome, options, host.received, quiet, run_dir)
     finally:
         out.close()
-
-
-@contextmanager
-def _control(
-    sup: Supervisor, run_dir: RunDir, client: httpx.Client, options: UpOptions, say: Callable[[str], None]
-) -> Iterator[None]:
-    """Once ready: `scale` and `restart` reach this supervisor through its control socket
-    (supervise/control.py)."""
-    try:
-        server = ControlServer(run_dir, Changes(sup, options.placement, client))
-    except OSError as exc:  # supervising goes on; changes are refused for want of a socket
-        say(f"warning: no control socket ({exc}): `scale` and `restart` cannot reach this supervisor")
-        server = None
-    try:
-        yield
-    finally:
-        if server:
-            server.close()
 
 
 def _finish(
@@ -494,7 +444,7 @@ def _run_detached(
     console = Console(file=out, force_terminal=False, width=200)
     try:
         with httpx.Client(verify=False) as client:  # before the first spawn: no CA bundle to load (~30 ms)
-            sup, saver = _supervisor(
+            host = _host(
                 plan,
                 record,
                 run_dir,
@@ -504,28 +454,21 @@ def _run_detached(
                 options,
                 saying(console),
             )
-            received = _handle_signals(sup)
-            sup.on_change(sup.record)  # its pid in state.json, once SIGUSR1 finds a handler
-            pipe = _tell(pipe, f"pid {os.getpid()}\n")
+            with host:
+                pipe = _tell(pipe, f"pid {os.getpid()}\n")
 
-            control = ExitStack()  # the control socket (scale, restart), from ready until supervising ends
+                def ready(seconds: float) -> None:
+                    nonlocal pipe
+                    # the control socket listens already: a `scale` right after `up -d` finds it
+                    pipe = _tell(pipe, "ready\n")
+                    if pipe >= 0:
+                        os.close(pipe)
+                        pipe = -1
 
-            def ready(seconds: float) -> None:
-                nonlocal pipe
-                # listening before `up -d` returns: a `scale` right after it finds the socket
-                control.enter_context(_control(sup, run_dir, client, options, saying(console)))
-                pipe = _tell(pipe, "ready\n")
-                if pipe >= 0:
-                    os.close(pipe)
-                    pipe = -1
-
-            with control:
-                outcome = sup.run(options.fail_fast, ready, on_tick=saver.retry)
-            if outcome is Outcome.RELEASED and pipe >= 0:
-                pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
-            code = _finish(sup, outcome, options, received, console, run_dir)
-            sup.close()
-            return code
+                outcome = host.run(options.fail_fast, ready, options.placement)
+                if outcome is Outcome.RELEASED and pipe >= 0:
+                    pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
+                return _finish(host.sup, outcome, options, host.received, console, run_dir)
     except BaseException:
         traceback.print_exc()
         return 1

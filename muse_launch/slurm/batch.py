@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,13 +29,12 @@ from muse_launch.checks import Severity, recheck_placement
 from muse_launch.core import LoadedPlan, load_plan
 from muse_launch.errors import UserError
 from muse_launch.plan.compose import compose
-from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.proc.process import Marker
 from muse_launch.rundir.lifecycle import RoleState
-from muse_launch.rundir.logfiles import LogCaps
-from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso
+from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, now_iso
 from muse_launch.signals import reset_inherited
-from muse_launch.supervise.changes import Changes, Placement
-from muse_launch.supervise.control import ControlServer
+from muse_launch.supervise.changes import Placement
+from muse_launch.supervise.host import SupervisorHost
 from muse_launch.supervise.record import planned_record
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 
@@ -103,11 +101,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
     plan, checked, where, allocation = placed
     loaded = checked.loaded
     gpus_per_node = allocated_gpus(shape(checked.plan, loaded.topology).gpus_per_node)
-    me = ProcessRef.of(os.getpid())
     source = files.source.read_text().strip() if files.source.exists() else str(loaded.source)
-    record = replace(
-        reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan), supervisor=me
-    )
+    record = reached_at(planned_record(plan, source, loaded.redact, backend=SLURM), plan)
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", "1"))
     processes = SlurmProcesses(
         job_id,
@@ -118,32 +113,24 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         shared_gpus(where, list(plan.specs)),
     )
     stopping = threading.Event()
-    with httpx.Client() as client:
-        # As on one host: a full or read-only disk does not end supervision (one warning, writes retried),
-        # and each role's log (written by its srun client on this host) is capped.
-        saver = StateSaver(run_dir, lambda line: print(f"muse-launch: {line}", flush=True))
-        sup = Supervisor(
-            plan,
-            record,
-            run_dir,
-            processes,
-            client,
-            on_change=saver.save,
-            redact=loaded.redact,
-            tend=LogCaps.of(plan.specs, run_dir.log).tend,
-        )
-        saver.save(record)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, lambda *_: sup.request_stop())
+    say = lambda line: print(f"muse-launch: {line}", flush=True)  # noqa: E731
+    # As on one host (supervise/host.py); each role's log is written by its srun client on this host. `down`
+    # asks through a file here, not by SIGUSR1.
+    with (
+        httpx.Client() as client,
+        SupervisorHost(
+            plan, record, run_dir, processes, client, say, takeover=False, redact=loaded.redact
+        ) as host,
+    ):
+        sup = host.sup
         asked: dict = {}
         current = lambda: sup.call(lambda: [r.spec for r in sup.runs.values()])  # noqa: E731
         place = _placement(checked, args.rehearse, allocation, processes, files, gpus_per_node, current)
         desk = FileDesk(files)
-        control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node)  # noqa: E731
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)
         watcher.start()
         try:
-            _supervise(sup, saver, args.fail_fast, asked, stopped, control)
+            _supervise(host, args.fail_fast, asked, stopped, place, lambda: _served(desk, gpus_per_node))
         finally:
             stopping.set()
             files.heartbeat.unlink(missing_ok=True)
@@ -213,22 +200,9 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
 
 
 @contextmanager
-def _control(
-    sup: Supervisor,
-    run_dir: RunDir,
-    client: httpx.Client,
-    place: Placement,
-    desk: FileDesk,
-    gpus_per_node: int,
-) -> Iterator[None]:
+def _served(desk: FileDesk, gpus_per_node: int) -> Iterator[None]:
     """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
     to its control socket on this host (slurm/control.py, supervise/control.py)."""
-    try:
-        server = ControlServer(run_dir, Changes(sup, place, client))
-    except OSError as exc:
-        print(f"muse-launch: warning: no control socket ({exc}): `scale` and `restart` cannot reach it")
-        yield
-        return
     print(
         f"muse-launch: `scale` and `restart` are served; a new instance gets its step where its node has "
         f"free GPUs (of {gpus_per_node} a node) and free ports",
@@ -239,27 +213,24 @@ def _control(
         yield
     finally:
         desk.open = False
-        server.close()
 
 
 def _supervise(
-    sup: Supervisor,
-    saver: StateSaver,
+    host: SupervisorHost,
     fail_fast: bool,
     asked: dict,
     stopped: dict,
-    control: Callable[[], AbstractContextManager[None]],
+    place: Placement,
+    served: Callable[[], AbstractContextManager[None]],
 ) -> None:
     """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
-    serving = ExitStack()  # `scale` and `restart` served from ready until supervising ends
+    sup = host.sup
 
     def ready(_seconds: float) -> None:
-        serving.enter_context(control())  # before it says ready: a `scale` right after finds it served
         urls = ", ".join(r.url for r in sup.record.entry_roles() if r.url)
         print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: {urls}", flush=True)
 
-    with serving:
-        outcome = sup.run(fail_fast, ready, on_tick=saver.retry)
+    outcome = host.run(fail_fast, ready, place, served)
     if outcome is Outcome.FAILED:
         failed = sup.record.role(sup.failed_role) if sup.failed_role else None
         print(

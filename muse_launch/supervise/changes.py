@@ -42,6 +42,27 @@ from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.host.gpus import index_ranges
 from muse_launch.plan.diff import launch_digest
 from muse_launch.plan.placement import PORT_FIELDS, Room, choose_gpus, on_gpus
+from muse_launch.plan.rollout import (
+    Addition,
+    Blocked,
+    BringBack,
+    BringIn,
+    Complete,
+    NoRoom,
+    PlaceSurge,
+    Progress,
+    Removal,
+    Replace,
+    Restart,
+    RestartRouters,
+    Rollout,
+    ScaleDown,
+    ScaleUp,
+    Step,
+    TakeOut,
+    Withdraw,
+    next_step,
+)
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.supervise.record import planned_record
@@ -55,7 +76,6 @@ Drained = RemoveInstance | RestartInstance | ScaleRole  # the changes that take 
 DRAIN_TIMEOUT = 120.0  # seconds an instance taken out may finish what it serves before it is stopped
 DRAIN_POLL = 0.1
 DRAIN_RETRY = 0.5  # after an instance did not answer how many requests it has in flight
-WAIT_POLL = 0.05
 SCALABLE_KINDS = ("prefill", "decode", "worker")
 
 
@@ -232,59 +252,78 @@ class Changes:
                     raise RuntimeFailure(
                         f"{change}: {fits + '; ' if fits else ''}{exc}", fix=exc.fix
                     ) from None
+            by_name = {spec.name: spec for spec in placed}
             wiring = self._wiring_by_plan
-            added: list[LaunchSpec] = []
-            try:
-                for spec in placed:
-                    self._bring_in(spec, wiring.get(spec.name), 0, say)
-                    added.append(spec)
-                    say(f"{spec.name}: serving")
-                self._restart_routers(role, self._counts(role, 0), say)
-            except (RuntimeFailure, NotSupported, httpx.HTTPError) as exc:
-                self._undo(change, role, added, [], drain_timeout, say)
-                raise self._undone(change, role, before, exc) from None
-            return {"role": role, "before": before, "instances": self._names(role)}
-        leaving = sorted(current, key=lambda s: index_of(s.name, role) or 0, reverse=True)[
-            : before - replicas
-        ]
-        removed: list[LaunchSpec] = []
-        try:
-            for spec in leaving:
-                self.remove(spec.name, drain_timeout, say)
-                removed.append(spec)
-        except (RuntimeFailure, NotSupported, httpx.HTTPError) as exc:
-            self._undo(change, role, [], removed, drain_timeout, say)
-            raise self._undone(change, role, before, exc) from None
+            static = bool(self._routers(role, static=True))
+            rollout: Rollout = ScaleUp(role=role, placed=tuple(by_name), static_routers=static)
+        else:
+            by_name = {spec.name: spec for spec in current}  # by replica index: the highest leave first
+            static = bool(self._routers(role, static=True))
+            rollout = ScaleDown(role=role, current=tuple(by_name), replicas=replicas, static_routers=static)
+            wiring = {}
+
+        def perform(step: Step) -> Any:
+            if isinstance(step, BringIn):
+                spec = by_name[step.instance]
+                self._bring_in(spec, wiring.get(spec.name), 0, say)
+                say(f"{spec.name}: serving")
+            elif isinstance(step, RestartRouters):
+                self._restart_routers(role, self._counts(role, step.change), say)
+            elif isinstance(step, TakeOut):
+                self._take_out(by_name[step.instance], drain_timeout, say)
+            elif isinstance(step, Withdraw):
+                say(f"{change}: undoing it: taking {step.instance} out again")
+                if step.instance in self._specs():
+                    self.remove(step.instance, drain_timeout, say)
+            elif isinstance(step, BringBack):
+                say(f"{change}: undoing it: bringing {role} back to its instances before")
+                again = self.place(role, say)
+                self._bring_in(again, self._wiring_of(again), 0, say)
+
+        def undo_failed(step: Step, exc: Exception) -> None:
+            what = "taken out" if isinstance(step, Withdraw) else "brought back"
+            say(f"{change}: {getattr(step, 'instance', role)} could not be {what}: {exc}")
+
+        _, _, error = self._roll(rollout, perform, undo_failed)
+        if error is not None:
+            raise self._undone(change, role, before, error) from None
         return {"role": role, "before": before, "instances": self._names(role)}
 
     def _names(self, role: str) -> list[str]:
         return [s.name for s in sorted(self._instances(role), key=lambda s: index_of(s.name, role) or 0)]
 
-    def _undo(
+    def _roll(
         self,
-        change: str,
-        role: str,
-        added: Sequence[LaunchSpec],
-        removed: Sequence[LaunchSpec],
-        drain_timeout: float,
-        say: Say,
-    ) -> None:
-        """Back to where the change began: each instance it started drained and stopped, each it took out
-        placed and brought in again (best effort: what cannot be undone is said)."""
-        for spec in reversed(added):
-            say(f"{change}: undoing it: taking {spec.name} out again")
+        rollout: Rollout,
+        perform: Callable[[Step], Any],
+        undo_failed: Callable[[Step, Exception], None] = lambda step, exc: None,
+    ) -> tuple[Complete | Blocked, dict[Step, Any], Exception | None]:
+        """Perform the planner's steps (plan/rollout.py) until it says Complete or Blocked: what each step
+        returned, and the failure that ended it, after its undo steps (each tried: one that fails is said by
+        `undo_failed`, and the undo goes on). Looking for a surge's room returns what it found: the surge
+        placed, or NoRoom."""
+        results: dict[Step, Any] = {}
+        error: Exception | None = None
+        while isinstance(answer := next_step(rollout), Progress):
+            step = answer.step
+            if rollout.failure is not None:
+                try:
+                    perform(step)
+                except (RuntimeFailure, NotSupported, UsageError, httpx.HTTPError) as exc:
+                    undo_failed(step, exc)
+                rollout = rollout.after(step)
+                continue
             try:
-                if spec.name in self._specs():
-                    self.remove(spec.name, drain_timeout, say)
-            except (RuntimeFailure, NotSupported, UsageError, httpx.HTTPError) as exc:
-                say(f"{change}: {spec.name} could not be taken out: {exc}")
-        for spec in removed:
-            say(f"{change}: undoing it: bringing {role} back to its instances before")
-            try:
-                again = self.place(role, say)
-                self._bring_in(again, self._wiring_of(again), 0, say)
-            except (RuntimeFailure, NotSupported, UsageError, httpx.HTTPError) as exc:
-                say(f"{change}: {spec.name} could not be brought back: {exc}")
+                outcome = perform(step)
+            except (RuntimeFailure, NotSupported, httpx.HTTPError) as exc:
+                error = exc
+                rollout = rollout.failing(step, str(exc), getattr(exc, "fix", None))
+                continue
+            if isinstance(step, PlaceSurge):  # what it found is a fact the planner decides by
+                rollout = replace(rollout, placed=outcome)
+            results[step] = outcome
+            rollout = rollout.after(step)
+        return answer, results, error
 
     def _undone(self, change: str, role: str, before: int, exc: Exception) -> RuntimeFailure:
         now = self._names(role)
@@ -299,9 +338,19 @@ class Changes:
 
     def add(self, role: str, say: Say) -> dict[str, Any]:
         spec = self.place(role, say)
-        result = self._bring_in(spec, self._wiring_of(spec), 0, say)
-        self._restart_routers(role, self._counts(role, 0), say)
-        return result
+        static = bool(self._routers(role, static=True))
+
+        def perform(step: Step) -> Any:
+            if isinstance(step, BringIn):
+                return self._bring_in(spec, self._wiring_of(spec), 0, say)
+            self._restart_routers(role, self._counts(role, 0), say)
+
+        _, results, error = self._roll(
+            Addition(role=role, instance=spec.name, static_routers=static), perform
+        )
+        if error is not None:
+            raise error
+        return results[BringIn(spec.name)]
 
     def place(self, role: str, say: Say, reserved: Sequence[LaunchSpec] = ()) -> LaunchSpec:
         """The next replica of `role`: the file's flags and ports for it, exactly one instance's GPUs from
@@ -613,22 +662,22 @@ class Changes:
     def _await(
         self, done: Callable[[], bool], failed: Callable[[], str | None], name: str, timeout: float = 600.0
     ) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.sup.call(done):
-                return
-            if reason := self.sup.call(failed):
-                raise RuntimeFailure(
-                    f"{name}: {reason}", fix=f"`muse-launch logs {self.sup.record.name} {name}` shows why"
-                )
-            time.sleep(WAIT_POLL)
-        raise RuntimeFailure(f"{name}: not ready and wired after {timeout:g}s")
+        """Until `done()` holds in the supervisor's loop, which completes the wait (`Supervisor.when`)."""
+        waiting = self.sup.when(done, failed)
+        try:
+            reason = waiting.result(timeout)
+        except TimeoutError:
+            waiting.cancel()
+            raise RuntimeFailure(f"{name}: not ready and wired after {timeout:g}s") from None
+        if reason:
+            raise RuntimeFailure(
+                f"{name}: {reason}", fix=f"`muse-launch logs {self.sup.record.name} {name}` shows why"
+            )
 
     def _forget(self, name: str) -> None:
         """Stop an instance and wait until it has left the supervisor's roles."""
         self.sup.call(lambda: self.sup.retire(name))
-        while self.sup.call(lambda: name in self.sup.runs):
-            time.sleep(WAIT_POLL)
+        self.sup.when(lambda: name not in self.sup.runs).result()
 
     # ---- remove -------------------------------------------------------------------------------------
 
@@ -645,13 +694,25 @@ class Changes:
                     f"{instance} is the last instance of {spec.role}; a deployment keeps one of each role",
                     fix=f"`muse-launch down {self.sup.record.name}` stops the whole deployment",
                 )
-        self._restart_routers(spec.role, self._counts(spec.role, -1), say)  # no new requests to it
-        if spec.kind in SCALABLE_KINDS:
-            return self._take_out(spec, drain_timeout, say)
-        began = time.monotonic()  # a router, an encoder, a command: nothing drains through it
-        self._forget(spec.name)
-        say(f"{spec.name}: stopped in {time.monotonic() - began:.2f}s")
-        return {"instance": spec.name}
+        static = bool(self._routers(spec.role, static=True))
+        removal = Removal(
+            role=spec.role, instance=spec.name, static_routers=static, scalable=spec.kind in SCALABLE_KINDS
+        )
+
+        def perform(step: Step) -> Any:
+            if isinstance(step, RestartRouters):  # no new requests to it
+                return self._restart_routers(spec.role, self._counts(spec.role, step.change), say)
+            if isinstance(step, TakeOut):
+                return self._take_out(spec, drain_timeout, say)
+            began = time.monotonic()  # a router, an encoder, a command: nothing drains through it
+            self._forget(spec.name)
+            say(f"{spec.name}: stopped in {time.monotonic() - began:.2f}s")
+            return {"instance": spec.name}
+
+        _, results, error = self._roll(removal, perform)
+        if error is not None:
+            raise error
+        return results[removal.forward()[-1]]
 
     def _take_out(self, spec: LaunchSpec, drain_timeout: float, say: Say) -> dict[str, Any]:
         """Out of its routers, drained, stopped."""
@@ -796,36 +857,56 @@ class Changes:
             spec, planned = self._relaunched(old)
             if spec.engine not in ROUTER_ENGINES:  # a router keeps the workers it was given since
                 wiring = planned
-        if spec.kind in SCALABLE_KINDS and self._routers(spec.role, static=True):
+        static = bool(self._routers(spec.role, static=True))
+        if spec.kind in SCALABLE_KINDS and static:
             self._refuse_static_routers(
                 spec.role
             )  # only with --allow-downtime: requests to it fail meanwhile
-            generation = self.sup.record.role(instance).generation + 1
-            result = self._replace(old, spec, wiring, generation, drain_timeout, say)
-            self._restart_routers(spec.role, self._counts(spec.role, 0), say)  # it lists it again
-            return result
         generation = self.sup.record.role(instance).generation + 1
         serving = [
             s
             for s in self._instances(spec.role)
             if s.name != instance and self.sup.record.role(s.name).state is RoleState.READY
         ]
-        if serving or spec.kind not in SCALABLE_KINDS:
-            if not serving and not allow_downtime:
-                raise self._downtime(spec, f"{spec.name} is the deployment's only {spec.kind}")
-            return self._replace(old, spec, wiring, generation, drain_timeout, say)
-        try:
-            surge = self.place(spec.role, say, reserved=(spec,))  # not on the GPUs its relaunch takes
-        except (RuntimeFailure, NotSupported) as exc:
-            if not allow_downtime:
-                raise self._downtime(spec, f"no room for a surge instance: {exc}", exc.fix) from None
-            say(f"{spec.name}: no room for a surge instance ({exc}); --allow-downtime: replacing it in place")
-            return self._replace(old, spec, wiring, generation, drain_timeout, say)
-        say(f"{spec.name}: its only instance; {surge.name} carries its traffic while it is replaced")
-        self._bring_in(surge, self._wiring_of(surge), 0, say)
-        result = self._replace(old, spec, wiring, generation, drain_timeout, say)
-        self._take_out(surge, drain_timeout, say)
-        return result
+        rollout = Restart(
+            role=spec.role,
+            instance=instance,
+            kind=spec.kind,
+            scalable=spec.kind in SCALABLE_KINDS,
+            static_routers=static,
+            serving_others=bool(serving),
+            allow_downtime=allow_downtime,
+        )
+        surge: list[LaunchSpec] = []
+
+        def perform(step: Step) -> Any:
+            if isinstance(step, PlaceSurge):
+                try:
+                    surge.append(self.place(spec.role, say, reserved=(spec,)))  # not on the GPUs it takes
+                except (RuntimeFailure, NotSupported) as exc:
+                    if allow_downtime:
+                        say(
+                            f"{spec.name}: no room for a surge instance ({exc}); --allow-downtime: replacing "
+                            "it in place"
+                        )
+                    return NoRoom(str(exc), exc.fix)
+                return surge[0].name
+            if isinstance(step, BringIn):
+                carrier = surge[0].name
+                say(f"{spec.name}: its only instance; {carrier} carries its traffic while it is replaced")
+                return self._bring_in(surge[0], self._wiring_of(surge[0]), 0, say)
+            if isinstance(step, Replace):
+                return self._replace(old, spec, wiring, generation, drain_timeout, say)
+            if isinstance(step, TakeOut):
+                return self._take_out(surge[0], drain_timeout, say)
+            return self._restart_routers(spec.role, self._counts(spec.role, 0), say)  # it lists it again
+
+        end, results, error = self._roll(rollout, perform)
+        if error is not None:
+            raise error
+        if isinstance(end, Blocked):
+            raise self._downtime(spec, end.why, end.fix)
+        return results[Replace(instance)]
 
     def _replace(
         self,

@@ -26,6 +26,7 @@ from enum import Enum
 import httpx
 
 from muse_launch.engines import ENGINES
+from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.proc import cgroups
 from muse_launch.proc.process import (
@@ -101,6 +102,15 @@ def probe_pool(plan: Plan) -> ThreadPoolExecutor:
 
 
 @dataclass(frozen=True)
+class _Watch:
+    """A change's condition on the supervisor's roles, and the future it waits on (`Supervisor.when`)."""
+
+    done: Callable[[], bool]
+    failed: Callable[[], str | None]
+    future: Future
+
+
+@dataclass(frozen=True)
 class _RoleStop:
     """A role's stop in the wave-stop: once it reports, the role is marked stopped."""
 
@@ -161,6 +171,8 @@ class Supervisor:
         self.failed_role: str | None = None
         self.leftovers = StopReport()  # what clearing dead roles' leftover processes had to SIGKILL
         self.calls: queue.SimpleQueue = queue.SimpleQueue()  # changes' steps, run by the loop (`call`)
+        self.asked: queue.SimpleQueue = queue.SimpleQueue()  # changes' conditions, new (`when`)
+        self.watches: list[_Watch] = []  # changes' conditions the loop looks at each round (`when`)
 
     # Called from signal handlers: set a flag, wake the loop, nothing else.
     def request_stop(self) -> None:
@@ -281,6 +293,7 @@ class Supervisor:
                     self._update(name, state=RoleState.FAILED, reason=reason)  # added by a change: it says
                 elif state is RoleState.READY and not run.wired and run.wiring_failed is None:
                     self._tend_wiring(run)
+            self._settle_watches()
             on_tick()
             self.tend()
             self.clock.wait(self.wakeup, self._wait(IDLE_TICK))
@@ -299,6 +312,7 @@ class Supervisor:
         if outcome is Outcome.READY:
             on_ready(self.clock.monotonic() - started)
             outcome = self.supervise(fail_fast, on_tick=on_tick)
+        self._abandon_changes()
         return outcome
 
     def wind_down(self) -> StopReport:
@@ -325,6 +339,52 @@ class Supervisor:
         self.calls.put((step, done))
         self.wakeup.set()
         return done.result(timeout)
+
+    def when(self, done: Callable[[], bool], failed: Callable[[], str | None] = lambda: None) -> Future:
+        """A future the loop completes once `done()` holds (with None), or `failed()` says why it never
+        will (with that reason); each is looked at once a round, in the loop, after its roles were watched.
+        Called from a change's thread, which waits on it (and cancels it when it stops waiting)."""
+        watch = _Watch(done, failed, Future())
+        self.asked.put(watch)
+        self.wakeup.set()
+        return watch.future
+
+    def _settle_watches(self) -> None:
+        while True:
+            try:
+                self.watches.append(self.asked.get_nowait())
+            except queue.Empty:
+                break
+        pending = []
+        for watch in self.watches:
+            if watch.future.cancelled():
+                continue
+            try:
+                if watch.done():
+                    watch.future.set_result(None)
+                elif reason := watch.failed():
+                    watch.future.set_result(reason)
+                else:
+                    pending.append(watch)
+            except BaseException as exc:  # noqa: BLE001  handed to the change that waits
+                watch.future.set_exception(exc)
+        self.watches = pending
+
+    def _abandon_changes(self) -> None:
+        """Supervising ended: a change that waits on the loop is told so at once, not at its timeout."""
+        self._settle_watches()
+        gone = RuntimeFailure(f"{self.plan.name}: its supervisor stopped supervising while the change ran")
+        for watch in self.watches:
+            if not watch.future.done():
+                watch.future.set_exception(gone)
+        self.watches = []
+        while True:
+            try:
+                _, done = self.calls.get_nowait()
+            except queue.Empty:
+                return
+            if not done.done():
+                done.set_exception(gone)
 
     def _run_calls(self) -> None:
         while True:
