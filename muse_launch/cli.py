@@ -126,8 +126,8 @@ def plan(
         installed = installed_here(
             loaded_plan.plan, loaded_plan.loaded, lambda line: typer.echo(line, err=True)
         )
+    from .host.versions import engine_versions
     from .plan.compose import compose
-    from .plan.start_policy import engine_versions
 
     policy = compose(loaded_plan.loaded.topology, rehearse=rehearse, versions=engine_versions).policy
     if policy.note and fmt is PlanFormat.text:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines import ENGINES, ROUTER_ENGINES
+from ..plan.rehearse import simulated_version
+from ..plan.releases import version_key
 from ..plan.spec import Plan
 from ..proc.programs import program_path
 
@@ -234,7 +236,6 @@ def argv_versions(roles: Iterable[tuple[str, tuple[str, ...], str | None]]) -> d
 def deployment_versions(roles) -> dict[str, str | None]:
     """For `status`: engine -> installed release (the oldest where roles differ), from the argv each role
     recorded (RoleRecord.argv) rather than a plan."""
-    from ..plan.rehearse import simulated_version
 
     found: dict[str, list[str]] = {}
     simulated: dict[str, str] = {}
@@ -251,20 +252,6 @@ def deployment_versions(roles) -> dict[str, str | None]:
     return {**{engine: min(v, key=version_key) if v else None for engine, v in found.items()}, **simulated}
 
 
-def version_key(text: str) -> tuple:
-    """Orders release strings: 0.5.9 < 0.5.13 < 0.5.23, 0.33.0rc1 < 0.33.0 < 0.33.0.post1; a local
-    tag (+cpu) is ignored."""
-    m = re.match(r"^v?(\d+(?:\.\d+)*)(.*)$", text.split("+", 1)[0].strip())
-    if not m:
-        return ((), 0, text)
-    release = [int(x) for x in m.group(1).split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
-    tag = m.group(2).lstrip(".-_")
-    rank = 1 if not tag else 2 if tag.startswith("post") else 0
-    return (tuple(release), rank, tag)
-
-
 def older(version: str | None, than: str) -> bool:
     return version is not None and version_key(version) < version_key(than)
 
@@ -272,3 +259,23 @@ def older(version: str | None, than: str) -> bool:
 def summary(versions: Mapping[str, str | None]) -> str:
     """`sglang 0.5.23, sglang-router 0.3.2, vllm not installed here`."""
     return ", ".join(f"{engine} {version or 'not installed here'}" for engine, version in versions.items())
+
+
+def engine_versions(plan: Plan) -> dict[str, str | None]:
+    """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed
+    one."""
+    versions = dict(installed_versions(plan))
+    for spec in plan.specs:
+        if simulated := simulated_version(spec.engine, spec.launcher):
+            versions[spec.engine] = simulated
+    return versions
+
+
+def recorded_versions(plan: Plan, versions: dict[str, str | None]) -> dict[str, str | None]:
+    """What state.json keeps for `status`: the versions, a rehearsal's marked as the simulated engine's."""
+    return {
+        **versions,
+        **{
+            s.engine: f"{v} (simulated)" for s in plan.specs if (v := simulated_version(s.engine, s.launcher))
+        },
+    }

@@ -115,11 +115,11 @@ class LocalBackend(SupervisedChanges):
 def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     """How the supervisor places a new instance: the file's plan with N replicas of a role (rehearsed as
     `up` was), and `up`'s port and GPU pre-flight for it."""
+    from muse_launch.host.versions import engine_versions
     from muse_launch.local.gpus import SKIP_FLAG, Owners, preflight_for
     from muse_launch.local.up import busy_fix
     from muse_launch.plan.compose import compose
     from muse_launch.plan.placement import Room
-    from muse_launch.plan.start_policy import engine_versions
     from muse_launch.proc.ports import busy_ports, can_bind
     from muse_launch.rundir.lifecycle import LOCAL, RoleState
     from muse_launch.rundir.state import recorded_role, running_deployments

@@ -20,11 +20,12 @@ from rich.console import Console
 
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
+from muse_launch.host.versions import engine_versions, recorded_versions
 from muse_launch.local.down import refuse_leftovers
 from muse_launch.local.gpus import GpuPreflight
 from muse_launch.local.output import BackgroundWriter, LogWriter
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.plan.start_policy import choose, engine_versions, recorded_versions
+from muse_launch.plan.start_policy import choose
 from muse_launch.printable import escaped
 from muse_launch.proc.ports import busy_ports, taken_ports
 from muse_launch.proc.process import Marker

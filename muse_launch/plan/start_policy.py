@@ -20,8 +20,7 @@ import math
 from dataclasses import dataclass, replace
 
 from muse_launch.engines import WORKERS, worker_facts
-from muse_launch.host.versions import installed_versions, version_key
-from muse_launch.plan.rehearse import simulated_version
+from muse_launch.plan.releases import version_key
 from muse_launch.plan.spec import LaunchSpec, Plan
 
 OVERLAP, WAVES = "overlap", "waves"
@@ -34,26 +33,6 @@ class StartPolicy:
     start_after: dict[str, tuple[str, ...]]  # role -> the roles it waits for before it starts
     plan: Plan  # the plan to run: with the encoder eviction TTL where overlap relies on it
     note: str | None  # one line for the user: the policy and, for waves, why
-
-
-def engine_versions(plan: Plan) -> dict[str, str | None]:
-    """Engine name -> version of what will run: the simulated engine's in a rehearsal, else the installed
-    one."""
-    versions = dict(installed_versions(plan))
-    for spec in plan.specs:
-        if simulated := simulated_version(spec.engine, spec.launcher):
-            versions[spec.engine] = simulated
-    return versions
-
-
-def recorded_versions(plan: Plan, versions: dict[str, str | None]) -> dict[str, str | None]:
-    """What state.json keeps for `status`: the versions, a rehearsal's marked as the simulated engine's."""
-    return {
-        **versions,
-        **{
-            s.engine: f"{v} (simulated)" for s in plan.specs if (v := simulated_version(s.engine, s.launcher))
-        },
-    }
 
 
 def _tolerates_late(spec: LaunchSpec, peer: LaunchSpec) -> bool:

@@ -18,6 +18,7 @@ from muse_launch.change import AddInstance, Adopt, RemoveInstance, RestartInstan
 from muse_launch.commands.apply import execute, recorded_instances
 from muse_launch.core import load_plan
 from muse_launch.errors import NotSupported, RuntimeFailure
+from muse_launch.host.versions import engine_versions, recorded_versions
 from muse_launch.plan.diff import (
     KIND_ORDER,
     ComparedInstance,
@@ -28,7 +29,7 @@ from muse_launch.plan.diff import (
     planned,
 )
 from muse_launch.plan.diff_text import difference_lines, plan_lines
-from muse_launch.plan.start_policy import choose, engine_versions, recorded_versions
+from muse_launch.plan.start_policy import choose
 from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import RunDir, read_state, write_state
