@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar
 
 from ..readiness import Probe
 
@@ -110,12 +110,6 @@ class Rendered:
     ports: Mapping[str, int]
     probe: Probe
     env: Mapping[str, str] = field(default_factory=dict)
-
-
-class Renderer(Protocol):
-    DEFAULT_LAUNCHER: tuple[str, ...]
-
-    def render(self, inst: Instance, ctx: Context) -> Rendered: ...
 
 
 @dataclass(frozen=True)
