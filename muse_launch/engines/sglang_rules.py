@@ -72,6 +72,28 @@ def language_only_wiring(view: RoleView) -> Iterator[Problem]:
         )
 
 
+def parallel_sizes(view: RoleView) -> Iterator[Problem]:
+    """SGLang refuses MoE EP that does not divide TP, and attention DP that does not divide TP."""
+    p = view.parallel
+    if p is None:
+        return
+    if p.tp % p.ep:
+        divisors = [d for d in range(1, p.tp + 1) if p.tp % d == 0]
+        yield error(
+            sgl.KEY_FLAGS["ep"],
+            f"ep {p.ep} does not divide tp {p.tp}",
+            f"use ep {', '.join(map(str, divisors))} (MoE EP splits the TP group)",
+            "ep",
+        )
+    if p.dp_attention and p.tp % p.dp:
+        yield error(
+            sgl.KEY_FLAGS["dp"],
+            f"{sgl.DP_ATTENTION} needs dp to divide tp; {view.role} has tp {p.tp}, dp {p.dp}",
+            f"set dp to a divisor of {p.tp}",
+            "dp",
+        )
+
+
 # ---- hardware ----------------------------------------------------------------------------------
 
 
@@ -258,7 +280,12 @@ def xeon_page_size(view: RoleView) -> Iterator[Problem]:
         )
 
 
-START_UP_RULES = (disaggregation_mode_matches_kind, encoder_only_exclusive, language_only_wiring)
+START_UP_RULES = (
+    disaggregation_mode_matches_kind,
+    encoder_only_exclusive,
+    language_only_wiring,
+    parallel_sizes,
+)
 HARDWARE_RULES = (
     fp4_trtllm_moe,
     hopper_nvfp4_marlin,
