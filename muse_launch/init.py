@@ -115,7 +115,7 @@ VLLM_AMD_ENV = {
 }  # hardware_overrides.amd.extra_env
 VLLM_AMD_VARIANT_ARGS = {  # variants.<v>.hardware_overrides.amd.extra_args
     "mxfp4": [
-        vllm.FACTS.attention_backend_flag,
+        vllm.ENGINE.FACTS.attention_backend_flag,
         "ROCM_AITER_FA",
         "--max-model-len",
         "32768",
@@ -123,13 +123,13 @@ VLLM_AMD_VARIANT_ARGS = {  # variants.<v>.hardware_overrides.amd.extra_args
         "128",
         "--max-num-batched-tokens",
         "8192",
-        vllm.FACTS.mem_fraction_flag,
+        vllm.ENGINE.FACTS.mem_fraction_flag,
         "0.90",
     ],
     "bf16": [
         "--moe-backend",
         "triton",
-        vllm.FACTS.attention_backend_flag,
+        vllm.ENGINE.FACTS.attention_backend_flag,
         "ROCM_AITER_FA",
         "--max-model-len",
         "32768",
@@ -137,7 +137,7 @@ VLLM_AMD_VARIANT_ARGS = {  # variants.<v>.hardware_overrides.amd.extra_args
         "32",
         "--max-num-batched-tokens",
         "4096",
-        vllm.FACTS.mem_fraction_flag,
+        vllm.ENGINE.FACTS.mem_fraction_flag,
         "0.95",
     ],
 }
@@ -702,7 +702,7 @@ def _vllm_cpu(mode: str) -> Draft:
         "args": [
             "--policy",
             "round_robin",
-            *(x for pair in vllm_router.FACTS.startup_defaults for x in pair),
+            *(x for pair in vllm_router.ENGINE.FACTS.startup_defaults for x in pair),
         ],
         "ready": {"http": "/readiness", **SLOW_START},
     }

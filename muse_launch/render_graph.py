@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .engines import ENGINES, router, sglang
+from .engines import WORKER, router, sglang
 from .engines.argv import last_value
 from .plan.spec import LaunchSpec, Plan
 
@@ -120,7 +120,7 @@ def _edges(plan: Plan, overlapping: set[tuple[str, str]]) -> list[Edge]:
                     add(
                         p.name,
                         d.name,
-                        f"KV {ENGINES[p.engine].transfer_backend(p.args)}" + _side_channel(d),
+                        f"KV {WORKER[p.engine].transfer_backend(p.args)}" + _side_channel(d),
                         KV,
                     )
         for dep in spec.depends_on:

@@ -310,7 +310,7 @@ def smoke_record(
 ) -> int:
     """The checks through the record's front role, as its URLs say (on Kubernetes: the pods' addresses);
     `as_json`: one JSON document at the end instead of a line per check (docs/status-json.md)."""
-    from muse_launch.engines import ENGINES
+    from muse_launch.engines import WORKER
     from muse_launch.engines.argv import last_value
     from muse_launch.errors import RuntimeFailure, UsageError
     from muse_launch.rundir.lifecycle import DeploymentState
@@ -325,7 +325,7 @@ def smoke_record(
     if front is None or front.kind == "command":
         raise UsageError(f"{record.name} has no router or worker with a URL to send a request to")
     workers = [r for r in record.roles if r.kind in ("decode", "worker", "prefill")]
-    readers = [(ENGINES[r.engine], r.argv) for r in workers if r.engine in ENGINES]
+    readers = [(WORKER[r.engine], r.argv) for r in workers if r.engine in WORKER]
     reasoning = any(engine.reasoning(argv) for engine, argv in readers)
     tools = any(engine.tool_calls(argv) for engine, argv in readers)
     behind = tuple(r.url.replace("0.0.0.0", "127.0.0.1") for r in workers if r.url and r is not front)

@@ -105,12 +105,12 @@ def find_tokenizer(client: httpx.Client, workers: list[str], argv_models: list[s
 
 def _argv_models(roles: list[RoleRecord]) -> list[str]:
     """The model and tokenizer paths on the workers' command lines, by each engine's own flags."""
-    from muse_launch.engines import ENGINES
+    from muse_launch.engines import WORKER
 
     out = []
     for r in roles:
-        engine = ENGINES.get(r.engine)
-        flags = (*getattr(engine, "KEY_FLAGS", {}).get("model", ()), *getattr(engine, "TOKENIZER", ()))
+        worker = WORKER.get(r.engine)
+        flags = (*worker.KEY_FLAGS.get("model", ()), *worker.TOKENIZER) if worker else ()
         argv = list(r.argv)
         out += [argv[argv.index(flag) + 1] for flag in flags if flag in argv[:-1]]
     return out
@@ -138,13 +138,13 @@ def target_of(
     workers = [_local(r.url) for r in record.roles if r.kind in WORKERS and r.url]
     with bounded_client(10.0, timeout=10.0) as client:
         if model is None:
-            from muse_launch.engines import ENGINES
+            from muse_launch.engines import WORKER
             from muse_launch.engines.argv import last_value
 
             declared = tuple(
                 n
                 for r in generating
-                if r.engine in ENGINES and (n := last_value(r.argv, ENGINES[r.engine].SERVED_MODEL_NAME))
+                if r.engine in WORKER and (n := last_value(r.argv, WORKER[r.engine].SERVED_MODEL_NAME))
             )
             model, listed = list_models(client, url, tuple(workers), declared)
             if model is None:

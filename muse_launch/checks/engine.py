@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, vllm
+from ..engines import ROUTER_ENGINES, WORKER, vllm
 from ..engines.argv import last_value
 from ..host.versions import Installed, installed, resolve_program
 from ..plan.spec import LaunchSpec, Plan
@@ -37,7 +37,6 @@ from .router_options import HELP_TIMEOUT, RouterOptions, read_router_help
 from .versions import version_findings
 
 RUNNER = Path(__file__).with_name("parser_runner.py")
-ENGINE_MODULES = {name: ENGINES[name] for name in WORKER_ENGINES}
 ROUTERS = ROUTER_ENGINES
 RUNNER_TIMEOUT = 120.0  # a cold import of vLLM on a loaded 2-core machine takes ~15 s
 # Recipe text the released parsers refuse: kept as the recipe has it, reported as a warning that
@@ -92,7 +91,7 @@ class EngineCheck:
     # ---- start ------------------------------------------------------------------------------
 
     def _start(self) -> None:
-        specs = [s for s in self.plan.specs if s.engine in ENGINE_MODULES or s.engine in ROUTERS]
+        specs = [s for s in self.plan.specs if s.engine in WORKER or s.engine in ROUTERS]
         programs = [(s.engine, resolve_program(s.launcher, s.env)) for s in specs]
         found = installed(
             programs
@@ -100,9 +99,10 @@ class EngineCheck:
         by_name = {spec.name: f for spec, f in zip(specs, found, strict=True)}
         self.versions = by_name
         for spec, (engine, program) in zip(specs, programs, strict=True):
-            if engine not in ENGINE_MODULES:
+            worker = WORKER.get(engine)
+            if worker is None:
                 continue
-            entry = ENGINE_MODULES[engine].parser_entry(program.module, program.rest)
+            entry = worker.parser_entry(program.module, program.rest)
             if program.python is None or entry is None:
                 why = program.why or f"{' '.join(spec.launcher)} is not an entry point whose parser is known"
                 self.skipped.setdefault((engine, why), []).append(spec.name)
@@ -111,9 +111,7 @@ class EngineCheck:
             if batch is None:
                 batch = self.batches[(program.python, engine)] = _Batch(program.python, engine)
             extra = program.rest[1:] if entry.endswith(" serve") else program.rest
-            module = ENGINE_MODULES[engine]
-            args = [*extra, *spec.args]
-            args = module.parser_args(entry, tuple(args)) if hasattr(module, "parser_args") else args
+            args = worker.parser_args(entry, (*extra, *spec.args))
             job = {"id": spec.name, "engine": engine, "entry": entry, "args": args}
             batch.specs[spec.name] = spec
             batch.installed[spec.name] = by_name[spec.name]
@@ -353,8 +351,8 @@ def _flags_in(message: str, args: Iterable[str]) -> list[str]:
 
 
 def _since(engine: str, flag: str) -> str | None:
-    module = ENGINE_MODULES.get(engine)
-    return getattr(module, "FLAG_SINCE", {}).get(flag.split("=", 1)[0]) if module else None
+    worker = WORKER.get(engine)
+    return worker.FLAG_SINCE.get(flag.split("=", 1)[0]) if worker else None
 
 
 def _recipe_refusal(engine: str, flags: list[str], message: str, args: Iterable[str]) -> str | None:

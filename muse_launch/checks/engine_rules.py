@@ -1,21 +1,23 @@
-"""The engines' own start-up rules (SGLang 0.5.23, vLLM 0.33): whole numbers, choices, modes that
-exclude each other, wiring, and flags in `args` that a key overrides or that override a key."""
+"""The engines' start-up rules: whole numbers, choices, each engine's own rules (written beside it in
+muse_launch/engines/: modes that exclude each other, wiring), and flags in `args` that a key overrides or
+that override a key."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from ..engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES, sglang, vllm
+from ..engines import ENGINES, ROUTER_ENGINES, WORKER, WORKER_ENGINES
 from ..engines.argv import as_float, as_int, has_flag, last_value, value
+from ..engines.base import RoleView, Rule, WorkerEngine
 from .findings import CheckContext, Finding, error, plan_check, warning
-from .reading import key_flags, origin, roles
+from .reading import key_flags, model, origin, parallel, roles
 
 
 @plan_check
 def integer_options(ctx: CheckContext) -> Iterator[Finding]:
     """Sizes, ports and token counts are positive whole numbers (the engine's parser refuses others)."""
     for spec in roles(ctx):
-        for flag in ENGINES[spec.engine].INTEGER_FLAGS:
+        for flag in WORKER[spec.engine].INTEGER_FLAGS:
             given = last_value(spec.args, flag)
             if given is not None and not (as_int(given) or 0) >= 1:
                 yield error(
@@ -28,108 +30,41 @@ def integer_options(ctx: CheckContext) -> Iterator[Finding]:
 
 @plan_check
 def engine_choices(ctx: CheckContext) -> Iterator[Finding]:
-    """Values SGLang 0.5.23 and vLLM 0.33 accept for the disaggregation options."""
+    """Values each engine's parser accepts for its options (its CHOICES)."""
     for spec in roles(ctx):
-        if spec.engine == vllm.NAME:
-            config = vllm.kv_transfer_config(spec.args) or {}
-            connector = config.get("kv_connector")
-            # A connector of one's own comes with the module that registers it, as vLLM allows.
-            if (
-                connector is not None
-                and connector not in vllm.KNOWN_CONNECTORS
-                and not config.get(vllm.CONNECTOR_MODULE_PATH)
-            ):
-                yield error(
-                    origin(ctx, spec, vllm.KV_TRANSFER_CONFIG, "transfer_backend"),
-                    f"vLLM has no KV connector {connector}",
-                    f"use transfer_backend {', '.join(vllm.CONNECTORS)}",
-                    spec.role,
-                )
-            continue
-        for flag, choices in sglang.CHOICES.items():
+        engine = WORKER[spec.engine]
+        for flag, choices in engine.CHOICES.items():
             given = last_value(spec.args, flag)
             if given is not None and given not in choices:
-                key = next((k for k, flags in sglang.KEY_FLAGS.items() if flag in flags), None)
+                key = next((k for k, flags in engine.KEY_FLAGS.items() if flag in flags), None)
                 yield error(
                     origin(ctx, spec, flag, key),
-                    f"{flag} {given} is not one SGLang accepts",
+                    f"{flag} {given} is not one {engine.FACTS.title} accepts",
                     f"use one of {', '.join(choices)}",
                     spec.role,
                 )
 
 
 @plan_check
-def disaggregation_mode_matches_kind(ctx: CheckContext) -> Iterator[Finding]:
-    """A --disaggregation-mode in args must not contradict the role's kind (the router wires by kind)."""
-    flag = sglang.DISAGGREGATION_MODE
-    for spec in roles(ctx, (sglang.NAME,)):
-        mode = last_value(spec.args, flag)
-        if spec.kind in ("prefill", "decode") and mode != spec.kind:
-            yield error(
-                origin(ctx, spec, flag),
-                f"{flag} {mode} contradicts kind: {spec.kind}",
-                f"remove {flag} from {spec.role}'s args (kind sets it)",
-                spec.role,
-            )
-        elif spec.kind == "worker" and mode in ("prefill", "decode"):
-            yield error(
-                origin(ctx, spec, flag),
-                f"{spec.role} is kind: worker but its args set {flag} {mode}",
-                f"make it kind: {mode} and list it under the router's {mode}",
-                spec.role,
-            )
+def engine_start_up_rules(ctx: CheckContext) -> Iterator[Finding]:
+    """Each engine's own start-up rules (muse_launch/engines/: modes that exclude each other, wiring)."""
+    yield from engine_own_rules(ctx, lambda engine: engine.START_UP_RULES)
 
 
-@plan_check
-def encoder_only_exclusive(ctx: CheckContext) -> Iterator[Finding]:
-    """SGLang: --encoder-only excludes --language-only and --disaggregation-mode prefill|decode."""
-    encoder_only, language_only, mode_flag = (
-        sglang.ENCODER_ONLY,
-        sglang.LANGUAGE_ONLY,
-        sglang.DISAGGREGATION_MODE,
-    )
-    for spec in roles(ctx, (sglang.NAME,)):
-        if not has_flag(spec.args, encoder_only):
-            continue
-        if has_flag(spec.args, language_only):
-            yield error(
-                origin(ctx, spec, language_only),
-                f"{spec.role} sets both {encoder_only} and {language_only}",
-                f"keep {spec.role} an encoder: remove {language_only} from its args",
-                spec.role,
-            )
-        mode = last_value(spec.args, mode_flag)
-        if mode in ("prefill", "decode"):
-            yield error(
-                origin(ctx, spec, mode_flag),
-                f"{spec.role} runs {encoder_only}, which excludes {mode_flag} {mode}",
-                f"remove {mode_flag} from {spec.role}'s args",
-                spec.role,
-            )
-
-
-@plan_check
-def language_only_wiring(ctx: CheckContext) -> Iterator[Finding]:
-    """--language-only without --encoder-urls makes encoders register themselves, reversing the start
-    order."""
-    encoders = [n for n, r in ctx.topology.roles.items() if r.kind == "encoder"]
-    language_only, urls = sglang.LANGUAGE_ONLY, sglang.ENCODER_URLS
-    for spec in roles(ctx, (sglang.NAME,)):
-        if (
-            has_flag(spec.args, language_only)
-            and not has_flag(spec.args, urls)
-            and not has_flag(spec.args, sglang.ENCODER_ONLY)
-        ):
-            listed = ", ".join(encoders) or "ENCODER"
-            yield warning(
-                origin(ctx, spec, language_only),
-                f"{spec.role} runs {language_only} without {urls}, so "
-                f"encoders must register themselves ({sglang.ENCODER_REGISTER_URLS}), which reverses the "
-                f"start order",
-                f"list {spec.role}.encoders: [{listed}] so muse-launch wires {urls} and "
-                f"starts encoders first",
-                spec.role,
-            )
+def engine_own_rules(
+    ctx: CheckContext, which: Callable[[WorkerEngine], tuple[Rule, ...]]
+) -> Iterator[Finding]:
+    """Run each worker engine's rules of one sort on its roles, each problem pointed at where it was set."""
+    encoders = tuple(n for n, r in ctx.topology.roles.items() if r.kind == "encoder")
+    for name, engine in WORKER.items():
+        for rule in which(engine):
+            for spec in roles(ctx, (name,)):
+                view = RoleView(
+                    spec.role, spec.kind, spec.args, model(spec), parallel(ctx, spec), ctx.profile, encoders
+                )
+                for p in rule(view):
+                    make = error if p.severity == "error" else warning
+                    yield make(origin(ctx, spec, p.flags, p.key), p.message, p.fix, spec.role)
 
 
 @plan_check
@@ -138,8 +73,8 @@ def args_shadowed(ctx: CheckContext) -> Iterator[Finding]:
     key."""
     for spec in roles(ctx, WORKER_ENGINES + ROUTER_ENGINES):
         role = ctx.topology.roles[spec.role]
-        module = ENGINES[spec.engine]
-        for flag, key in module.SHADOWED.items():
+        engine = ENGINES[spec.engine]
+        for flag, key in engine.SHADOWED.items():
             given = last_value(role.args, flag)
             effective = last_value(spec.args, flag)
             if given is not None and given != effective:
@@ -149,7 +84,7 @@ def args_shadowed(ctx: CheckContext) -> Iterator[Finding]:
                     f"set {key}: {given} and remove {flag} from args",
                     spec.role,
                 )
-        for flag, ref in getattr(module, "WIRING", {}).items():
+        for flag, ref in engine.WIRING.items():
             if has_flag(role.args, flag) and getattr(role, ref, None):
                 yield warning(
                     origin(ctx, spec, flag),

@@ -7,7 +7,6 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ..engines import sglang
 from ..plan.spec import LaunchSpec
 from ..topology.hardware import CHECKPOINT_VRAM_GB
 from .findings import CheckContext, Finding, error, plan_check, warning
@@ -127,30 +126,6 @@ def parallel_fits_gpus(ctx: CheckContext) -> Iterator[Finding]:
                 f"{'stay' if len(idle) > 1 else 'stays'} idle",
                 f"give {name} GPUs {gpu_text(spec.gpus[:need])}, or raise tp to {len(spec.gpus)}",
                 name,
-            )
-
-
-@plan_check
-def sglang_parallel_rules(ctx: CheckContext) -> Iterator[Finding]:
-    """SGLang refuses MoE EP that does not divide TP, and attention DP that does not divide TP."""
-    for spec in roles(ctx, (sglang.NAME,)):
-        p = parallel(ctx, spec)
-        if p is None:
-            continue
-        if p.tp % p.ep:
-            divisors = [d for d in range(1, p.tp + 1) if p.tp % d == 0]
-            yield error(
-                origin(ctx, spec, sglang.KEY_FLAGS["ep"], "ep"),
-                f"ep {p.ep} does not divide tp {p.tp}",
-                f"use ep {', '.join(map(str, divisors))} (MoE EP splits the TP group)",
-                spec.role,
-            )
-        if p.dp_attention and p.tp % p.dp:
-            yield error(
-                origin(ctx, spec, sglang.KEY_FLAGS["dp"], "dp"),
-                f"{sglang.DP_ATTENTION} needs dp to divide tp; {spec.role} has tp {p.tp}, dp {p.dp}",
-                f"set dp to a divisor of {p.tp}",
-                spec.role,
             )
 
 

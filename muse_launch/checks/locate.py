@@ -55,16 +55,13 @@ def find_flag(source: Iterable[str], flags: list[str], value: str | None) -> int
 
 
 def keys_for(engine: str, flags: Iterable[str]) -> list[str]:
-    """The topology keys that render these flags, per the engine module's KEY_FLAGS, SHADOWED and WIRING."""
-    module = ENGINES.get(engine)
+    """The topology keys that render these flags, per the engine's KEY_FLAGS, SHADOWED and WIRING."""
+    known = ENGINES.get(engine)
     keys: list[str] = []
     for flag in flags:
-        for key, spellings in getattr(module, "KEY_FLAGS", {}).items():
-            if flag in spellings:
-                keys.append(key)
-        for table in (getattr(module, "SHADOWED", {}), getattr(module, "WIRING", {})):
-            if flag in table:
-                keys.append(table[flag])
+        if known is not None:
+            keys += [key for key, spellings in known.KEY_FLAGS.items() if flag in spellings]
+            keys += [table[flag] for table in (known.SHADOWED, known.WIRING) if flag in table]
         keys += RENDERED_FROM.get(flag, ())
     return list(dict.fromkeys(keys))
 

@@ -2,38 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from ..engines import ENGINES, ROUTER_ENGINES, router
+from ..engines import ROUTER_ENGINES, WORKER, router
 from ..engines.argv import has_flag
+from ..engines.base import WorkerEngine
 from ..plan.spec import LaunchSpec
 from .findings import CheckContext, Finding, error, plan_check
 from .ports import by_url
 from .reading import key_flags, origin, roles
 
-# (what, structured key, the engine module's reader of it)
-PAIR_FACTS = (
-    ("model", "model", "model"),
-    ("served model name", None, "served_model_name"),
-    ("transfer backend", "transfer_backend", "transfer_backend"),
-    ("KV-cache dtype", "kv_cache_dtype", "kv_cache_dtype"),
-    ("page size", "page_size", "page_size"),
+Reader = Callable[[WorkerEngine, tuple[str, ...]], str | None]
+# (what, structured key, the engine's reader of it)
+PAIR_FACTS: tuple[tuple[str, str | None, Reader], ...] = (
+    ("model", "model", lambda e, args: e.model(args)),
+    ("served model name", None, lambda e, args: e.served_model_name(args)),
+    ("transfer backend", "transfer_backend", lambda e, args: e.transfer_backend(args)),
+    ("KV-cache dtype", "kv_cache_dtype", lambda e, args: e.kv_cache_dtype(args)),
+    ("page size", "page_size", lambda e, args: e.page_size(args)),
 )
 
 
 def _read(spec: LaunchSpec) -> tuple[str | None, ...]:
-    module = ENGINES[spec.engine]
-    return (spec.engine, *(getattr(module, reader)(spec.args) for _, _, reader in PAIR_FACTS))
+    engine = WORKER[spec.engine]
+    return (spec.engine, *(reader(engine, spec.args) for _, _, reader in PAIR_FACTS))
 
 
 def _flags(engine: str, what: str, key: str | None) -> tuple[str, ...]:
     """The flags that decide a pair fact, for pointing at where it was set."""
-    module = ENGINES[engine]
+    worker = WORKER[engine]
     if what == "served model name":
-        return (module.SERVED_MODEL_NAME,)
+        return (worker.SERVED_MODEL_NAME,)
     if what == "transfer backend":
-        return module.TRANSFER_BACKEND_FLAGS
-    return key_flags(engine).get(key, ())
+        return worker.TRANSFER_BACKEND_FLAGS
+    return key_flags(engine).get(key, ()) if key else ()
 
 
 @plan_check
@@ -74,7 +76,7 @@ def pd_pairs_agree(ctx: CheckContext) -> Iterator[Finding]:
                         what == "served model name"
                         and (prefill.role, decode.role, "model") in reported
                         and not any(
-                            has_flag(s.args, ENGINES[s.engine].SERVED_MODEL_NAME) for s in (prefill, decode)
+                            has_flag(s.args, WORKER[s.engine].SERVED_MODEL_NAME) for s in (prefill, decode)
                         )
                     ):
                         continue  # both names are the model paths, already reported

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ..engines import ENGINES, router, sglang_router, smg, worker_facts
+from ..engines import ENGINES, WORKER, router, sglang_router, smg, worker_facts
 from ..engines.argv import as_int, has_flag, last_value
 from ..plan.spec import LaunchSpec
 from .findings import CheckContext, Finding, error, placement_check, plan_check
@@ -74,7 +74,7 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         port = bound_ports(spec).get("encoder_bootstrap") if facts and facts.encoder_bootstrap_port else None
         if port is None:
             continue
-        engine = ENGINES[spec.engine]
+        engine = WORKER[spec.engine]
         key = (machine(spec), port)
         if key not in seen:
             seen[key] = spec
@@ -85,7 +85,7 @@ def encoder_bootstrap_ports(ctx: CheckContext) -> Iterator[Finding]:
         yield error(
             origin(ctx, spec, engine.KEY_FLAGS["encoder_bootstrap_port"][0], "encoder_bootstrap_port"),
             f"{spec.name} and {other.name} both bind encoder bootstrap port {port} on {key[0]}; each "
-            f"{engine.LANGUAGE_ONLY} worker needs its own",
+            f"{facts.language_only_flag} worker needs its own",
             f"give {spec.role} encoder_bootstrap_port {free}",
             spec.name,
             other.name,
@@ -109,13 +109,13 @@ def by_url(ctx: CheckContext) -> dict[str, LaunchSpec]:
 def router_bootstrap_port(ctx: CheckContext) -> Iterator[Finding]:
     """The port the router tells decode to fetch KV from is the one the prefill really binds."""
     urls = by_url(ctx)
-    for front in roles(ctx, (sglang_router.NAME, smg.NAME)):
+    for front in roles(ctx, (sglang_router.ENGINE.NAME, smg.ENGINE.NAME)):
         for url, told in router.prefills(front.args):
             prefill = urls.get(url)
             facts = worker_facts(prefill.engine) if prefill else None
             if prefill is None or facts is None or facts.bootstrap_port is None:
                 continue
-            bootstrap_flag = ENGINES[prefill.engine].KEY_FLAGS["bootstrap_port"][0]
+            bootstrap_flag = WORKER[prefill.engine].KEY_FLAGS["bootstrap_port"][0]
             binds = as_int(last_value(prefill.args, bootstrap_flag)) or facts.bootstrap_port
             if as_int(told) == binds:
                 continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from ..addresses import is_wildcard
-from ..engines import ENGINES, WORKER_ENGINES
+from ..engines import ENGINES, WORKER, WORKER_ENGINES
 from ..engines.argv import as_int, last_index, last_value
 from ..engines.base import Parallel
 from ..plan.spec import LaunchSpec
@@ -18,26 +18,26 @@ THIS_HOST = ("localhost", "127.0.0.1", "::1", "[::1]")
 
 def key_flags(engine: str) -> dict[str, tuple[str, ...]]:
     """Topology key -> the engine's spellings of the flag it renders ({} for routers and commands)."""
-    return getattr(ENGINES[engine], "KEY_FLAGS", {})
+    return dict(ENGINES[engine].KEY_FLAGS)
 
 
 def parallel(ctx: CheckContext, spec: LaunchSpec) -> Parallel | None:
     """Parallel sizes from argv; None when one is not a positive whole number (integer_options says so)."""
-    module = ENGINES[spec.engine]
+    engine = WORKER[spec.engine]
     # vLLM's DP across nodes renders no --nnodes: the role's node list says it.
-    nnodes = as_int(module.nnodes(spec.args) or len(ctx.topology.roles[spec.role].nodes) or 1)
+    nnodes = as_int(engine.nnodes(spec.args) or len(ctx.topology.roles[spec.role].nodes) or 1)
     if nnodes is None or nnodes < 1:
         return None
-    return module.parallel(spec.args, nnodes)
+    return engine.parallel(spec.args, nnodes)
 
 
 def model(spec: LaunchSpec) -> str | None:
-    return ENGINES[spec.engine].model(spec.args)
+    return WORKER[spec.engine].model(spec.args)
 
 
 def mem_fraction(spec: LaunchSpec) -> float | None:
-    reader = getattr(ENGINES[spec.engine], "mem_fraction", None)
-    return reader(spec.args) if reader else None
+    worker = WORKER.get(spec.engine)
+    return worker.mem_fraction(spec.args) if worker else None
 
 
 def bound_ports(spec: LaunchSpec) -> dict[str, int]:

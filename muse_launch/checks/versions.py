@@ -6,15 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import partial
 
-from ..engines import ENGINES, WORKER_ENGINES
+from ..engines import WORKER
 from ..engines.argv import has_flag
 from ..host.versions import Installed, older
 from ..plan.spec import LaunchSpec, Plan
 from ..topology.load import LoadedTopology
 from .findings import Finding, error, one_per_cause
 from .locate import locate
-
-ENGINE_MODULES = {name: ENGINES[name] for name in WORKER_ENGINES}
 
 
 def version_findings(specs: Iterable[LaunchSpec], found: dict[str, Installed], locate) -> list[Finding]:
@@ -23,10 +21,10 @@ def version_findings(specs: Iterable[LaunchSpec], found: dict[str, Installed], l
     out = []
     for spec in specs:
         have = found.get(spec.name)
-        module = ENGINE_MODULES.get(spec.engine)
-        if module is None or have is None or have.version is None:
+        engine = WORKER.get(spec.engine)
+        if engine is None or have is None or have.version is None:
             continue
-        for flag, since in getattr(module, "FLAG_SINCE", {}).items():
+        for flag, since in engine.FLAG_SINCE.items():
             if has_flag(spec.args, flag) and older(have.version, since):
                 out.append(
                     error(
@@ -37,17 +35,17 @@ def version_findings(specs: Iterable[LaunchSpec], found: dict[str, Installed], l
                         spec.role,
                     )
                 )
-        minimum = getattr(module, "MIN_VERSION", None)
-        model = ENGINES[spec.engine].model(spec.args)
+        minimum = engine.MIN_VERSION
+        model = engine.model(spec.args)
         if (
             minimum
             and older(have.version, minimum)
             and model
-            and any(m in model for m in getattr(module, "MIN_VERSION_MODELS", ()))
+            and any(m in model for m in engine.MIN_VERSION_MODELS)
         ):
             out.append(
                 error(
-                    locate(spec, module.KEY_FLAGS["model"], None),
+                    locate(spec, engine.KEY_FLAGS["model"], None),
                     f"{spec.engine} {have.version} is older than {minimum}, the recipe's minimum for {model}",
                     f"install {spec.engine} >= {minimum}",
                     spec.role,

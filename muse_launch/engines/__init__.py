@@ -1,32 +1,45 @@
-"""One module per engine, each the one home of that engine's facts: flag spellings for each topology
-key, choices, default ports, which ports it binds, its renderer and the reader of a rendered argv.
+"""The engines muse-launch starts, each one object (an Engine, in its module as ENGINE): its facts (flag
+spellings for each topology key, choices, default ports, which ports it binds, releases), its renderer, the
+readers of a rendered argv and, for a worker, its own rules.
 
-Adding an engine: one module with NAME, DEFAULT_LAUNCHER, PORT_FLAGS, SHADOWED, render() and FACTS (a
-WorkerFacts for a worker engine, a router.RouterFacts for a router), and one line in muse_launch/registry.py.
+Adding an engine: one module whose ENGINE is an instance of a WorkerEngine (base.py) or a router.RouterEngine
+subclass, every fact given (an engine lacking one cannot be made), and one line in muse_launch/registry.py.
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from types import ModuleType
+from typing import TypeVar
 
 from .. import registry
-from .base import WorkerFacts
-from .router import RouterFacts
+from .base import Engine, WorkerEngine, WorkerFacts
+from .router import RouterEngine, RouterFacts
 
-ENGINES: dict[str, ModuleType] = {
-    name: import_module(path)
-    for name, path in {**registry.WORKER_ENGINES, **registry.ROUTER_ENGINES, **registry.OTHER_ENGINES}.items()
+E = TypeVar("E", bound=Engine)
+
+
+def _load(path: str, kind: type[E]) -> E:
+    """The ENGINE of the module at `path`, which must be a `kind`."""
+    engine = import_module(path).ENGINE
+    if not isinstance(engine, kind):
+        raise TypeError(f"{path}.ENGINE is not a {kind.__name__}")
+    return engine
+
+
+WORKER: dict[str, WorkerEngine] = {n: _load(p, WorkerEngine) for n, p in registry.WORKER_ENGINES.items()}
+ROUTER: dict[str, RouterEngine] = {n: _load(p, RouterEngine) for n, p in registry.ROUTER_ENGINES.items()}
+ENGINES: dict[str, Engine] = {
+    **WORKER,
+    **ROUTER,
+    **{n: _load(p, Engine) for n, p in registry.OTHER_ENGINES.items()},
 }
-WORKER_ENGINES = tuple(
-    registry.WORKER_ENGINES
-)  # serve a model; readers: model(), parallel(), mem_fraction(), ...
-ROUTER_ENGINES = tuple(registry.ROUTER_ENGINES)
-WORKERS: dict[str, WorkerFacts] = {name: ENGINES[name].FACTS for name in WORKER_ENGINES}
-ROUTERS: dict[str, RouterFacts] = {name: ENGINES[name].FACTS for name in ROUTER_ENGINES}
+WORKER_ENGINES = tuple(WORKER)  # serve a model
+ROUTER_ENGINES = tuple(ROUTER)
+WORKERS: dict[str, WorkerFacts] = {name: engine.FACTS for name, engine in WORKER.items()}
+ROUTERS: dict[str, RouterFacts] = {name: engine.FACTS for name, engine in ROUTER.items()}
 
 
-def engine(name: str) -> ModuleType:
+def engine(name: str) -> Engine:
     return ENGINES[name]
 
 

@@ -1,18 +1,20 @@
 """The routers' shared command line (sglang-router, smg and vllm-router take the same wiring
-options) and its reader. Each router's own facts are in its module: sglang_router, smg, vllm_router."""
+options), its reader, and RouterEngine, the engine class of a router. Each router's own facts are in its
+module: sglang_router, smg, vllm_router."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from ..readiness import Probe, ProbeKind
 from ..topology.defaults import METRICS_PORT_OFFSET
 from . import vllm
 from .argv import has_flag, last_value, opt, values_after
-from .base import Context, Instance, Rendered
+from .base import Context, Engine, Instance, Rendered
 
 PREFILL, DECODE, WORKER_URLS = "--prefill", "--decode", "--worker-urls"
 WIRING = {PREFILL: "prefill", DECODE: "decode", WORKER_URLS: "workers"}  # rendered from references
@@ -57,6 +59,19 @@ class RouterFacts:
     # mode refuses a worker added at run time (400): its set changes only by a restart with a new command
     # line.
     adds_workers: bool = True
+
+
+class RouterEngine(Engine):
+    """A router: the shared command line above, told apart by its RouterFacts."""
+
+    FACTS: ClassVar[RouterFacts]
+    KEY_FLAGS: ClassVar[dict[str, tuple[str, ...]]] = {}  # no topology key renders a router flag of its own
+    SHADOWED = SHADOWED
+    WIRING = WIRING
+    PORT_FLAGS = PORT_FLAGS
+
+    def render(self, inst: Instance, ctx: Context) -> Rendered:
+        return render(inst, ctx, self.FACTS)
 
 
 def auth_headers(argv: tuple[str, ...] | list[str]) -> dict[str, str]:

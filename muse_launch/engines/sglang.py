@@ -1,14 +1,17 @@
 """SGLang (0.5.23): its flags, choices and default ports, the renderer for encoder, prefill, decode,
-aggregated worker and multi-node ranks, and the reader of a rendered argv. Everything muse-launch
-knows about SGLang's command line is written here once."""
+aggregated worker and multi-node ranks, and the reader of a rendered argv, as the engine SGLang (ENGINE).
+Everything muse-launch knows about SGLang's command line is written here once; its start-up and hardware
+rules are beside it in sglang_rules.py."""
 
 from __future__ import annotations
 
 from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
-from .base import Context, Instance, Parallel, Rendered, WorkerFacts
+from .base import Context, Instance, Parallel, Rendered, WorkerEngine, WorkerFacts
+from .sglang_rules import HARDWARE_RULES, START_UP_RULES
 
 NAME = "sglang"
+RELEASE = "0.5.23"  # the release whose command line is written here
 DEFAULT_LAUNCHER = ("sglang", "serve")
 DEFAULT_BOOTSTRAP_PORT = 8998  # --disaggregation-bootstrap-port
 DEFAULT_ENCODER_BOOTSTRAP_PORT = 8997  # --encoder-bootstrap-port
@@ -82,30 +85,6 @@ FLAG_SINCE = {
 MODEL_TYPE = "--model-type"  # `sglang serve`'s backend selector, taken out before ServerArgs parses
 
 
-def parser_args(entry: str, args: tuple[str, ...]) -> list[str]:
-    """The argv SGLang's ServerArgs parser sees: `sglang serve` (sglang/cli/serve.py) takes --model-type
-    out and reads a first positional word as the model path."""
-    args = list(args)
-    if entry != "sglang serve":
-        return args
-    args = [
-        a
-        for i, a in enumerate(args)
-        if a != MODEL_TYPE and not a.startswith(MODEL_TYPE + "=") and not (i and args[i - 1] == MODEL_TYPE)
-    ]
-    return [KEY_FLAGS["model"][0], *args] if args and not args[0].startswith("-") else args
-
-
-def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
-    """Which of SGLang's entry points a program reaches, as the engine check names them: `sglang serve`
-    (the console script, sglang.cli.main) or `python -m sglang.launch_server`; None for anything else."""
-    if module == "sglang.launch_server":
-        return "sglang.launch_server"
-    if module and module.split(".")[:2] == ["sglang", "cli"] and rest[:1] == ("serve",):
-        return "sglang serve"
-    return None
-
-
 TRANSFER_BACKEND_FLAGS = KEY_FLAGS["transfer_backend"]  # where a pair's KV hand-off protocol is set
 # Options SGLang parses as positive whole numbers.
 INTEGER_FLAGS = (
@@ -135,65 +114,9 @@ ENCODER_FAIL_THRESHOLD = 3
 # dropped it for good), so it may start before its encoders (plan/start_policy.py: the overlap start).
 LATE_ENCODERS_SINCE = "0.5.17"
 
-FACTS = WorkerFacts(
-    name=NAME,
-    title="SGLang",
-    default_launcher=DEFAULT_LAUNCHER,
-    entrypoint=None,
-    image_field="sglang_image",
-    privileged=False,  # its images take the whole command
-    binds=("http", "bootstrap", "encoder_bootstrap", "dist_init"),
-    bootstrap_port=DEFAULT_BOOTSTRAP_PORT,
-    encoder_bootstrap_port=DEFAULT_ENCODER_BOOTSTRAP_PORT,
-    encoder_list_path=ENCODER_LIST_PATH,
-    late_encoders_since=LATE_ENCODERS_SINCE,
-    encoder_evicted_ttl_env=ENCODER_EVICTED_TTL_ENV,
-    peer_flags=WIRING,
-    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
-    attention_backend_flag=ATTENTION_BACKEND,
-    rehearsed_as=NAME,
-)
-
 
 def _flag(key: str) -> str:
     return KEY_FLAGS[key][0]
-
-
-def render(inst: Instance, ctx: Context) -> Rendered:
-    role = inst.role
-    args: list[str] = [*opt(_flag("model"), inst.model), *ctx.topology.args]
-    for key in ("tp", "ep", "dp", "pp", "mem_fraction"):
-        args += opt(_flag(key), getattr(role, key))
-    if inst.kind == "encoder":
-        args += [ENCODER_ONLY, *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend)]
-    if inst.encoders:
-        args += [
-            LANGUAGE_ONLY,
-            ENCODER_URLS,
-            *(e.url for e in inst.encoders),
-            *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend),
-            *opt(_flag("encoder_bootstrap_port"), inst.encoder_bootstrap_port),
-        ]
-    if inst.kind in ("prefill", "decode"):
-        args += [
-            DISAGGREGATION_MODE,
-            inst.kind,
-            *opt(_flag("transfer_backend"), role.transfer_backend),
-            *opt(_flag("bootstrap_port"), inst.bootstrap_port),
-        ]
-    args += [*opt(_flag("kv_cache_dtype"), role.kv_cache_dtype), *opt(_flag("page_size"), role.page_size)]
-    if inst.nnodes > 1:
-        args += [
-            NNODES,
-            str(inst.nnodes),
-            NODE_RANK,
-            str(inst.node_rank),
-            DIST_INIT_ADDR,
-            f"{inst.dist_init_host}:{inst.dist_init_port}",
-        ]
-    args += [*role.args, *opt(HOST, inst.bind), *opt(PORT, inst.port)]
-    probe = READY if inst.serves_http else Probe(ProbeKind.PROCESS)
-    return Rendered(tuple(args), bound_ports(args, inst), probe)
 
 
 def bound_ports(args: list[str], inst: Instance) -> dict[str, int]:
@@ -222,49 +145,138 @@ def _port(text: str | None, default: int | None) -> int | None:
     )  # a bad value is the checks' to report
 
 
-# ---- reading a rendered argv (checks, smoke, exporters) ---------------------------------------
-
-
-def model(args: tuple[str, ...]) -> str | None:
-    return value(args, *KEY_FLAGS["model"])
-
-
-def served_model_name(args: tuple[str, ...]) -> str | None:
-    return value(args, SERVED_MODEL_NAME) or model(args)
-
-
-def transfer_backend(args: tuple[str, ...]) -> str:
-    return last_value(args, _flag("transfer_backend")) or DEFAULT_TRANSFER_BACKEND
-
-
-def kv_cache_dtype(args: tuple[str, ...]) -> str:
-    return last_value(args, _flag("kv_cache_dtype")) or "auto"
-
-
-def page_size(args: tuple[str, ...]) -> str | None:
-    return value(args, *KEY_FLAGS["page_size"])
-
-
-def mem_fraction(args: tuple[str, ...]) -> float | None:
-    raw = last_value(args, _flag("mem_fraction"))
-    return as_float(raw) if raw else None
-
-
-def parallel(args: tuple[str, ...], nnodes: int) -> Parallel | None:
-    """Parallel sizes; None when one is not a positive whole number (the checks say which)."""
-    found = sizes(args, KEY_FLAGS, ("tp", "ep", "dp", "pp"))
-    return (
-        None if found is None else Parallel(**found, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
+class SGLang(WorkerEngine):
+    NAME, DEFAULT_LAUNCHER, RELEASE = NAME, DEFAULT_LAUNCHER, RELEASE
+    DISTRIBUTIONS, MODULES = DISTRIBUTIONS, MODULES
+    KEY_FLAGS, SHADOWED, WIRING, PORT_FLAGS = KEY_FLAGS, SHADOWED, WIRING, PORT_FLAGS
+    INTEGER_FLAGS, CHOICES, FLAG_SINCE = INTEGER_FLAGS, CHOICES, FLAG_SINCE
+    MIN_VERSION, MIN_VERSION_MODELS = None, ()
+    SERVED_MODEL_NAME, TOKENIZER, TRANSFER_BACKEND_FLAGS = (
+        SERVED_MODEL_NAME,
+        TOKENIZER,
+        TRANSFER_BACKEND_FLAGS,
+    )
+    START_UP_RULES, HARDWARE_RULES = START_UP_RULES, HARDWARE_RULES
+    FACTS = WorkerFacts(
+        name=NAME,
+        title="SGLang",
+        default_launcher=DEFAULT_LAUNCHER,
+        entrypoint=None,
+        image_field="sglang_image",
+        privileged=False,  # its images take the whole command
+        binds=("http", "bootstrap", "encoder_bootstrap", "dist_init"),
+        bootstrap_port=DEFAULT_BOOTSTRAP_PORT,
+        encoder_bootstrap_port=DEFAULT_ENCODER_BOOTSTRAP_PORT,
+        encoder_list_path=ENCODER_LIST_PATH,
+        late_encoders_since=LATE_ENCODERS_SINCE,
+        encoder_evicted_ttl_env=ENCODER_EVICTED_TTL_ENV,
+        peer_flags=WIRING,
+        mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
+        attention_backend_flag=ATTENTION_BACKEND,
+        rehearsed_as=NAME,
+        language_only_flag=LANGUAGE_ONLY,
     )
 
+    def render(self, inst: Instance, ctx: Context) -> Rendered:
+        role = inst.role
+        args: list[str] = [*opt(_flag("model"), inst.model), *ctx.topology.args]
+        for key in ("tp", "ep", "dp", "pp", "mem_fraction"):
+            args += opt(_flag(key), getattr(role, key))
+        if inst.kind == "encoder":
+            args += [ENCODER_ONLY, *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend)]
+        if inst.encoders:
+            args += [
+                LANGUAGE_ONLY,
+                ENCODER_URLS,
+                *(e.url for e in inst.encoders),
+                *opt(_flag("encoder_transfer_backend"), role.encoder_transfer_backend),
+                *opt(_flag("encoder_bootstrap_port"), inst.encoder_bootstrap_port),
+            ]
+        if inst.kind in ("prefill", "decode"):
+            args += [
+                DISAGGREGATION_MODE,
+                inst.kind,
+                *opt(_flag("transfer_backend"), role.transfer_backend),
+                *opt(_flag("bootstrap_port"), inst.bootstrap_port),
+            ]
+        args += [*opt(_flag("kv_cache_dtype"), role.kv_cache_dtype), *opt(_flag("page_size"), role.page_size)]
+        if inst.nnodes > 1:
+            args += [
+                NNODES,
+                str(inst.nnodes),
+                NODE_RANK,
+                str(inst.node_rank),
+                DIST_INIT_ADDR,
+                f"{inst.dist_init_host}:{inst.dist_init_port}",
+            ]
+        args += [*role.args, *opt(HOST, inst.bind), *opt(PORT, inst.port)]
+        probe = READY if inst.serves_http else Probe(ProbeKind.PROCESS)
+        return Rendered(tuple(args), bound_ports(args, inst), probe)
 
-def nnodes(args: tuple[str, ...]) -> str | None:
-    return last_value(args, NNODES)
+    # ---- reading a rendered argv (checks, smoke, exporters) ----
+
+    def model(self, args: tuple[str, ...]) -> str | None:
+        return value(args, *KEY_FLAGS["model"])
+
+    def served_model_name(self, args: tuple[str, ...]) -> str | None:
+        return value(args, SERVED_MODEL_NAME) or self.model(args)
+
+    def transfer_backend(self, args: tuple[str, ...]) -> str:
+        return last_value(args, _flag("transfer_backend")) or DEFAULT_TRANSFER_BACKEND
+
+    def kv_cache_dtype(self, args: tuple[str, ...]) -> str:
+        return last_value(args, _flag("kv_cache_dtype")) or "auto"
+
+    def page_size(self, args: tuple[str, ...]) -> str | None:
+        return value(args, *KEY_FLAGS["page_size"])
+
+    def mem_fraction(self, args: tuple[str, ...]) -> float | None:
+        raw = last_value(args, _flag("mem_fraction"))
+        return as_float(raw) if raw else None
+
+    def parallel(self, args: tuple[str, ...], nnodes: int) -> Parallel | None:
+        """Parallel sizes; None when one is not a positive whole number (the checks say which)."""
+        found = sizes(args, KEY_FLAGS, ("tp", "ep", "dp", "pp"))
+        return (
+            None
+            if found is None
+            else Parallel(**found, nnodes=nnodes, dp_attention=has_flag(args, DP_ATTENTION))
+        )
+
+    def nnodes(self, args: tuple[str, ...]) -> str | None:
+        return last_value(args, NNODES)
+
+    def reasoning(self, args: tuple[str, ...]) -> bool:
+        return has_flag(args, REASONING_PARSER)
+
+    def tool_calls(self, args: tuple[str, ...]) -> bool:
+        return has_flag(args, TOOL_CALL_PARSER)
+
+    # ---- its own argument parser ----
+
+    def parser_args(self, entry: str, args: tuple[str, ...]) -> list[str]:
+        """The argv SGLang's ServerArgs parser sees: `sglang serve` (sglang/cli/serve.py) takes --model-type
+        out and reads a first positional word as the model path."""
+        args = list(args)
+        if entry != "sglang serve":
+            return args
+        args = [
+            a
+            for i, a in enumerate(args)
+            if a != MODEL_TYPE
+            and not a.startswith(MODEL_TYPE + "=")
+            and not (i and args[i - 1] == MODEL_TYPE)
+        ]
+        return [KEY_FLAGS["model"][0], *args] if args and not args[0].startswith("-") else args
+
+    def parser_entry(self, module: str | None, rest: tuple[str, ...]) -> str | None:
+        """Which of SGLang's entry points a program reaches, as the engine check names them: `sglang serve`
+        (the console script, sglang.cli.main) or `python -m sglang.launch_server`; None for anything else."""
+        if module == "sglang.launch_server":
+            return "sglang.launch_server"
+        if module and module.split(".")[:2] == ["sglang", "cli"] and rest[:1] == ("serve",):
+            return "sglang serve"
+        return None
 
 
-def reasoning(args: tuple[str, ...]) -> bool:
-    return has_flag(args, REASONING_PARSER)
-
-
-def tool_calls(args: tuple[str, ...]) -> bool:
-    return has_flag(args, TOOL_CALL_PARSER)
+ENGINE = SGLang()

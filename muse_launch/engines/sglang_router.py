@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from functools import partial
+from .router import RouterEngine, RouterFacts
 
-from . import router
-from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
-FACTS = router.RouterFacts(
-    name="sglang-router",
-    default_launcher=("sglang-router", "launch"),
-    pd_flag="--pd-disaggregation",
-    shipped_in="sglang",
-)  # the SGLang image has it
-NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
-DISTRIBUTIONS = ("sglang-router",)  # what provides it (host/versions.py reads the installed release)
-MODULE = "sglang_router"  # its wheel also installs an `smg` program, which runs this
-render = partial(router.render, facts=FACTS)
+class SGLangRouter(RouterEngine):
+    FACTS = RouterFacts(
+        name="sglang-router",
+        default_launcher=("sglang-router", "launch"),
+        pd_flag="--pd-disaggregation",
+        shipped_in="sglang",  # the SGLang image has it
+    )
+    NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
+    RELEASE = "0.3.2"
+    DISTRIBUTIONS = ("sglang-router",)
+    MODULES = ("sglang_router",)  # its wheel also installs an `smg` program, which runs this
+
+
+ENGINE = SGLangRouter()

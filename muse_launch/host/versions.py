@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engines import ENGINES, ROUTER_ENGINES
+from ..engines import ENGINES
 from ..plan.rehearse import simulated_version
 from ..plan.releases import version_key
 from ..plan.spec import Plan
@@ -30,15 +30,12 @@ PYTHON_NAME = re.compile(r"^python[0-9.]*$")
 CONSOLE_SCRIPT_IMPORT = re.compile(r"^from ([A-Za-z_][\w.]*) import ", re.M)
 QUERY_TIMEOUT = 20.0
 
-# engine name -> the distributions that provide it, first choice first (facts of each engine module)
+# engine name -> the distributions that provide it, first choice first (facts of each engine)
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
-    name: module.DISTRIBUTIONS for name, module in ENGINES.items() if hasattr(module, "DISTRIBUTIONS")
+    name: engine.DISTRIBUTIONS for name, engine in ENGINES.items() if engine.DISTRIBUTIONS
 }
 # top-level module -> engine name: what a program runs decides which engine it is
-MODULE_ENGINES: dict[str, str] = {
-    **{m: name for name, module in ENGINES.items() for m in getattr(module, "MODULES", ())},
-    **{ENGINES[name].MODULE: name for name in ROUTER_ENGINES},
-}
+MODULE_ENGINES: dict[str, str] = {m: name for name, engine in ENGINES.items() for m in engine.MODULES}
 
 _QUERY = r"""
 import importlib.metadata as md, json, os, sys

@@ -67,18 +67,16 @@ def gpu_needs(plan: Plan, topology: Topology) -> tuple[GpuNeed, ...]:
     """Each GPU process's need: its mem_fraction (the engine flag in its argv wins, as it does for the
     engine),
     else its share of the checkpoint's known size; neither known (a command, an unknown model): no figure."""
-    from muse_launch.engines import ENGINES
+    from muse_launch.engines import WORKER
 
     needs = []
     for spec in plan.specs:
         if not spec.gpus:
             continue
         role = topology.roles[spec.role]
-        engine = ENGINES[spec.engine]
-        read_fraction = getattr(engine, "mem_fraction", None)
-        fraction = (read_fraction(spec.args) if read_fraction else None) or role.mem_fraction
-        read_model = getattr(engine, "model", None)
-        model = (read_model(spec.args) if read_model else None) or role.model or topology.model
+        worker = WORKER.get(spec.engine)  # a command's argv is its own
+        fraction = (worker.mem_fraction(spec.args) if worker else None) or role.mem_fraction
+        model = (worker.model(spec.args) if worker else None) or role.model or topology.model
         size = (
             CHECKPOINT_VRAM_GB.get(model or "") if spec.kind != "encoder" else None
         )  # encoders load no experts

@@ -38,9 +38,9 @@ _FLAG = re.compile(r"^--?[A-Za-z]")
 
 
 def peer_flags(engine: str) -> Mapping[str, str]:
-    """The flags that list an instance's peers (each engine module's WIRING): flag -> the kind listed."""
-    module = ENGINES.get(engine)
-    return getattr(module, "WIRING", {}) if module else {}
+    """The flags that list an instance's peers (each engine's WIRING): flag -> the kind listed."""
+    known = ENGINES.get(engine)
+    return known.WIRING if known else {}
 
 
 def own_argv(engine: str, argv: Sequence[str]) -> tuple[str, ...]:

@@ -17,8 +17,9 @@ from typing import Any
 from ..engines import sglang as sgl
 from ..engines import vllm
 
-SGLANG_VERSION = "0.5.23"
-VLLM_VERSION = "0.33.0"
+# The releases it imitates: those whose command lines the engines write.
+SGLANG_VERSION = sgl.ENGINE.RELEASE
+VLLM_VERSION = vllm.ENGINE.RELEASE
 
 # The engines' facts (flag spellings, choices, default ports, connectors) come from the engine
 # modules the renderers and checks use; tests/unit/test_sim_facts.py asserts the agreement.

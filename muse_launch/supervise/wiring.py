@@ -16,7 +16,7 @@ import httpx
 
 from muse_launch.addresses import connect_host
 from muse_launch.bounded_json import load_answer
-from muse_launch.engines import ENGINES, ROUTER_ENGINES, router, worker_facts
+from muse_launch.engines import ROUTER_ENGINES, ROUTERS, router, worker_facts
 from muse_launch.plan.spec import Plan
 from muse_launch.supervise.probe import HTTP_TIMEOUT, base_url
 
@@ -107,7 +107,7 @@ def wiring_checks(plan: Plan, hosts: Mapping[str, str] | None = None) -> dict[st
             wires = tuple(
                 Wire(p.name, p.kind, p.url, p.ports.get("bootstrap")) for p in peers if p.kind in ROUTED_KINDS
             )
-            path = ENGINES[spec.engine].FACTS.workers_path
+            path = ROUTERS[spec.engine].workers_path
             port = spec.ports["http"]
             headers = router.auth_headers(spec.argv)
         elif (

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import httpx
 
 from muse_launch.bounded_json import load_answer
-from muse_launch.engines import ENGINES, router
+from muse_launch.engines import ROUTERS, router
 from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
 from muse_launch.errors import RuntimeFailure
 from muse_launch.supervise.probe import HTTP_TIMEOUT
@@ -29,7 +29,8 @@ class RouterRefused(RuntimeFailure):
 
 
 def adds_workers(engine: str) -> bool:
-    return bool(getattr(ENGINES[engine].FACTS, "adds_workers", False))
+    facts = ROUTERS.get(engine)
+    return facts is not None and facts.adds_workers
 
 
 def _api(check: WiringCheck) -> str:

@@ -6,24 +6,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from muse_launch.engines import sglang
-
-NAME = "toyserve"
-DEFAULT_LAUNCHER = ("toyserve",)
-DEFAULT_BOOTSTRAP_PORT = 9100
-DISTRIBUTIONS = ("toyserve",)
-MODULES = ("toyserve",)
-FACTS = replace(
-    sglang.FACTS,
-    name=NAME,
-    title="ToyServe",
-    default_launcher=DEFAULT_LAUNCHER,
-    image_field=None,
-    bootstrap_port=DEFAULT_BOOTSTRAP_PORT,
-)
-render = sglang.render
+from muse_launch.engines.sglang import SGLang
 
 
-def __getattr__(name: str):
-    """Everything else (flags, readers, choices) is SGLang's: the fork speaks its command line."""
-    return getattr(sglang, name)
+class ToyServe(SGLang):
+    """Everything but its names (flags, readers, choices, rules) is SGLang's: the fork speaks its command
+    line."""
+
+    NAME = "toyserve"
+    DEFAULT_LAUNCHER = ("toyserve",)
+    DISTRIBUTIONS = ("toyserve",)
+    MODULES = ("toyserve",)
+    FACTS = replace(
+        SGLang.FACTS,
+        name=NAME,
+        title="ToyServe",
+        default_launcher=DEFAULT_LAUNCHER,
+        image_field=None,
+        bootstrap_port=9100,
+    )
+
+
+ENGINE = ToyServe()

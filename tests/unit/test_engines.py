@@ -14,6 +14,8 @@ import pytest
 from muse_launch.checks import recheck_placement
 from muse_launch.core import load_plan
 from muse_launch.engines import ENGINES, ROUTER_ENGINES, WORKER_ENGINES
+from muse_launch.engines.base import Engine, WorkerEngine, missing_facts
+from muse_launch.engines.router import RouterEngine
 from muse_launch.plan.rehearse import loopback_addresses, rehearsal_plan, relocate
 from muse_launch.topology import model
 from muse_launch.topology.load import load_topology
@@ -29,6 +31,35 @@ def test_registry_names_the_engines_the_schema_accepts():
     assert set(ENGINES) == {*WORKER_ENGINES, *ROUTER_ENGINES, "command"}
     for name, module in ENGINES.items():
         assert module.NAME == name and callable(module.render) and isinstance(module.DEFAULT_LAUNCHER, tuple)
+
+
+def test_every_engine_gives_every_fact_its_kind_declares():
+    """An engine is one object whose facts are declared once (engines/base.py, router.py) and given by each
+    engine: every instance has them all, and a new engine lacking one cannot be made."""
+    for name, engine in ENGINES.items():
+        assert isinstance(engine, Engine) and missing_facts(type(engine)) == [], name
+        declared = {n for c in type(engine).__mro__ for n in getattr(c, "__annotations__", {}) if n.isupper()}
+        assert {"NAME", "DEFAULT_LAUNCHER", "KEY_FLAGS", "PORT_FLAGS", "RELEASE"} <= declared
+        assert all(hasattr(engine, fact) for fact in declared), name
+    for name in WORKER_ENGINES:
+        assert isinstance(ENGINES[name], WorkerEngine) and ENGINES[name].FACTS.name == name
+    for name in ROUTER_ENGINES:
+        assert isinstance(ENGINES[name], RouterEngine) and ENGINES[name].FACTS.name == name
+
+
+WORKER_FACTS = missing_facts(WorkerEngine)  # every fact a worker engine declares, none given by the base
+
+
+@pytest.mark.parametrize("fact", WORKER_FACTS)
+def test_a_worker_engine_missing_one_fact_cannot_be_made(fact: str):
+    """SGLang's class written again without one fact: making it fails and names the fact."""
+    sglang = type(ENGINES["sglang"])
+    body = {k: v for k, v in vars(sglang).items() if k not in (fact, "__dict__", "__weakref__")}
+    half = type("Half", (WorkerEngine,), body)
+    assert missing_facts(half) == [fact]
+    with pytest.raises(TypeError, match=fact):
+        half()
+    assert type("Whole", (WorkerEngine,), {**body, fact: getattr(sglang, fact)})().NAME == "sglang"
 
 
 def _literal_flags(path: Path) -> set[str]:
