@@ -6,6 +6,8 @@ long prefill. Its `/metrics` is answered by the HTTP front (vLLM's API server, S
 another process than the scheduler, so it answers during the longest prefill: no answer at all is a hang
 (SIGSTOP, a dead event loop). A scheduler stuck in a collective or a KV transfer leaves the front
 answering; its counters tell: requests running, and no prompt or generated token counted for a while.
+A router is watched the same way, on its /health: hung, it is stopped and restarted (its workers are given
+to it again by the wiring).
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ class Sign:
     progress: float | None = None  # prompt + generated tokens counted so far, where it says
 
 
-def look(client: httpx.Client, engine: str, host: str, port: int) -> Sign:
-    """One look at a worker's /metrics; never raises."""
+ROUTER_LIVENESS_PATH = "/health"  # a router answers it from its own state, workers or none
+
+
+def look(client: httpx.Client, engine: str, host: str, port: int, path: str = METRICS_PATH) -> Sign:
+    """One look at a worker's /metrics (a router's /health); never raises."""
     try:
-        answer = client.get(base_url(host, port) + METRICS_PATH, timeout=LIVENESS_TIMEOUT)
+        answer = client.get(base_url(host, port) + path, timeout=LIVENESS_TIMEOUT)
     except httpx.HTTPError:
         return Sign(False)
     metrics = ENGINE_METRICS.get(engine)

@@ -25,8 +25,8 @@ from enum import Enum
 
 import httpx
 
-from muse_launch.engines import ENGINES
-from muse_launch.engines.metrics import ENGINE_METRICS
+from muse_launch.engines import ENGINES, ROUTER_ENGINES
+from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.proc import cgroups
 from muse_launch.proc.process import (
@@ -39,7 +39,7 @@ from muse_launch.proc.process import (
 )
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.rundir.state import Change, DeploymentRecord, RoleRecord, RunDir, now_iso
-from muse_launch.supervise.liveness import LIVENESS_INTERVAL, Liveness, look
+from muse_launch.supervise.liveness import LIVENESS_INTERVAL, ROUTER_LIVENESS_PATH, Liveness, look
 from muse_launch.supervise.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.supervise.seams import Clock, Processes, Stopping, SystemClock, Wakeup
 from muse_launch.supervise.wiring import ROUTED_KINDS, Wire, WiringCheck, WiringResult, wiring_checks
@@ -48,6 +48,8 @@ from muse_launch.supervise.workers import adds_workers, deregister, reconcile, r
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
 STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
+# The first restart after a role was ready goes at once: its capacity is back within its own start time (a
+# worker's, the refused window of a router); a second within `reset_after` waits 1 s, then 2, 4... 30.
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
 SERVING = (RoleState.READY, RoleState.UNHEALTHY)  # became ready; UNHEALTHY: stopped by SIGSTOP since
@@ -615,7 +617,11 @@ class Supervisor:
         run.probe = None
         policy = run.spec.restart
         if failed and policy.policy is RestartPolicyKind.ON_FAILURE and record.restarts < policy.max:
-            backoff = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2**record.restarts)
+            backoff = (
+                min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2 ** (record.restarts - 1))
+                if record.restarts
+                else 0.0
+            )
             run.restart_at = self.clock.monotonic() + backoff
             self._update(record.name, state=RoleState.RESTARTING, reason=reason, process=None, ready_at=None)
         else:
@@ -627,8 +633,10 @@ class Supervisor:
 
     @staticmethod
     def _watched(spec: LaunchSpec) -> bool:
-        """An engine worker a router sends requests to: its hang is watched for after ready."""
-        return spec.kind in ROUTED_KINDS and spec.engine in ENGINE_METRICS and bool(spec.ports.get("http"))
+        """An engine worker a router sends requests to, or a router: its hang is watched for after ready."""
+        if not spec.ports.get("http"):
+            return False
+        return spec.engine in ROUTER_ENGINES or (spec.kind in ROUTED_KINDS and spec.engine in ENGINE_METRICS)
 
     def _watch_alive(self, run: RoleRun, state: RoleState) -> bool:
         """A ready engine worker: look at it every LIVENESS_INTERVAL; silent (or stopped by SIGSTOP) past its
@@ -643,14 +651,15 @@ class Supervisor:
         if run.looking is None and now >= run.next_look_at and not suspended:
             run.next_look_at = now + LIVENESS_INTERVAL
             host, port = self.record.role(run.spec.name).probe_host, run.spec.ports["http"]
-            run.looking = self.probes.submit(look, self.client, run.spec.engine, host, port)
+            path = ROUTER_LIVENESS_PATH if run.spec.engine in ROUTER_ENGINES else METRICS_PATH
+            run.looking = self.probes.submit(look, self.client, run.spec.engine, host, port, path)
             run.looking.add_done_callback(lambda _: self.wakeup.set())
         silent = live.silent_for(now)
         stalled = policy.stalled_after > 0 and live.stalled_for(now) >= policy.stalled_after
         if suspended:
             why = SUSPENDED_REASON
         elif silent >= policy.unresponsive_after:
-            why = f"no answer to GET /metrics for {silent:.1f}s"
+            why = f"no answer to its liveness look for {silent:.1f}s"
         elif stalled:
             why = f"requests running and no token counted for {live.stalled_for(now):.0f}s"
         else:
