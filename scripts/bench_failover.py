@@ -206,7 +206,7 @@ def one_case(d: Deployment, router: str, ports: list[int], case: str) -> dict:
         "router": router,
         "case": case,
         "failed": len(failed),
-        "held": sum(1 for b in failed if b <= cutoff),
+        "held": None if math.isnan(cutoff) else sum(1 for b in failed if b <= cutoff),
         "in_flight": held,
         "out_s": out_at - fault_at,
         "back_s": back_at - fault_at,
@@ -276,8 +276,9 @@ def _header() -> str:
 
 def _line(r: dict) -> str:
     flight = "-" if r["in_flight"] is None else f"{r['in_flight']:.0f}"
+    held = "-" if r["held"] is None else str(r["held"])
     return (
-        f"{r['router']:14} {r['case']:16} {r['failed']:6} {r['held']:5} {flight:>6} {r['out_s']:6.2f} "
+        f"{r['router']:14} {r['case']:16} {r['failed']:6} {held:>5} {flight:>6} {r['out_s']:6.2f} "
         f"{r['back_s']:6.2f} {r['ttft_p99']:8.3f} {r['ttft_p99_steady']:7.3f} {r['restarted']}"
     )
 

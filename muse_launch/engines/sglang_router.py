@@ -12,6 +12,7 @@ FACTS = router.RouterFacts(
     default_launcher=("sglang-router", "launch"),
     pd_flag="--pd-disaggregation",
     shipped_in="sglang",
+    unhealthy_after_s=3.3,
 )  # the SGLang image has it
 NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("sglang-router",)  # what provides it (host/versions.py reads the installed release)

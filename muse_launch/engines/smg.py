@@ -12,6 +12,7 @@ FACTS = router.RouterFacts(
     default_launcher=("smg", "launch"),
     pd_flag=sglang_router.FACTS.pd_flag,
     backend_flag=("--backend", "vllm"),
+    cut_stream="error-event",
 )
 NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
 DISTRIBUTIONS = ("smg",)  # what provides it (host/versions.py reads the installed release)
