@@ -214,6 +214,8 @@ def one_case(d: Deployment, router: str, ports: list[int], case: str) -> dict:
         "ttft_p99_steady": p99(steady),
         "restarted": d.role(name)["restarts"] > restarts,
         "failures": load.failures[:3],
+        # (began after the fault, time to first token) of each request slower than 1 s to its first token
+        "slow": [(round(b - fault_at, 2), round(f - b, 2)) for b, f, ok in load.ended if ok and f - b > 1.0],
     }
 
 
