@@ -59,6 +59,15 @@ class RouterFacts:
     # mode refuses a worker added at run time (400): its set changes only by a restart with a new command
     # line.
     adds_workers: bool = True
+    # On a worker's death or hang (measured with each router; docs/failover.md). The supervisor
+    # takes a dead or hung worker out of a router that `adds_workers` within a liveness tick and puts it
+    # back once ready; a router that cannot take it back keeps it, and relies on its own health check.
+    # `retries_unstarted`: a request it sent to a worker that refused the connection goes to another (only
+    # before a token streamed: a cut stream is the client's failure with every router).
+    retries_unstarted: bool = True
+    cut_stream: str = "breaks"  # how a stream cut by its worker's death ends: "breaks" (an incomplete
+    # chunked read), "error-event" (an SSE {"error": ...} then [DONE])
+    unhealthy_after_s: float | None = None  # measured: a killed worker marked unhealthy by its own check
 
 
 class RouterEngine(Engine):

@@ -11,6 +11,7 @@ class SGLangRouter(RouterEngine):
         default_launcher=("sglang-router", "launch"),
         pd_flag="--pd-disaggregation",
         shipped_in="sglang",  # the SGLang image has it
+        unhealthy_after_s=3.3,
     )
     NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
     RELEASE = "0.3.2"

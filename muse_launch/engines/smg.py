@@ -12,6 +12,7 @@ class SMG(RouterEngine):
         default_launcher=("smg", "launch"),
         pd_flag=sglang_router.SGLangRouter.FACTS.pd_flag,
         backend_flag=("--backend", "vllm"),
+        cut_stream="error-event",
     )
     NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
     RELEASE = "1.13.0"

@@ -17,6 +17,8 @@ class VLLMRouter(RouterEngine):
         kv_connector_flag="--kv-connector",
         workers_path="/list_workers",
         adds_workers=False,
+        retries_unstarted=False,  # 3 of 5 failures were new requests: 500 "Connection refused", no retry
+        unhealthy_after_s=2.3,
     )
     NAME, DEFAULT_LAUNCHER = FACTS.name, FACTS.default_launcher
     RELEASE = "0.1.17"

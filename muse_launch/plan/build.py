@@ -74,7 +74,12 @@ def build_plan(topology: Topology) -> Plan:
                 depends_on=depends_on,
                 stop=StopPolicy(role.stop.signal, role.stop.grace),
                 restart=RestartPolicy(
-                    RestartPolicyKind(role.restart.policy), role.restart.max, role.restart.reset_after
+                    RestartPolicyKind(role.restart.policy),
+                    role.restart.max,
+                    role.restart.reset_after,
+                    role.restart.unresponsive_after,
+                    role.restart.hung_after,
+                    role.restart.stalled_after,
                 ),
                 logs=LogPolicy((role.logs or topology.logs).max_size, (role.logs or topology.logs).keep),
                 ready_after=role.rehearse.ready_after

@@ -8,7 +8,14 @@ from enum import Enum
 from typing import Any
 
 from muse_launch.readiness import Probe, ProbeKind
-from muse_launch.topology.defaults import LOG_KEEP_DEFAULT, LOG_MAX_SIZE_DEFAULT, RESET_AFTER
+from muse_launch.topology.defaults import (
+    HUNG_AFTER,
+    LOG_KEEP_DEFAULT,
+    LOG_MAX_SIZE_DEFAULT,
+    RESET_AFTER,
+    STALLED_AFTER,
+    UNRESPONSIVE_AFTER,
+)
 
 
 @dataclass(frozen=True)
@@ -27,6 +34,10 @@ class RestartPolicy:
     policy: RestartPolicyKind = RestartPolicyKind.ON_FAILURE
     max: int = 3
     reset_after: float = RESET_AFTER  # seconds ready after which its restarts count from 0 again
+    # An engine worker's hang (supervise/liveness.py): out of its routers, then stopped and restarted.
+    unresponsive_after: float = UNRESPONSIVE_AFTER
+    hung_after: float = HUNG_AFTER  # 0: never stopped for it
+    stalled_after: float = STALLED_AFTER  # 0: its counters are not read
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,9 @@ class LaunchSpec:
                 "policy": self.restart.policy.value,
                 "max": self.restart.max,
                 "reset_after": self.restart.reset_after,
+                "unresponsive_after": self.restart.unresponsive_after,
+                "hung_after": self.restart.hung_after,
+                "stalled_after": self.restart.stalled_after,
             },
             "logs": {"max_size": self.logs.max_size, "keep": self.logs.keep},
         }

@@ -60,6 +60,27 @@ def is_suspended(pid: int) -> bool:
     return process_state(pid) in ("T", "t")
 
 
+def resumed(pid: int) -> bool:
+    """Running again after SIGCONT, so that a signal sent to it now reaches its main thread: no thread of it
+    stopped (T, t) and its main thread back asleep (S, D) or gone. A thread woken by SIGCONT is runnable (R)
+    with signals still pending until it gets a CPU; a process-directed signal sent meanwhile goes to another
+    thread, and Python runs a handler only in its main thread, which may sleep on for an hour."""
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    states = [process_state_of_thread(pid, int(t)) for t in threads if t.isdigit()]
+    return not any(s in ("T", "t") for s in states) and process_state(pid) not in ("R", "T", "t")
+
+
+def process_state_of_thread(pid: int, tid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].decode().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        return None
+
+
 @dataclass(frozen=True)
 class Stat:
     state: str

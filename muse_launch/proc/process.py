@@ -31,6 +31,7 @@ from muse_launch.proc.identity import (  # noqa: F401  (imported from here elsew
     boot_id,
     is_suspended,
     process_state,
+    resumed,
     session_of,
     start_ticks,
     stat_of,
@@ -364,7 +365,7 @@ class GroupStop:
             if entry.resuming is not None:
                 since, pgid = entry.resuming
                 if (
-                    any(is_suspended(p.pid) for p in entry.processes)
+                    not all(resumed(p.pid) for p in entry.processes)
                     and now - since < RESUME_SECONDS
                     and not kill_now
                 ):

@@ -25,7 +25,8 @@ from enum import Enum
 
 import httpx
 
-from muse_launch.engines import ENGINES
+from muse_launch.engines import ENGINES, ROUTER_ENGINES
+from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
 from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.spec import LaunchSpec, Plan, RestartPolicyKind
 from muse_launch.proc import cgroups
@@ -39,14 +40,17 @@ from muse_launch.proc.process import (
 )
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState, transition
 from muse_launch.rundir.state import Change, DeploymentRecord, RoleRecord, RunDir, now_iso
+from muse_launch.supervise.liveness import LIVENESS_INTERVAL, ROUTER_LIVENESS_PATH, Liveness, look
 from muse_launch.supervise.probe import HTTP_TIMEOUT, NO_ANSWER_YET, ReadinessCheck
 from muse_launch.supervise.seams import Clock, Processes, Stopping, SystemClock, Wakeup
-from muse_launch.supervise.wiring import Wire, WiringCheck, WiringResult, wiring_checks
-from muse_launch.supervise.workers import adds_workers, reconcile
+from muse_launch.supervise.wiring import ROUTED_KINDS, Wire, WiringCheck, WiringResult, wiring_checks
+from muse_launch.supervise.workers import adds_workers, deregister, reconcile, register
 
 IDLE_TICK = 0.25  # how soon a death after ready is noticed; costs a few syscalls per role
 STARTING_TICK = 0.1  # how soon a starting role's exit is noticed
 STOPPING_TICK = 0.02  # how soon a stopped role's exit is noticed
+# The first restart after a role was ready goes at once: its capacity is back within its own start time (a
+# worker's, the refused window of a router); a second within `reset_after` waits 1 s, then 2, 4... 30.
 RESTART_BACKOFF_FIRST = 1.0
 RESTART_BACKOFF_MAX = 30.0
 SERVING = (RoleState.READY, RoleState.UNHEALTHY)  # became ready; UNHEALTHY: stopped by SIGSTOP since
@@ -85,6 +89,10 @@ class RoleRun:
     reconciling: Future | None = None  # a router's worker set being made the desired one, in the pool
     next_reconcile_at: float = 0.0
     reconcile_due: bool = False  # back after a restart: it lists its command-line workers, not the set
+    live: Liveness | None = None  # a ready engine worker's signs of life (supervise/liveness.py)
+    looking: Future | None = None  # its look at /metrics in flight
+    next_look_at: float = 0.0
+    out: bool = False  # taken out of the routers that list it (dead or hung); put back once ready again
 
 
 def _with_spec(plan: Plan, spec: LaunchSpec) -> Plan:
@@ -260,7 +268,13 @@ class Supervisor:
                     if fail_fast:
                         return self._fail(run, f"{describe_exit(code)} after it was ready")
                     self._role_down(run, describe_exit(code), failed=code != 0)
-                elif state in SERVING and run.process.suspended() != (state is RoleState.UNHEALTHY):
+                elif state in SERVING and run.live is not None and self._watch_alive(run, state):
+                    pass  # a hang seen, or its end: it left (or rejoined) its routers, or was stopped
+                elif (
+                    state in SERVING
+                    and run.live is None
+                    and run.process.suspended() != (state is RoleState.UNHEALTHY)
+                ):
                     # SIGSTOP (or SIGCONT since): its probe would only time out; say why it serves nothing.
                     suspended = state is RoleState.READY
                     self._update(
@@ -293,6 +307,8 @@ class Supervisor:
                     self._update(name, state=RoleState.FAILED, reason=reason)  # added by a change: it says
                 elif state is RoleState.READY and not run.wired and run.wiring_failed is None:
                     self._tend_wiring(run)
+                if run.out and self.state_of(name) is RoleState.READY:
+                    self._put_back(run)
             self._settle_watches()
             on_tick()
             self.tend()
@@ -584,6 +600,8 @@ class Supervisor:
             if self._answered(run, probe):
                 run.next_probe_at = now  # its wiring, if it has any to show, is looked at right away
                 run.ready_since = now
+                if self._watched(run.spec):
+                    run.live, run.looking, run.next_look_at = Liveness(now, now), None, now
                 self._update(
                     run.spec.name, state=RoleState.READY, ready_at=now_iso(self.clock.time()), reason=None
                 )
@@ -645,6 +663,8 @@ class Supervisor:
     def _role_down(self, run: RoleRun, reason: str, failed: bool) -> None:
         """Its main process exited (or never became ready): clear what it left, then restart or give up."""
         record = self.record.role(run.spec.name)
+        self._take_out(run)  # before the routers' health checks notice: no request is sent to it meanwhile
+        run.live, run.looking = None, None
         if record.process:
             # Children it left (an engine's scheduler) still hold its GPUs and ports: kill them now; the
             # restart waits until they are gone.
@@ -657,7 +677,11 @@ class Supervisor:
         run.probe = None
         policy = run.spec.restart
         if failed and policy.policy is RestartPolicyKind.ON_FAILURE and record.restarts < policy.max:
-            backoff = min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2**record.restarts)
+            backoff = (
+                min(RESTART_BACKOFF_MAX, RESTART_BACKOFF_FIRST * 2 ** (record.restarts - 1))
+                if record.restarts
+                else 0.0
+            )
             run.restart_at = self.clock.monotonic() + backoff
             self._update(record.name, state=RoleState.RESTARTING, reason=reason, process=None, ready_at=None)
         else:
@@ -666,6 +690,89 @@ class Supervisor:
             self._update(record.name, state=state, reason=reason + gave_up, process=None)
         if run.stopping:
             self._clear_leftovers(run)
+
+    @staticmethod
+    def _watched(spec: LaunchSpec) -> bool:
+        """An engine worker a router sends requests to, or a router: its hang is watched for after ready."""
+        if not spec.ports.get("http"):
+            return False
+        return spec.engine in ROUTER_ENGINES or (spec.kind in ROUTED_KINDS and spec.engine in ENGINE_METRICS)
+
+    def _watch_alive(self, run: RoleRun, state: RoleState) -> bool:
+        """A ready engine worker: look at it every LIVENESS_INTERVAL; silent (or stopped by SIGSTOP) past its
+        `unresponsive_after`, or running requests without progress past `stalled_after`, it leaves its
+        routers; still so at `hung_after` it is stopped and restarted. True where it changed something."""
+        now, live, policy = self.clock.monotonic(), run.live, run.spec.restart
+        if run.looking is not None and run.looking.done():
+            looking, run.looking = run.looking, None
+            if not looking.cancelled() and looking.exception() is None:
+                live.saw(looking.result(), now)
+        suspended = run.process.suspended()
+        if run.looking is None and now >= run.next_look_at and not suspended:
+            run.next_look_at = now + LIVENESS_INTERVAL
+            host, port = self.record.role(run.spec.name).probe_host, run.spec.ports["http"]
+            path = ROUTER_LIVENESS_PATH if run.spec.engine in ROUTER_ENGINES else METRICS_PATH
+            run.looking = self.probes.submit(look, self.client, run.spec.engine, host, port, path)
+            run.looking.add_done_callback(lambda _: self.wakeup.set())
+        silent = live.silent_for(now)
+        stalled = policy.stalled_after > 0 and live.stalled_for(now) >= policy.stalled_after
+        if suspended:
+            why = SUSPENDED_REASON
+        elif silent >= policy.unresponsive_after:
+            why = f"no answer to its liveness look for {silent:.1f}s"
+        elif stalled:
+            why = f"requests running and no token counted for {live.stalled_for(now):.0f}s"
+        else:
+            why = None
+        if why is None:
+            if state is RoleState.UNHEALTHY:
+                self._update(run.spec.name, state=RoleState.READY, reason=None)  # _put_back follows
+                return True
+            return False
+        if policy.hung_after > 0 and (stalled or silent >= policy.hung_after):
+            self._role_down(run, f"hung ({why}): stopped after {policy.hung_after:g}s", failed=True)
+            return True
+        if state is RoleState.READY:
+            left = self._take_out(run)
+            self._update(
+                run.spec.name,
+                state=RoleState.UNHEALTHY,
+                reason=why + (f"; taken out of {', '.join(left)}" if left else ""),
+            )
+            return True
+        return False
+
+    def _listing(self, name: str) -> list[tuple[RoleRun, Wire]]:
+        """The running routers that take workers at run time and list `name`, with its wire."""
+        return [
+            (r, w)
+            for r in self.runs.values()
+            if r.wiring is not None
+            and r.process is not None
+            and r.spec.engine in ENGINES
+            and adds_workers(r.spec.engine)
+            and self.state_of(r.spec.name) in SERVING
+            for w in r.wiring.wires
+            if w.peer == name and w.kind in ROUTED_KINDS
+        ]
+
+    def _take_out(self, run: RoleRun) -> list[str]:
+        """Remove a dead or hung worker from every router that lists it, at once (in the pool): the routers'
+        own health checks take seconds, and send it requests meanwhile. Returns those routers."""
+        if run.out:
+            return []
+        listing = self._listing(run.spec.name)
+        run.out = bool(listing)
+        for router_run, wire in listing:
+            self.probes.submit(deregister, self.client, router_run.wiring, wire.url)
+        return [r.spec.name for r, _ in listing]
+
+    def _put_back(self, run: RoleRun) -> None:
+        """Ready again (restarted, or its hang over): registered again with the routers it was taken out of
+        (a router that cannot take workers at run time never lost it)."""
+        run.out = False
+        for router_run, wire in self._listing(run.spec.name):
+            self.probes.submit(register, self.client, router_run.wiring, wire)
 
     def _clear_leftovers(self, run: RoleRun) -> None:
         if (report := run.stopping.poll(self.clock.monotonic(), True)) is not None:

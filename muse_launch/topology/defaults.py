@@ -3,6 +3,14 @@ the
 plan's value objects (plan/spec.py) and the runtime read them from here."""
 
 RESET_AFTER = 300.0  # seconds of health after which a role's restart count starts again from 0
+# A ready engine worker that gives no sign of life (stopped by SIGSTOP, or its /metrics unanswered) this
+# long leaves every router that lists it; still silent at HUNG_AFTER it is stopped and restarted as hung. An
+# engine's HTTP front answers /metrics during a long prefill (its scheduler is another process).
+UNRESPONSIVE_AFTER = 1.0
+HUNG_AFTER = 5.0
+# ...or it answers, holds running requests, and its token counters have not moved this long: a stuck
+# collective or KV transfer. Long enough for the longest prefill chunk of a real model.
+STALLED_AFTER = 120.0
 LOG_MAX_SIZE_DEFAULT = 100 * 1024**2  # a role's log is rotated past this many bytes...
 LOG_KEEP_DEFAULT = 2  # ...keeping this many rotated files: at most 300 MiB per role
 LOG_MAX_KEEP = 100  # rotated files a role may keep: ROLE.log.1 .. ROLE.log.100

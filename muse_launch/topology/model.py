@@ -21,13 +21,16 @@ from pydantic import (
 from .. import registry
 from . import grammar
 from .defaults import (  # MAX_GRACE, STOP_SIGNALS live there: the state schema reads them, not the models
+    HUNG_AFTER,
     LOG_KEEP_DEFAULT,
     LOG_MAX_KEEP,
     LOG_MAX_SIZE_DEFAULT,
     MAX_GRACE,
     METRICS_PORT_OFFSET,
     RESET_AFTER,
+    STALLED_AFTER,
     STOP_SIGNALS,
+    UNRESPONSIVE_AFTER,
 )
 from .hardware import PROFILES
 
@@ -158,6 +161,24 @@ class RestartConfig(Strict):
         gt=0,
         description="seconds ready after which its restarts count from 0 "
         "again (a crash a day is not a crash loop)",
+    )
+    unresponsive_after: Seconds = Field(
+        UNRESPONSIVE_AFTER,
+        gt=0,
+        description="an engine worker: seconds without a sign of life (SIGSTOP, /metrics unanswered) "
+        "before the supervisor takes it out of every router that lists it (back in once it answers)",
+    )
+    hung_after: Seconds = Field(
+        HUNG_AFTER,
+        ge=0,
+        description="an engine worker: seconds without a sign of life before it is stopped (its stuck "
+        "requests end with an error) and restarted under `policy`; 0: never",
+    )
+    stalled_after: Seconds = Field(
+        STALLED_AFTER,
+        ge=0,
+        description="an engine worker: seconds with requests running and no token prefilled or generated "
+        "(its /metrics counters) before it counts as hung; 0: never",
     )
 
 

@@ -33,6 +33,8 @@ class SteadyLoad:
     ok: int = 0
     failures: list[str] = field(default_factory=list)
     longest_s: float = 0.0  # the longest successful request, start to last byte
+    failed_began: list[float] = field(default_factory=list)  # when each failed request began (monotonic)
+    ended: list[tuple[float, float, bool]] = field(default_factory=list)  # (began, first byte, ok) for each
 
     def __post_init__(self) -> None:
         self._stop = threading.Event()
@@ -76,16 +78,19 @@ class SteadyLoad:
             while not self._stop.is_set():
                 n += 1
                 began = time.monotonic()
-                problem = self._one(client, f"lane {lane} request {n}: say something")
+                first: list[float] = []
+                problem = self._one(client, f"lane {lane} request {n}: say something", first)
                 took = time.monotonic() - began
                 with self._lock:
+                    self.ended.append((began, first[0] if first else float("nan"), not problem))
                     if problem:
                         self.failures.append(f"lane {lane} #{n}: {problem}")
+                        self.failed_began.append(began)
                     else:
                         self.ok += 1
                         self.longest_s = max(self.longest_s, took)
 
-    def _one(self, client: httpx.Client, prompt: str) -> str | None:
+    def _one(self, client: httpx.Client, prompt: str, first: list[float]) -> str | None:
         body = {
             "model": self.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -98,9 +103,17 @@ class SteadyLoad:
             ) as answer:
                 if answer.status_code != 200:
                     return f"HTTP {answer.status_code}: {answer.read()[:200]!r}"
-                return check_stream(answer.iter_lines())
+                return check_stream(_noting_first(answer.iter_lines(), first))
         except httpx.HTTPError as exc:
             return f"{type(exc).__name__}: {exc}"
+
+
+def _noting_first(lines, first: list[float]):
+    """`lines`, noting when the first token's event came (its time to first token)."""
+    for line in lines:
+        if not first and '"content"' in line:
+            first.append(time.monotonic())
+        yield line
 
 
 def check_stream(lines) -> str | None:
