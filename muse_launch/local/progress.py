@@ -14,21 +14,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.lifecycle import STATE_STYLES, RoleState  # noqa: F401  STATE_STYLES: its users import it here
 from muse_launch.rundir.logs import last_lines
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
-
-STATE_STYLES = {
-    RoleState.PENDING: "dim",
-    RoleState.STARTING: "yellow",
-    RoleState.READY: "green",
-    RoleState.UNHEALTHY: "bold yellow",
-    RoleState.FAILED: "bold red",
-    RoleState.RESTARTING: "magenta",
-    RoleState.STOPPING: "yellow",
-    RoleState.STOPPED: "dim",
-}
-
 
 # The elapsed column already says when; the narrow log column is for what.
 LOG_TIMESTAMP = re.compile(r"^(\x1b\[[0-9;]*m)*\[?\d{4}-\d\d-\d\d[ T][\d:.,]+Z?\]?(\x1b\[[0-9;]*m)*\s*")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -64,6 +65,7 @@ class UpOptions:
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
     secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
     placement: Placement | None = None  # how `scale` places a new instance (None: `--only`, none placed)
+    autoscale: Any = None  # the file's autoscale setup (supervise/autoscaler.py Setup), None without one
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -363,8 +365,11 @@ def _control(
     except OSError as exc:  # supervising goes on; changes are refused for want of a socket
         say(f"warning: no control socket ({exc}): `scale` and `restart` cannot reach this supervisor")
         server = None
+    from muse_launch.supervise.autoscaler import running
+
     try:
-        yield
+        with running(options.autoscale if server else None, run_dir, lambda: sup.record, say):
+            yield
     finally:
         if server:
             server.close()

@@ -34,6 +34,7 @@ from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.logfiles import LogCaps
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, StateSaver, now_iso
 from muse_launch.signals import reset_inherited
+from muse_launch.supervise.autoscaler import Setup, running
 from muse_launch.supervise.changes import Changes, Placement
 from muse_launch.supervise.control import ControlServer
 from muse_launch.supervise.record import planned_record
@@ -138,7 +139,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         current = lambda: sup.call(lambda: [r.spec for r in sup.runs.values()])  # noqa: E731
         place = _placement(checked, args.rehearse, allocation, processes, files, gpus_per_node, current)
         desk = FileDesk(files)
-        control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node)  # noqa: E731
+        auto = Setup.of(checked.loaded.topology)
+        control = lambda: _control(sup, run_dir, client, place, desk, gpus_per_node, auto)  # noqa: E731
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)
         watcher.start()
         try:
@@ -219,6 +221,7 @@ def _control(
     place: Placement,
     desk: FileDesk,
     gpus_per_node: int,
+    auto: Setup | None = None,
 ) -> Iterator[None]:
     """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
     to its control socket on this host (slurm/control.py, supervise/control.py)."""
@@ -235,7 +238,10 @@ def _control(
     )
     desk.open = True
     try:
-        yield
+        with running(
+            auto, run_dir, lambda: sup.record, lambda text: print(f"muse-launch: {text}", flush=True)
+        ):
+            yield
     finally:
         desk.open = False
         server.close()

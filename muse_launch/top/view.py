@@ -11,8 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from muse_launch.local.progress import STATE_STYLES
-from muse_launch.rundir.lifecycle import RoleState
+from muse_launch.rundir.lifecycle import STATE_STYLES, RoleState
 
 NA = Text("n/a", style="dim")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
