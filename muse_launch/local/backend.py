@@ -91,6 +91,7 @@ class LocalBackend(SupervisedChanges):
             status_json,
             status_table,
         )
+        from muse_launch.rundir.decisions import recent_decisions
         from muse_launch.rundir.state import read_state
 
         recorded = read_state(run_dir)  # again at each refresh of --watch
@@ -104,9 +105,12 @@ class LocalBackend(SupervisedChanges):
         record = observed(recorded)
         health = health_now(record, run_dir, client, local_owners(record, run_dir))
         gpu_memory = gpu_memory_now(record, read_gpu_view)
+        decisions = recent_decisions(run_dir)  # the autoscaler's last ones (docs/autoscale.md)
         if as_json:  # --watch: JSON lines
-            return json.dumps(status_json(record, health, versions, gpu_memory), indent=None if watch else 2)
-        return status_table(record, health, versions, gpu_memory)
+            return json.dumps(
+                status_json(record, health, versions, gpu_memory, decisions), indent=None if watch else 2
+            )
+        return status_table(record, health, versions, gpu_memory, decisions)
 
     def listener_owners(self, record: DeploymentRecord, run_dir: RunDir) -> OwnerOf:
         from muse_launch.local.status import local_owners

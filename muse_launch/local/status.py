@@ -19,6 +19,7 @@ from muse_launch.local.progress import STATE_STYLES
 from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker
+from muse_launch.rundir.decisions import describe
 from muse_launch.rundir.lifecycle import SUSPENDED_REASON, RoleState
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
 from muse_launch.supervise.probe import ReadinessCheck
@@ -102,11 +103,14 @@ def status_json(
     health: dict[str, str | None],
     versions: dict[str, str | None] | None = None,
     gpu_memory: GpuMemory | None = None,
+    decisions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """docs/status-json.md's shape, each role with "health": "ok", "failing" or null, and its "gpu_memory"
     ({"total_bytes", "by_gpu": {index: bytes}}, null where the host's GPUs cannot be read); "versions": the
     installed release of each engine and router (null: not found here)."""
     out = record.status_dict()
+    if decisions:
+        out["autoscale_decisions"] = decisions  # the last lines of decisions.jsonl
     if versions is not None:
         out["versions"] = versions
     for role in out["roles"]:
@@ -145,6 +149,7 @@ def status_table(
     health: dict[str, str | None],
     versions: dict[str, str | None] | None = None,
     gpu_memory: GpuMemory | None = None,
+    decisions: list[dict[str, Any]] | None = None,
 ) -> Table:
     supervisor = f"supervisor pid {record.supervisor.pid}" if record.supervisor else "no supervisor running"
     wiring = "; ".join(f"{r.name}: {r.wiring_text}" for r in record.roles if r.wiring)
@@ -152,7 +157,11 @@ def status_table(
     caption = (
         "\n".join(
             c
-            for c in (f"wiring: {wiring}" if wiring else "", f"installed: {installed}" if installed else "")
+            for c in (
+                f"wiring: {wiring}" if wiring else "",
+                f"installed: {installed}" if installed else "",
+                *(f"autoscale: {describe(d)}" for d in (decisions or [])[-3:]),
+            )
             if c
         )
         or None

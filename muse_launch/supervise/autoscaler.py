@@ -10,25 +10,21 @@ ready until supervising ends; `muse-launch autoscale NAME --advise` runs the sam
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
 
 import httpx
 
-from muse_launch.plan.autoscale import Decision, Memory, Observation, Window, decide, gpus_per_instance
-from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir, now_iso
+from muse_launch.plan.autoscale import Memory, Observation, Window, decide, gpus_per_instance
+from muse_launch.rundir.decisions import DECISIONS, describe, record_decision
+from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
 from muse_launch.top.collect import Reading, quantile, read_all
 from muse_launch.topology.model import AutoscaleConfig, Topology
 
-DECISIONS = "decisions.jsonl"
-MAX_SHOWN_BYTES = 256 << 10  # `status` and `top` read the end of the file only
 GONE = ("stopped", "failed", "stopping")
 
 
@@ -138,48 +134,6 @@ def _shown(w: Window) -> dict[str, float | int | None]:
     }
 
 
-def record_decision(run_dir: RunDir, decision: Decision, mode: str, outcome: str, at: float) -> dict:
-    line = {"at": now_iso(at), "mode": mode, **decision.to_json(), "outcome": outcome}
-    fd = os.open(run_dir.path / DECISIONS, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, (json.dumps(line) + "\n").encode())  # one write per line: never interleaved
-    finally:
-        os.close(fd)
-    return line
-
-
-def recent_decisions(run_dir: RunDir, count: int = 5) -> list[dict[str, Any]]:
-    """The last `count` decisions of the run directory (what `status` and `top` show); [] without any."""
-    path = run_dir.path / DECISIONS
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - MAX_SHOWN_BYTES))
-            tail = f.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in tail[-count:]:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
-
-
-def describe(line: Mapping[str, Any]) -> str:
-    """One decision as a line: `10:02:03 decode 2 -> 4 (up, done): itl p90 81.0ms of target 50ms (1.62x)`."""
-    at = str(line.get("at", ""))[11:19]
-    reasons = "; ".join(str(r) for r in line.get("reasons") or [])
-    return (
-        f"{at} {line.get('role')} {line.get('from')} -> {line.get('to')} "
-        f"({line.get('kind')}, {line.get('outcome')}): {reasons}"
-    )
-
-
 Act = Callable[[str, int, str], int]  # (role, replicas, why) -> the role's instances after it
 
 
@@ -235,7 +189,7 @@ class Autoscaler:
                 )
             elif d.after != d.before:
                 self.memory[d.role] = replace(self.memory[d.role], expected=d.before)
-            line = record_decision(self.run_dir, d, self.mode, outcome, at)
+            line = record_decision(self.run_dir, d.to_json(), self.mode, outcome, at)
             self.say(f"autoscale: {describe(line)}")
             lines.append(line)
         return lines

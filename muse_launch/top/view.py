@@ -11,6 +11,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from muse_launch.rundir.decisions import describe
 from muse_launch.rundir.lifecycle import STATE_STYLES, RoleState
 
 NA = Text("n/a", style="dim")
@@ -148,4 +149,7 @@ def router_tables(snap: Mapping[str, Any]) -> list[Table]:
 
 
 def render(snap: Mapping[str, Any], once: bool = False) -> Group:
-    return Group(role_table(snap, once), *router_tables(snap))
+    decisions = [
+        Text(f"autoscale: {describe(d)}", style="cyan") for d in snap.get("autoscale_decisions") or []
+    ]
+    return Group(role_table(snap, once), *router_tables(snap), *decisions)
