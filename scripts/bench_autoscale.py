@@ -91,18 +91,28 @@ def run_one(path: Path, name: str, phases: list[tuple[int, float]], idle_s: floa
         if tokenizer is None:
             raise SystemExit(f"{name}: the workers name no local tokenizer")
         sampler.start()
-        figures, failed, plateau_from = [], 0, None
-        for i, (concurrency, seconds) in enumerate(phases):
-            if i == len(phases) - 1:
-                plateau_from = time.time()
-            plan = ap.PointPlan(concurrency, 64, 48, requests=100_000, duration=seconds)
-            where = out / name / f"phase{i}"
-            ap.run_point(
-                ap.point_argv(aiperf, router, "Qwen/Qwen3-0.6B", tokenizer, plan, where),
-                where,
-                seconds + 60,
-                lambda s: None,
-            )
+        # The step is a second aiperf on top of the first, so the base load never pauses while aiperf
+        # starts (its start-up takes seconds to a minute on a busy host).
+        (base_c, base_s), (step_c, step_s) = phases
+        runs = [(base_c, base_s + step_s, 0.0), (step_c - base_c, step_s, base_s)]
+        results: list[Path] = []
+        plateau_from = time.time() + base_s
+
+        def drive(i: int, concurrency: int, seconds: float, after: float) -> None:
+            time.sleep(after)
+            plan = ap.PointPlan(concurrency, 64, 48, requests=100_000, duration=seconds, seed=i)
+            where = out / name / f"load{i}"
+            argv = ap.point_argv(aiperf, router, "Qwen/Qwen3-0.6B", tokenizer, plan, where)
+            ap.run_point(argv, where, seconds + 600, lambda s: None)
+            results.append(where)
+
+        drivers = [threading.Thread(target=drive, args=(i, *r)) for i, r in enumerate(runs)]
+        for t in drivers:
+            t.start()
+        for t in drivers:
+            t.join()
+        figures, failed = [], 0
+        for where in results:
             figures += ap.request_figures(where)
             try:
                 failed += ap.read_point(where).requests_failed
@@ -130,7 +140,7 @@ def run_one(path: Path, name: str, phases: list[tuple[int, float]], idle_s: floa
         if path_d.exists():
             lines = [json.loads(x) for x in path_d.read_text().splitlines()]
         made = [x for x in lines if x["from"] != x["to"]]
-        settled = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime((plateau_from or 0) + phases[-1][1] / 2))
+        settled = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(plateau_from + phases[-1][1] / 2))
         steady = [x for x in made if x["at"] >= settled]  # the plateau's second half
         by_role: dict[str, list[int]] = {}
         for x in steady:
