@@ -100,7 +100,8 @@ def run_one(path: Path, name: str, phases: list[tuple[int, float]], idle_s: floa
 
         def drive(i: int, concurrency: int, seconds: float, after: float) -> None:
             time.sleep(after)
-            plan = ap.PointPlan(concurrency, 64, 48, requests=100_000, duration=seconds, seed=i)
+            # a request takes about a second (48 tokens, 20 ms each): more than it can send in time
+            plan = ap.PointPlan(concurrency, 64, 48, int(concurrency * seconds * 2) + 10, seconds, seed=i)
             where = out / name / f"load{i}"
             argv = ap.point_argv(aiperf, router, "Qwen/Qwen3-0.6B", tokenizer, plan, where)
             ap.run_point(argv, where, seconds + 600, lambda s: None)
@@ -122,7 +123,7 @@ def run_one(path: Path, name: str, phases: list[tuple[int, float]], idle_s: floa
         back = None
         while time.monotonic() - load_end < idle_s:
             if samples and samples[-1][1] == {"prefill": 1, "decode": 1} and back is None:
-                back = samples[-1][0] - load_end
+                back = max(0.0, samples[-1][0] - load_end)  # a static shape at the minimum: 0
             time.sleep(0.5)
         stop.set()
         sampler.join(5)

@@ -25,7 +25,7 @@ from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
 from muse_launch.top.collect import Reading, quantile, read_all
 from muse_launch.topology.model import AutoscaleConfig, Topology
 
-GONE = ("stopped", "failed", "stopping")
+GONE = ("stopped", "stopping")  # a failed instance still counts (as `scale` counts it): no manual change
 
 
 @dataclass(frozen=True)
