@@ -236,6 +236,7 @@ COMMAND_MODULES = (
     "muse_launch.commands.host",
     "muse_launch.commands.top",
     "muse_launch.commands.bench",
+    "muse_launch.commands.autoscale",
 )
 _registered: list[str] = []
 

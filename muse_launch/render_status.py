@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
 from muse_launch.backend_types import DeploymentView, RoleView
 from muse_launch.errors import UsageError
+from muse_launch.rundir.decisions import describe
 from muse_launch.rundir.lifecycle import RoleState
 
 STATE_STYLES = {
@@ -56,25 +59,30 @@ def health_of(role: RoleView) -> str | None:
     return None if role.health is None else "ok" if role.health == "ok" else "failing"
 
 
-def status_json(view: DeploymentView) -> dict:
-    return {**view.json, "roles": [{**r.json, "health": health_of(r)} for r in view.roles]}
+def status_json(view: DeploymentView, decisions: Sequence[Mapping[str, Any]] = ()) -> dict:
+    out = {**view.json, "roles": [{**r.json, "health": health_of(r)} for r in view.roles]}
+    if decisions:
+        out["autoscale_decisions"] = list(decisions)  # the last lines of decisions.jsonl
+    return out
 
 
-def render(view: DeploymentView, as_json: bool, watch: bool = False) -> str | Table:
-    """`--json`: one document (one line a refresh under --watch); else the table."""
+def render(
+    view: DeploymentView, as_json: bool, watch: bool = False, decisions: Sequence[Mapping[str, Any]] = ()
+) -> str | Table:
+    """`--json`: one document (one line a refresh under --watch); else the table. `decisions`: the
+    autoscaler's last ones (rundir/decisions.py), whichever backend runs it."""
     if as_json:
-        return json.dumps(status_json(view), indent=None if watch else 2)
-    return status_table(view)
+        return json.dumps(status_json(view, decisions), indent=None if watch else 2)
+    return status_table(view, decisions)
 
 
-def status_table(view: DeploymentView) -> Table:
+def status_table(view: DeploymentView, decisions: Sequence[Mapping[str, Any]] = ()) -> Table:
     title = f"{view.name}: {view.state} ({view.about})"
     if view.change:
         what, began = view.change
         title += f"\nchanging: {what} (since {since(began)})"
-    table = Table(
-        title=title, title_justify="left", caption="\n".join(view.notes) or None, caption_justify="left"
-    )
+    notes = [*view.notes, *(f"autoscale: {describe(d)}" for d in decisions[-3:])]
+    table = Table(title=title, title_justify="left", caption="\n".join(notes) or None, caption_justify="left")
     columns = ("role", "kind", "state", view.where, "gpus", *(("gpu memory",) * view.gpu_memory))
     for column in (*columns, "url", "ready since", "restarts", "gen", "health now"):
         table.add_column(column)

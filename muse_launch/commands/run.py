@@ -259,6 +259,7 @@ def status(
 
     from muse_launch.backends import backend_of
     from muse_launch.render_status import render as draw
+    from muse_launch.rundir.decisions import recent_decisions
     from muse_launch.supervise.probe import HTTP_TIMEOUT
     from muse_launch.top.deadline import bounded_client
 
@@ -269,7 +270,7 @@ def status(
     with bounded_client(HTTP_TIMEOUT) as client:
 
         def render() -> str | Table:
-            return draw(backend.status(run_dir, client), as_json, watch)
+            return draw(backend.status(run_dir, client), as_json, watch, recent_decisions(run_dir))
 
         def show(rendered: str | Table) -> None:
             typer.echo(rendered) if isinstance(rendered, str) else console.print(rendered)

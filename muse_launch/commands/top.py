@@ -52,6 +52,7 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
 
     from muse_launch.backends import backend_of
     from muse_launch.errors import RuntimeFailure
+    from muse_launch.rundir.decisions import recent_decisions
     from muse_launch.rundir.state import read_state
     from muse_launch.supervise.probe import health_now
     from muse_launch.top.collect import read_all, snapshot
@@ -72,7 +73,9 @@ def _frames(run_dir, interval: float) -> Iterator[dict]:
             record = backend.observe(record)  # its roles as the backend sees them now
             readings = read_all(record, client, pool)
             health = health_now(record, run_dir, client, backend.listener_owners(record, run_dir))
-            yield snapshot(record, readings, before, health, interval)
+            snap = snapshot(record, readings, before, health, interval)
+            decisions = recent_decisions(run_dir, 3)  # the autoscaler's last ones (docs/autoscale.md)
+            yield {**snap, "autoscale_decisions": decisions} if decisions else snap
             before = readings
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
 

@@ -42,6 +42,7 @@ class LocalBackend(SupervisedChanges):
         from muse_launch.host.gpus import read_gpu_view
         from muse_launch.local.gpus import SKIP_FLAG, preflight_for
         from muse_launch.local.up import UpOptions, bring_up, refuse_multi_node
+        from muse_launch.supervise.autoscaler import Setup
 
         if not request.rehearse:
             refuse_multi_node(loaded.plan)
@@ -54,6 +55,7 @@ class LocalBackend(SupervisedChanges):
             start=loaded.loaded.topology.start,
             secret_sources=loaded.loaded.secret_sources,
             placement=None if only else placement(loaded, request, read_gpu_view),
+            autoscale=None if only else Setup.of(loaded.loaded.topology),
         )
         skipped = (
             SKIP_FLAG

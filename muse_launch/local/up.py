@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 from rich.console import Console
@@ -64,6 +65,7 @@ class UpOptions:
     redact: Callable[[str], str] = lambda text: text  # hides ${env:...} values (bring_up sets the file's)
     secret_sources: Mapping[str, str] = field(default_factory=dict)  # such a value -> as written, ${env:...}
     placement: Placement | None = None  # how `scale` places a new instance (None: `--only`, none placed)
+    autoscale: Any = None  # the file's autoscale setup (supervise/autoscaler.py Setup), None without one
 
 
 def saying(console: Console) -> Callable[[str], None]:
@@ -315,7 +317,9 @@ def _foreground(
             with host:
                 with live:
                     live.enter_context(progress)
-                    outcome = host.run(options.fail_fast, ready, options.placement)
+                    outcome = host.run(
+                        options.fail_fast, ready, options.placement, autoscale=options.autoscale
+                    )
                 return _finish(host.sup, outcome, options, host.received, quiet, run_dir)
     finally:
         out.close()
@@ -466,7 +470,7 @@ def _run_detached(
                         os.close(pipe)
                         pipe = -1
 
-                outcome = host.run(options.fail_fast, ready, options.placement)
+                outcome = host.run(options.fail_fast, ready, options.placement, autoscale=options.autoscale)
                 if outcome is Outcome.RELEASED and pipe >= 0:
                     pipe = _tell(pipe, "released\n")  # `up` says `down` stopped it, not that it went away
                 return _finish(host.sup, outcome, options, host.received, console, run_dir)

@@ -9,6 +9,7 @@ What is counted, and where:
 * prompt and generation tokens: counted by the generation endpoints through :meth:`SimMetrics.count` once
   a request's output is known;
 * time to first token: arrival to the first byte of the answer (a stream's first chunk), as a histogram;
+* inter-token latency: each decode step after the first token, as a histogram (SGLang's and vLLM's names);
 * KV cache use: the prompt and output tokens of the requests in flight, over the token capacity the
   simulated engine reports (`max_total_num_tokens`).
 """
@@ -54,6 +55,35 @@ TTFT_BUCKETS = (
     640.0,
     2560.0,
 )  # vLLM's
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.035,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)  # SGLang's (vLLM's start at 10 ms: too coarse for the simulated engine's milliseconds)
+ITL_HISTOGRAMS = {
+    "sglang": "sglang:inter_token_latency_seconds",
+    "vllm": "vllm:inter_token_latency_seconds",
+}
 _Key = getattr(web, "RequestKey", None)  # aiohttp >= 3.13 (a plain string before)
 _STARTED = (
     _Key("muse_sim_metrics_started", float) if _Key else "muse_sim_metrics_started"
@@ -89,6 +119,7 @@ class SimMetrics:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
+    itl: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS))  # each token after the first
 
     def count(self, prompt_tokens: int, generation_tokens: int) -> None:
         """One request's tokens, once its output is known; they stay resident while it runs."""
@@ -103,6 +134,7 @@ class SimMetrics:
 def install(app: web.Application, engine: SimEngine) -> None:
     """GET /metrics, and the middleware and response hook that keep the counters, on `app`."""
     metrics = engine.metrics = getattr(engine, "metrics", None) or SimMetrics()
+    engine.batch.on_step = metrics.itl.observe
 
     @web.middleware
     async def track(request: web.Request, handler):
@@ -173,12 +205,19 @@ def exposition(engine: SimEngine) -> str:
         (names.generation_tokens, "Number of generation tokens processed.", n.generation_tokens_total),
     ):
         metric(name, "counter", doc, value)
-    ttft = names.ttft
-    out.extend((f"# HELP {ttft} Histogram of time to first token in seconds.", f"# TYPE {ttft} histogram"))
-    for bound, count in zip((*m.ttft.buckets, math.inf), (*m.ttft.counts, m.ttft.count), strict=True):
-        out.append(f'{ttft}_bucket{{{labels},le="{_number(bound)}"}} {_number(count)}')
-    out.append(f"{ttft}_sum{{{labels}}} {_number(m.ttft.total)}")
-    out.append(f"{ttft}_count{{{labels}}} {_number(m.ttft.count)}")
+    for name, doc, hist in (
+        (names.ttft, "Histogram of time to first token in seconds.", m.ttft),
+        (
+            ITL_HISTOGRAMS.get(cfg.engine, ITL_HISTOGRAMS["sglang"]),
+            "Histogram of inter-token latency in seconds.",
+            m.itl,
+        ),
+    ):
+        out.extend((f"# HELP {name} {doc}", f"# TYPE {name} histogram"))
+        for bound, count in zip((*hist.buckets, math.inf), (*hist.counts, hist.count), strict=True):
+            out.append(f'{name}_bucket{{{labels},le="{_number(bound)}"}} {_number(count)}')
+        out.append(f"{name}_sum{{{labels}}} {_number(hist.total)}")
+        out.append(f"{name}_count{{{labels}}} {_number(hist.count)}")
     out.extend(
         (
             "# HELP muse_sim_requests_total Requests the simulated engine answered.",

@@ -17,7 +17,8 @@ object the engine's metrics read (``running``, ``queued``, token totals).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -61,6 +62,7 @@ class Batch:
         self.counters = Counters()
         self._room: asyncio.Semaphore | None = None  # made in the serving loop
         self._prefill: asyncio.Lock | None = None
+        self.on_step: Callable[[float], None] = lambda seconds: None  # each token's gap (the ITL histogram)
 
     @asynccontextmanager
     async def admitted(self, prompt_tokens: int = 0) -> AsyncIterator[None]:
@@ -98,8 +100,10 @@ class Batch:
     async def step(self) -> None:
         """One decode step of this request, as long as the batch makes it now."""
         seconds = self.rates.step_s(self.counters.running)
+        started = time.monotonic()
         if seconds > 0:
             await asyncio.sleep(seconds)
+        self.on_step(time.monotonic() - started)
 
     def emitted(self, tokens: int = 1) -> None:
         self.counters.generation_tokens_total += max(tokens, 0)

@@ -33,6 +33,7 @@ from muse_launch.proc.process import Marker
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, now_iso
 from muse_launch.signals import reset_inherited
+from muse_launch.supervise.autoscaler import Setup
 from muse_launch.supervise.changes import Placement
 from muse_launch.supervise.host import SupervisorHost
 from muse_launch.supervise.record import planned_record
@@ -130,7 +131,8 @@ def run(args: argparse.Namespace, stopped: dict) -> int:
         watcher = threading.Thread(target=_watch, args=(files, sup, stopping, asked, desk), daemon=True)
         watcher.start()
         try:
-            _supervise(host, args.fail_fast, asked, stopped, place, lambda: _served(desk, gpus_per_node))
+            served = lambda: _served(desk, gpus_per_node)  # noqa: E731
+            _supervise(host, args.fail_fast, asked, stopped, place, served, Setup.of(loaded.topology))
         finally:
             stopping.set()
             files.heartbeat.unlink(missing_ok=True)
@@ -222,6 +224,7 @@ def _supervise(
     stopped: dict,
     place: Placement,
     served: Callable[[], AbstractContextManager[None]],
+    autoscale: Setup | None,
 ) -> None:
     """Start, supervise until a stop is asked (or a role fails), stop in reverse waves, sign off."""
     sup = host.sup
@@ -230,7 +233,7 @@ def _supervise(
         urls = ", ".join(r.url for r in sup.record.entry_roles() if r.url)
         print(f"muse-launch: {sup.plan.name} ready at {now_iso(time.time())}: {urls}", flush=True)
 
-    outcome = host.run(fail_fast, ready, place, served)
+    outcome = host.run(fail_fast, ready, place, served, autoscale)
     if outcome is Outcome.FAILED:
         failed = sup.record.role(sup.failed_role) if sup.failed_role else None
         print(

@@ -23,6 +23,7 @@ from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.logfiles import LogCaps
 from muse_launch.rundir.state import DeploymentRecord, RunDir, StateSaver
+from muse_launch.supervise.autoscaler import Setup, running
 from muse_launch.supervise.changes import Changes, Placement
 from muse_launch.supervise.control import ControlServer
 from muse_launch.supervise.seams import Processes
@@ -107,10 +108,12 @@ class SupervisorHost:
         on_ready: Callable[[float], None],
         placement: Placement | None,
         served: Callable[[], AbstractContextManager[None]] = nullcontext,
+        autoscale: Setup | None = None,
     ) -> Outcome:
         """Start, and once ready serve changes (placed by `placement`) before `on_ready` says so: a `scale`
         right after finds the socket. `served`: what else stands while they are served (SLURM's request
-        files). Supervises until a stop is asked or a role fails; the caller stops what is left."""
+        files); `autoscale`: the autoscaler's thread, from then on.
+        Supervises until a stop is asked or a role fails; the caller stops what is left."""
         with ExitStack() as serving:
 
             def ready(seconds: float) -> None:
@@ -124,6 +127,8 @@ class SupervisorHost:
                 else:
                     serving.callback(server.close)
                     serving.enter_context(served())
+                    # it acts through the socket, as `scale` does: a decision is one change among the others
+                    serving.enter_context(running(autoscale, self.run_dir, lambda: self.sup.record, self.say))
                 on_ready(seconds)
 
             return self.sup.run(fail_fast, ready, on_tick=self.saver.retry)

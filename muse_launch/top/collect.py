@@ -23,7 +23,7 @@ from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 from .prom import FetchError, Parsed, fetch, parse
 
 # Inter-token latency histograms (seconds), where the engine has one: vLLM's newer name, its older
-# (time per output token), SGLang's. The simulated engine serves none: ITL is n/a there.
+# (time per output token), SGLang's. The simulated engine serves the same names.
 ITL_HISTOGRAMS = {
     "vllm": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
     "sglang": ("sglang:inter_token_latency_seconds",),

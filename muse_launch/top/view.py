@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from muse_launch.render_status import style_of
+from muse_launch.rundir.decisions import describe
 
 NA = Text("n/a", style="dim")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -148,4 +149,7 @@ def router_tables(snap: Mapping[str, Any]) -> list[Table]:
 
 
 def render(snap: Mapping[str, Any], once: bool = False) -> Group:
-    return Group(role_table(snap, once), *router_tables(snap))
+    decisions = [
+        Text(f"autoscale: {describe(d)}", style="cyan") for d in snap.get("autoscale_decisions") or []
+    ]
+    return Group(role_table(snap, once), *router_tables(snap), *decisions)

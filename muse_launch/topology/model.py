@@ -258,6 +258,57 @@ class RehearseConfig(Strict):
         return {k: v for k, v in self.model_dump().items() if k != "ready_after" and v is not None}
 
 
+class AutoscaleTargets(Strict):
+    """The latency promise: at `percentile`, time to first token and inter-token latency (seconds)."""
+
+    ttft: Seconds | None = Field(None, gt=0, description="time to first token, seconds (prefill's target)")
+    itl: Seconds | None = Field(None, gt=0, description="inter-token latency, seconds (decode's target)")
+    percentile: float = Field(90, gt=0, lt=100, allow_inf_nan=False, description="e.g. 90 for p90")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> AutoscaleTargets:
+        if self.ttft is None and self.itl is None:
+            raise ValueError("give ttft: SECONDS, itl: SECONDS or both")
+        return self
+
+
+class AutoscaleBounds(Strict):
+    min: int = Field(1, ge=1, le=MAX_REPLICAS, description="instances it never goes below")
+    max: int = Field(ge=1, le=MAX_REPLICAS, description="instances it never goes above")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AutoscaleBounds:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}; give min <= max")
+        return self
+
+
+class AutoscaleConfig(Strict):
+    """`autoscale:`: keep the targets with the fewest GPUs, prefill and decode each on its own bottleneck
+    (docs/autoscale.md)."""
+
+    mode: Literal["act", "advise"] = Field(
+        "act", description="act: the supervisor scales; advise: it only records what it would do"
+    )
+    targets: AutoscaleTargets = Field(description="{ttft: SECONDS, itl: SECONDS, percentile: 90}")
+    roles: dict[RoleName, AutoscaleBounds] = Field(
+        min_length=1, description="worker role -> {min, max} instances"
+    )
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_GPUS_PER_NODE * MAX_REPLICAS,
+        description="GPU budget: the most the scaled roles hold together (default: no budget but the GPUs)",
+    )
+    interval: Seconds = Field(30.0, ge=1, description="seconds between decisions")
+    cooldown: Seconds | None = Field(
+        None, ge=0, description="seconds after a change before the role changes again (default: 2 intervals)"
+    )
+    manual_hold: Seconds = Field(
+        1800.0, ge=0, description="seconds a manual `scale` stands as the floor (up) or ceiling (down)"
+    )
+
+
 class NodeConfig(Strict):
     address: Host
 
@@ -389,6 +440,9 @@ class Topology(Strict):
         "installed versions allow it); waves: each role once all it is wired to are ready",
     )
     roles: dict[RoleName, Role] = Field(min_length=1)
+    autoscale: AutoscaleConfig | None = Field(
+        None, description="latency targets, per role bounds and a GPU budget (docs/autoscale.md)"
+    )
 
     @field_validator("hardware")
     @classmethod

@@ -113,3 +113,29 @@ def test_a_hostile_served_model_name_stays_inside_its_label(tmp_path):
     parsed = parse(run("sglang", ["--model-path", M, "--served-model-name", name], tmp_path, fn))
     assert parsed.values("evil_metric") == [] and parsed.bad_lines == 0
     assert parsed.samples[0].labels["model_name"] == name
+
+
+def test_inter_token_latency_is_a_histogram_top_reads(tmp_path):
+    """Each token after the first is one observation of SGLang's and vLLM's ITL histogram, and top's own
+    reader finds it (the autoscaler's decode signal)."""
+    from muse_launch.top.collect import ITL_HISTOGRAMS, _histograms, quantile
+
+    async def fn(c):
+        stream = await c.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        await stream.read()
+        return await (await c.get("/metrics")).text()
+
+    for engine, argv in (("sglang", ["--model-path", M]), ("vllm", [M])):
+        (tmp_path / engine).mkdir()
+        text = run(engine, argv, tmp_path / engine, fn, itl=0.01)
+        name = ITL_HISTOGRAMS[engine][0]
+        parsed = parse(text)
+        assert f"# TYPE {name} histogram" in text
+        steps = parsed.values(f"{name}_count")[0]
+        assert (
+            steps
+            == parsed.values(SGLANG.generation_tokens if engine == "sglang" else VLLM.generation_tokens)[0]
+            - 1
+        )  # one gap between each two tokens of the one answer
+        itl = _histograms(parsed, engine)["itl"]
+        assert 0.01 <= quantile(0.5, itl) < 0.05
