@@ -193,11 +193,9 @@ class K8sBackend:
         allow_downtime: bool = False,
         by_file: bool = False,
     ) -> str:
-        raise NotSupported(
-            f"adding an instance of {role} on Kubernetes is not supported by muse-launch yet",
-            fix=f"raise roles.{role}.replicas in the file, then `muse-launch down {run_dir.name}` "
-            "and `up --on k8s` it again",
-        )
+        from .rollout import Rollout
+
+        return Rollout(run_dir, say).add(role)
 
     def scale_role(
         self,
@@ -209,11 +207,9 @@ class K8sBackend:
         drain_timeout: float | None = None,
         allow_downtime: bool = False,
     ) -> dict:
-        raise NotSupported(
-            f"scaling {role} on Kubernetes is not supported by muse-launch yet",
-            fix=f"set roles.{role}.replicas to {replicas} in the file, then "
-            f"`muse-launch down {run_dir.name}` and `up --on k8s` it again",
-        )
+        from .rollout import Rollout
+
+        return Rollout(run_dir, say, drain_timeout).scale(role, replicas)
 
     def remove_instance(
         self,
@@ -225,10 +221,9 @@ class K8sBackend:
         allow_downtime: bool = False,
         by_file: bool = False,
     ) -> dict:
-        raise NotSupported(
-            f"removing {instance} on Kubernetes is not supported by muse-launch yet",
-            fix=f"lower its role's replicas, then `down {run_dir.name}` and `up --on k8s` again",
-        )
+        from .rollout import Rollout
+
+        return Rollout(run_dir, say, drain_timeout).remove(instance)
 
     def restart_instance(
         self,
@@ -240,10 +235,9 @@ class K8sBackend:
         drain_timeout: float | None = None,
         relaunch: bool = False,
     ) -> dict:
-        raise NotSupported(
-            f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
-            fix="the kubelet restarts a container that dies by the pod's restart policy",
-        )
+        from .rollout import Rollout
+
+        return Rollout(run_dir, say, drain_timeout).restart(instance)
 
     def adopt(
         self,

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from muse_launch.backend import backend_named, backend_of, backends, claim_for
-from muse_launch.errors import NotSupported, UsageError
+from muse_launch.errors import UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.rundir.state import RunDir, StateDamaged, read_state, write_state
 from muse_launch.slurm.files import SlurmFiles
@@ -89,17 +89,18 @@ def test_up_on_names_a_remote_backend_only():
             backend_named(name)
 
 
-@pytest.mark.parametrize("name", ["k8s"])
-def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
-    backend, run_dir = backends()[name], RunDir.of("demo")
+def test_run_time_changes_on_kubernetes_need_it_up_there_and_say_so(home):
+    from muse_launch.errors import RuntimeFailure
+
+    backend, run_dir = backends()["k8s"], RunDir.of("demo")
     for change, arg in (
         (backend.add_instance, "decode"),
         (backend.remove_instance, "decode-1"),
         (backend.restart_instance, "decode-0"),
     ):
-        with pytest.raises(NotSupported) as caught:
+        with pytest.raises(RuntimeFailure, match="'demo' is not up on Kubernetes") as caught:
             change(run_dir, arg)
-        assert arg in str(caught.value) and caught.value.fix
+        assert "--on k8s" in caught.value.fix
 
 
 @pytest.mark.parametrize(
