@@ -202,10 +202,48 @@ class Rollout:
                 raise RuntimeFailure(f"{inst.name}: the router does not list it as healthy ({seen.seen})")
             time.sleep(POLL)
         self.say(f"router: registered {inst.name} ({inst.kind}) at {inst.url}, listed healthy")
+        if inst.name in self.rec.leaving:
+            self._leaving([n for n in self.rec.leaving if n != inst.name])
+
+    def _leaving(self, names: list[str]) -> None:
+        rec = records.read(self.run_dir) or self.rec
+        rec.leaving = names
+        records.write(self.run_dir, rec)
+        self.rec = rec
+
+    def reconcile(self) -> list[str]:
+        """Make the router list every instance the record holds (less those leaving): a router pod made again
+        knows only its command-line workers. What it did, one line each; nothing where the router's pod is
+        not ready yet."""
+        from muse_launch.supervise.wiring import Wire, WiringCheck
+        from muse_launch.supervise.workers import reconcile
+
+        cluster = connect_record(self.rec)
+        try:
+            try:
+                check = self._router(cluster)
+            except (NotSupported, RuntimeFailure):
+                return []
+            routed = {r["name"] for r in self.rec.roles} - set(self.rec.leaving)
+            wires = tuple(
+                Wire(r.name, r.kind, r.url.rstrip("/"), r.ports.get("bootstrap"))
+                for r in self._state().roles
+                if r.name in routed and r.kind in ("prefill", "decode", "worker") and r.url
+            )
+            if not wires:
+                return []
+            done = reconcile(self.http, WiringCheck(check.role, check.list_url, wires, check.headers))
+            for line in done:
+                self.say(f"router: {line}")
+            return done
+        finally:
+            cluster.close()
+            self.http.close()
 
     def _take_out(self, cluster: Cluster, inst: Instance) -> None:
         from muse_launch.supervise.workers import deregister
 
+        self._leaving([*self.rec.leaving, inst.name])
         if deregister(self.http, self._router(cluster), inst.url):
             self.say(f"router: removed {inst.name} ({inst.url})")
 
@@ -297,6 +335,7 @@ class Rollout:
                 row = next(r for r in state.roles if r.name == like)
                 rows.append(replace(row, name=inst.name, url=inst.url, state=RoleState.READY, generation=0))
         rec.roles = roles
+        rec.leaving = [n for n in rec.leaving if n not in removed]
         records.write(self.run_dir, rec)
         self.rec = rec
         if state is not None:

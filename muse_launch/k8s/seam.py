@@ -117,7 +117,10 @@ class K8sBackend:
         from rich.table import Table
 
         from .backend import KubernetesBackend
+        from .rollout import Rollout
 
+        if self.owns(run_dir):  # a router pod made again gets every worker back
+            Rollout(run_dir, lambda text: None).reconcile()
         rec, view = KubernetesBackend(_say).status(run_dir)
         if as_json:
             data = {

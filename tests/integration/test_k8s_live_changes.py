@@ -162,3 +162,49 @@ def test_rolling_restart_of_prefill_and_decode_fails_no_request(flavour, ml, k8s
         assert len(workers) == 2 and all(w["is_healthy"] for w in workers.values()), workers
     finally:
         down_clean(ml, k8s_cluster, name, instance)
+
+
+def delete_pod(k8s_cluster, pod: str) -> None:
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        cluster.core().delete_namespaced_pod(pod, "default")
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_router_pod_deleted_after_a_scale_up_comes_back_with_every_worker(
+    flavour, ml, k8s_cluster, tmp_path
+):
+    name = f"live-router-{flavour}"
+    instance = name if flavour == "lws" else f"{name}-rbg"
+    ok(ml("up", topology(tmp_path, name), "--on", "k8s", "--rehearse", "--to", flavour, *IMAGE, "-d"))
+    try:
+        roles = {r["name"]: r for r in status(ml, name)["roles"]}
+        router = roles["router"]
+        with SteadyLoad(f"http://{router['ip']}:8100", MODEL) as load:
+            load.wait_for(4)
+            ok(ml("scale", name, "decode", "2"))
+            load.wait_for(4)
+        assert load.failures == [], load.failures
+        delete_pod(k8s_cluster, router["pod"])  # its controller makes it again, on its command-line workers
+
+        def back() -> dict | None:
+            now = {r["name"]: r for r in status(ml, name)["roles"]}  # `status` gives it the workers again
+            again = now["router"]
+            if again["pod"] == router["pod"] and again["ip"] == router["ip"] or again["state"] != "ready":
+                return None
+            workers = listed(f"http://{again['ip']}:8100")
+            return now if len(workers) == 3 and all(w["is_healthy"] for w in workers.values()) else None
+
+        now = wait_for(back, timeout=120)
+        new_ip = f"http://{now['decode-1']['ip']}:31003"
+        with SteadyLoad(f"http://{now['router']['ip']}:8100", MODEL) as load:  # served again, by both decodes
+            before = served(new_ip)
+            load.wait_for(8)
+            wait_for(lambda: served(new_ip) > before, timeout=60)
+        assert load.failures == [], load.failures
+    finally:
+        down_clean(ml, k8s_cluster, name, instance)
