@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from ..engines import WORKER_ENGINES
+from ..engines.metrics import ENGINE_METRICS
 from ..plan.spec import ProbeKind
 from ..render_text import image_for
 from ..topology.hardware import PROFILES, Vendor
@@ -25,6 +26,28 @@ SHM_SIZE = "32Gi"  # as `plan --format docker` gives each container (--shm-size 
 STARTUP_PERIOD = 10  # seconds between start-up probes; the plan's timeout sets how many may fail
 READY_PERIOD = 5
 SINGLE_POD_KINDS = ("router", "command")  # nothing addresses them by pod: a Deployment (LWS flavour)
+# The longest a worker pod being deleted waits for its own requests in flight (its preStop hook), before the
+# SIGTERM and the plan's own stop grace: `scale` and `restart --drain-timeout`'s default.
+DRAIN_SECONDS = 120
+ROUTED_KINDS = ("prefill", "decode", "worker")
+# The preStop hook: until the engine's own gauges of running and waiting requests read 0 twice (or the drain's
+# time is over), read at the pod's address, else at loopback. Python: every SGLang and vLLM image has it.
+DRAIN_HOOK = """import socket, sys, time, urllib.request
+port, gauges, limit = sys.argv[1], sys.argv[2].split(","), time.monotonic() + float(sys.argv[3])
+hosts, idle = [socket.gethostbyname(socket.gethostname()), "127.0.0.1"], 0
+while time.monotonic() < limit and idle < 2:
+    count = None
+    for host in hosts:
+        try:
+            text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=2).read().decode()
+        except Exception:
+            continue
+        rows = [x.split() for x in text.splitlines() if not x.startswith("#")]
+        count = sum(float(r[-1]) for r in rows if r and r[0].split("{")[0] in gauges)
+        break
+    idle = idle + 1 if count == 0 else 0
+    time.sleep(0.5)
+"""
 
 
 # libyaml's emitter where PyYAML has it: the same bytes (tests/unit/test_export.py compares them), about 7x
@@ -148,9 +171,22 @@ def container(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> 
     if spec.gpus and profile.vendor in GPU_RESOURCE:
         out["resources"] = {"limits": {GPU_RESOURCE[profile.vendor]: str(len(spec.gpus))}}
     out.update(probes(pod))
+    if (hook := drain_hook(group, pod)) is not None:
+        out["lifecycle"] = {"preStop": {"exec": {"command": hook}}}
     if group.engine in WORKER_ENGINES:
         out["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     return out
+
+
+def drain_hook(group: Group, pod: PodCommand) -> list[str] | None:
+    """A routed worker's preStop command: it waits for the requests the engine holds, so that a pod deleted
+    by anyone (a node drain, a controller's rolling update, kubectl) is not killed with requests in flight."""
+    metrics = ENGINE_METRICS.get(group.engine)
+    port = pod.spec.ports.get("http")
+    if metrics is None or port is None or group.kind not in ROUTED_KINDS:
+        return None
+    gauges = f"{metrics.running},{metrics.queued}"
+    return ["python3", "-c", DRAIN_HOOK, str(port), gauges, str(DRAIN_SECONDS)]
 
 
 def probes(pod: PodCommand) -> dict[str, Any]:
@@ -181,7 +217,9 @@ def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> d
     out: dict[str, Any] = {"containers": [container(export, group, pod, image)]}
     if group.engine in WORKER_ENGINES:
         out["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
-    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace)
+    # the preStop drain counts in the grace period: the engine's own stop grace comes after it
+    drain = DRAIN_SECONDS if drain_hook(group, pod) is not None else 0
+    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace) + drain
     return out
 
 

@@ -408,19 +408,25 @@ class KubernetesBackend:
         done = threading.Event()
         try:
             view = observe(cluster, rec)
-            chosen = [r for r in view.roles if not roles or r.name in roles]
-            streams = [
-                threading.Thread(
-                    target=_stream_pod,
-                    args=(cluster, rec.namespace, role.name, pod, lines, lines_in, done),
-                    name=f"logs-{role.name}",
-                    daemon=True,
-                )
-                for role in chosen
-                if (pod := role.pod.name if role.pod else role.pod_name)
-            ]
-            for thread in streams:
-                thread.start()
+            streams: dict[str, threading.Thread] = {}
+
+            def more(view: ClusterView, tail: int) -> None:
+                """A stream for each chosen role's pod not followed yet (one `scale` added, say)."""
+                for role in view.roles:
+                    pod = role.pod.name if role.pod else role.pod_name
+                    if (roles and role.name not in roles and _role(role.name) not in roles) or not pod:
+                        continue
+                    if pod not in streams:
+                        streams[pod] = threading.Thread(
+                            target=_stream_pod,
+                            args=(cluster, rec.namespace, role.name, pod, tail, lines_in, done),
+                            name=f"logs-{role.name}",
+                            daemon=True,
+                        )
+                        streams[pod].start()
+
+            more(view, lines)
+            looked = time.monotonic()
             while True:
                 try:
                     item = lines_in.get(timeout=1.0)
@@ -429,12 +435,16 @@ class KubernetesBackend:
                     if (
                         current is None
                         or current.down_at is not None
-                        or not any(t.is_alive() for t in streams)
+                        or not any(t.is_alive() for t in streams.values())
                     ):
                         return
-                    continue
+                    item = None
                 if item is not None:
                     line(*item)
+                if time.monotonic() - looked > FOLLOW_LOOK:
+                    rec = records.read(run_dir) or rec
+                    more(observe(cluster, rec), -1)
+                    looked = time.monotonic()
         finally:
             done.set()
             cluster.close()
@@ -492,6 +502,13 @@ def service_url(cluster: Cluster, namespace: str, service: str, port: int) -> st
 
 
 FOLLOW_RETRY = 1.0  # after a stream ends (its container restarted, the connection dropped)
+FOLLOW_LOOK = 2.0  # how often `logs -f` looks for a pod it does not follow yet
+
+
+def _role(instance: str) -> str:
+    """The role of an instance `scale` added (decode-2: decode)."""
+    base, _, index = instance.rpartition("-")
+    return base if base and index.isdigit() else instance
 
 
 def _stream_pod(
@@ -514,11 +531,17 @@ def _stream_pod(
         ended = time.monotonic()
         try:
             options: dict[str, Any] = {"follow": True, "_preload_content": False}
-            options.update({"since_seconds": since} if since else {"tail_lines": tail})
+            if since:
+                options["since_seconds"] = since
+            elif tail >= 0:
+                options["tail_lines"] = tail
             answer = cluster.core().read_namespaced_pod_log(pod, namespace, **options)
         except ApiException as exc:
-            if exc.status == 404:
-                return  # gone: the deployment is being taken down
+            if exc.status == 404:  # deleted: a restart makes it again under its name; `down` ends this
+                if done.wait(FOLLOW_RETRY):
+                    return
+                since = since or 1
+                continue
             out.put(
                 (role, f"(its log cannot be read through the API server: HTTP {exc.status} {exc.reason})")
             )

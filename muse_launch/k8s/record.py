@@ -30,6 +30,8 @@ class K8sRecord:
     rehearse: bool = False
     applied_at: float | None = None
     down_at: float | None = None
+    # Instances a change is taking out of the router (drained, then deleted): `reconcile` leaves them out.
+    leaving: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from muse_launch.backend import Backend
-from muse_launch.backend_types import DeploymentView, DownReport, RoleView, Say
+from muse_launch.backend_types import Capability, DeploymentView, DownReport, RoleView, Say
 from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
@@ -32,6 +32,7 @@ def _say(text: str) -> None:
 
 class K8sBackend(Backend):
     name = K8S
+    capabilities = frozenset({Capability.CHANGES})  # an edited file is not adopted while it runs
     flags = ("--to", "--context", "--namespace", "--image")
 
     def owns(self, run_dir: RunDir) -> bool:
@@ -109,7 +110,10 @@ class K8sBackend(Backend):
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
         from .backend import KubernetesBackend
+        from .rollout import Rollout
 
+        if self.owns(run_dir):  # a router pod made again gets every worker back
+            Rollout(run_dir, lambda text: None).reconcile()
         rec, view = KubernetesBackend(_say).status(run_dir)
         roles = []
         for r in view.roles:
@@ -170,22 +174,21 @@ class K8sBackend(Backend):
         printer.flush()
 
     def change(self, run_dir: RunDir, change: Change, say: Say = print) -> dict:
-        name = run_dir.name
+        """Through the objects the controllers own (k8s/rollout.py): a new pod counts once its router
+        lists it healthy; a leaving one is taken out of its router, drained, then deleted."""
+        from .rollout import Rollout
+
         match change:
             case AddInstance(role=role):
-                what, fix = f"adding an instance of {role}", f"raise roles.{role}.replicas in the file"
-            case ScaleRole(role=role, replicas=replicas):
-                what, fix = f"scaling {role}", f"set roles.{role}.replicas to {replicas} in the file"
-            case RemoveInstance(instance=instance):
-                what, fix = f"removing {instance}", "lower its role's replicas in the file"
-            case RestartInstance(instance=instance):
-                raise NotSupported(
-                    f"restarting {instance} alone on Kubernetes is not supported by muse-launch yet",
-                    fix="the kubelet restarts a container that dies by the pod's restart policy",
-                )
-            case _:
-                what, fix = f"changing {name} by an edited file while it runs", "edit the file"
+                return {"instance": Rollout(run_dir, say).add(role)}
+            case ScaleRole(role=role, replicas=replicas, drain_timeout=drain):
+                return Rollout(run_dir, say, drain).scale(role, replicas)
+            case RemoveInstance(instance=instance, drain_timeout=drain):
+                return Rollout(run_dir, say, drain).remove(instance)
+            case RestartInstance(instance=instance, drain_timeout=drain):
+                return Rollout(run_dir, say, drain).restart(instance)
+        name = run_dir.name
         raise NotSupported(
-            f"{what} on Kubernetes is not supported by muse-launch yet",
-            fix=f"{fix}, then `muse-launch down {name}` and `up --on k8s` it again",
+            f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",
+            fix=f"`muse-launch down {name}`, then `up --on k8s` the file again",
         )

@@ -10,7 +10,7 @@ import pytest
 
 from muse_launch.backends import backend_named, backend_of, backends, claim_for
 from muse_launch.change import AddInstance, RemoveInstance, RestartInstance, ScaleRole
-from muse_launch.errors import NotSupported, UsageError
+from muse_launch.errors import UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.rundir.state import RunDir, StateDamaged, read_state, write_state
 from muse_launch.slurm.files import SlurmFiles
@@ -92,18 +92,19 @@ def test_up_on_names_a_remote_backend_only():
             backend_named(name)
 
 
-@pytest.mark.parametrize("name", ["k8s"])
-def test_run_time_changes_not_made_yet_say_so_with_a_fix(name, home):
-    backend, run_dir = backends()[name], RunDir.of("demo")
-    for change, arg in (
-        (AddInstance("decode"), "decode"),
-        (RemoveInstance("decode-1"), "decode-1"),
-        (RestartInstance("decode-0"), "decode-0"),
-        (ScaleRole("decode", 3), "decode"),
+def test_run_time_changes_on_kubernetes_need_it_up_there_and_say_so(home):
+    from muse_launch.errors import RuntimeFailure
+
+    backend, run_dir = backends()["k8s"], RunDir.of("demo")
+    for change in (
+        AddInstance("decode"),
+        RemoveInstance("decode-1"),
+        RestartInstance("decode-0"),
+        ScaleRole("d", 3),
     ):
-        with pytest.raises(NotSupported) as caught:
+        with pytest.raises(RuntimeFailure, match="'demo' is not up on Kubernetes") as caught:
             backend.change(run_dir, change)
-        assert arg in str(caught.value) and caught.value.fix
+        assert "--on k8s" in caught.value.fix
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,478 @@
+"""Changes of a deployment on Kubernetes while it serves (`scale`, `restart --rolling`), no request failed.
+
+A role's instances are the replicas of the object the controllers own: the LeaderWorkerSet of the role's last
+instance in the file (`spec.replicas`), or its role in the RoleBasedGroup (`spec.roles[i].replicas`). An
+instance added by `scale` is the next replica of that object: the controller makes its pod (`<lws>-1`,
+`<rbg>-<role>-1`, ...), with its DNS name under the role's headless Service.
+
+The router learns of a pod from muse-launch, through its worker API (`POST /workers`), as on one host and on
+SLURM, not by its own Kubernetes service discovery: only then does a pod leave the router before it is drained
+and deleted (service discovery drops a pod when its deletion is already under way, racing the SIGTERM), the
+router needs no ServiceAccount that may list pods, and every router muse-launch runs (sglang-router, smg)
+takes it the same way. So a pod counts once the router lists it as healthy; a pod leaves in this order: taken
+out of the router, drained on its own in-flight count (its /metrics), then deleted (its object's replicas
+lowered, or the pod deleted for the controller to make it again).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
+from muse_launch.rundir.state import RunDir
+
+from . import record as records
+from .backend import POLL, connect_record, service_url
+from .client import Cluster
+from .record import K8sRecord
+
+Say = Callable[[str], None]
+READY_TIMEOUT = 300.0  # a new pod: scheduled, started, its probes passed, listed healthy by the router
+GONE_TIMEOUT = 120.0  # past a pod's grace period
+DRAIN_QUIET = 0.5  # an in-flight count of 0 read twice this far apart: idle
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str  # as status and the record name it: decode, decode-1, ...
+    pod: str
+    url: str  # as the router lists it: the pod's DNS name and the role's port
+    kind: str
+    bootstrap_port: int | None
+    engine: str
+    port: int
+    grace: float
+
+
+class Rollout:
+    """One change of a deployment on Kubernetes, saying each step."""
+
+    def __init__(self, run_dir: RunDir, say: Say = print, drain_timeout: float | None = None):
+        self.run_dir = run_dir
+        self.say = say
+        self.drain_timeout = 120.0 if drain_timeout is None else drain_timeout
+        rec = records.read(run_dir)
+        if rec is None or rec.down_at is not None:
+            raise RuntimeFailure(
+                f"deployment {run_dir.name!r} is not up on Kubernetes",
+                fix=f"`muse-launch up FILE --on k8s` it first ({run_dir.name})",
+            )
+        self.rec: K8sRecord = rec
+        self.http = httpx.Client()
+
+    # ---- what a role is made of ----
+    def _state(self) -> Any:
+        from muse_launch.rundir.state import read_state
+
+        state = read_state(self.run_dir)
+        if state is None:
+            raise RuntimeFailure(f"{self.run_dir.name}: its state.json is missing")
+        return state
+
+    def instances(self, role: str) -> list[Instance]:
+        """The role's instances in replica order, as the record and state.json hold them."""
+        from muse_launch.supervise.changes import index_of
+
+        state = {r.name: r for r in self._state().roles}
+        found = []
+        for entry in self.rec.roles:
+            index = index_of(entry["name"], role)
+            if index is None:
+                continue
+            planned = state.get(entry["name"])
+            if planned is None or not entry.get("pod") or not planned.url:
+                raise NotSupported(f"{entry['name']}: not an instance muse-launch can change on Kubernetes")
+            found.append(
+                (
+                    index,
+                    Instance(
+                        entry["name"],
+                        entry["pod"],
+                        planned.url.rstrip("/"),
+                        planned.kind,
+                        planned.ports.get("bootstrap"),
+                        planned.engine,
+                        int(entry.get("port") or planned.ports.get("http") or 0),
+                        planned.grace,
+                    ),
+                )
+            )
+        if not found:
+            names = sorted({r["name"] for r in self.rec.roles})
+            raise UsageError(f"{self.run_dir.name} has no role {role!r}; its instances: {', '.join(names)}")
+        out = [i for _, i in sorted(found, key=lambda f: f[0])]
+        if out[0].kind not in ("prefill", "decode", "worker"):
+            raise NotSupported(
+                f"{role} is a {out[0].kind}: on Kubernetes muse-launch changes the routed workers "
+                "(prefill, decode, worker)"
+            )
+        return out
+
+    def _workload(self, last: Instance) -> tuple[str, str, str, int | None]:
+        """(apiVersion, kind, name, index of the role in a RoleBasedGroup) that owns the last instance."""
+        component = next(r["component"] for r in self.rec.roles if r["name"] == last.name)
+        for obj in self.rec.objects:
+            if obj["kind"] == "LeaderWorkerSet" and obj["name"] == f"{self.rec.instance}-{component}":
+                return obj["apiVersion"], obj["kind"], obj["name"], None
+            if obj["kind"] == "RoleBasedGroup":
+                return obj["apiVersion"], obj["kind"], obj["name"], -1
+        raise NotSupported(f"{last.name}: no LeaderWorkerSet or RoleBasedGroup of it was applied")
+
+    def _replicas(self, cluster: Cluster, last: Instance) -> tuple[int, Callable[[int], None]]:
+        """The owner's replicas now, and how to set them."""
+        api, kind, name, _ = self._workload(last)
+        res = cluster.resource(api, kind)
+        live = res.get(name=name, namespace=self.rec.namespace, _request_timeout=30).to_dict()
+        if kind == "LeaderWorkerSet":
+
+            def set_lws(n: int) -> None:
+                res.patch(
+                    name=name,
+                    namespace=self.rec.namespace,
+                    body={"spec": {"replicas": n}},
+                    content_type="application/merge-patch+json",
+                    _request_timeout=30,
+                )
+
+            return int(live["spec"].get("replicas", 1)), set_lws
+        component = next(r["component"] for r in self.rec.roles if r["name"] == last.name)
+        roles = live["spec"]["roles"]
+        index = next((i for i, r in enumerate(roles) if r["name"] == component), None)
+        if index is None:
+            raise RuntimeFailure(f"RoleBasedGroup/{name} has no role {component}")
+
+        def set_rbg(n: int) -> None:
+            res.patch(
+                name=name,
+                namespace=self.rec.namespace,
+                body=[
+                    {"op": "test", "path": f"/spec/roles/{index}/name", "value": component},
+                    {"op": "replace", "path": f"/spec/roles/{index}/replicas", "value": n},
+                ],
+                content_type="application/json-patch+json",
+                _request_timeout=30,
+            )
+
+        return int(roles[index].get("replicas", 1)), set_rbg
+
+    @staticmethod
+    def _replica(last: Instance, role: str, index: int, extra: int) -> Instance:
+        """Replica `extra` of the last instance's object, named as instance `index` of the role."""
+        base = last.pod.rsplit("-", 1)[0]
+        pod = f"{base}-{extra}"
+        parts = urlsplit(last.url)
+        host = parts.hostname or ""
+        if not host.startswith(last.pod + "."):
+            raise NotSupported(f"{last.name}: its address {last.url} is not its pod's DNS name")
+        netloc = pod + host[len(last.pod) :] + (f":{parts.port}" if parts.port else "")
+        url = urlunsplit((parts.scheme, netloc, parts.path, "", "")).rstrip("/")
+        return replace(last, name=f"{role}-{index}", pod=pod, url=url)
+
+    # ---- the router ----
+    def _router(self, cluster: Cluster) -> Any:
+        from muse_launch.engines import ENGINES
+        from muse_launch.supervise.wiring import WiringCheck
+
+        router = next((r for r in self._state().roles if r.kind == "router"), None)
+        if router is None or not self.rec.entry:
+            raise NotSupported(f"{self.run_dir.name} has no router on Kubernetes to take its workers")
+        entry = self.rec.entry
+        base = service_url(cluster, self.rec.namespace, entry["service"], int(entry["port"]))
+        path = getattr(ENGINES[router.engine].FACTS, "workers_path", "/workers")
+        return WiringCheck(router.name, base + path, ())
+
+    def _register(self, cluster: Cluster, inst: Instance, started: float) -> None:
+        from muse_launch.supervise.wiring import Wire, WiringCheck
+        from muse_launch.supervise.workers import register
+
+        check = self._router(cluster)
+        wire = Wire(inst.name, inst.kind, inst.url, inst.bootstrap_port)
+        register(self.http, check, wire)
+        one = WiringCheck(check.role, check.list_url, (wire,), check.headers)
+        deadline = time.monotonic() + READY_TIMEOUT
+        while (seen := one.check(self.http)).missing:
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"{inst.name}: the router does not list it as healthy ({seen.seen})")
+            time.sleep(POLL)
+        self.say(f"router: registered {inst.name} ({inst.kind}) at {inst.url}, listed healthy")
+        if inst.name in self.rec.leaving:
+            self._leaving([n for n in self.rec.leaving if n != inst.name])
+
+    def _leaving(self, names: list[str]) -> None:
+        rec = records.read(self.run_dir) or self.rec
+        rec.leaving = names
+        records.write(self.run_dir, rec)
+        self.rec = rec
+
+    def reconcile(self) -> list[str]:
+        """Make the router list every instance the record holds (less those leaving): a router pod made again
+        knows only its command-line workers. What it did, one line each; nothing where the router's pod is
+        not ready yet."""
+        from muse_launch.supervise.wiring import Wire, WiringCheck
+        from muse_launch.supervise.workers import reconcile
+
+        cluster = connect_record(self.rec)
+        try:
+            try:
+                check = self._router(cluster)
+            except (NotSupported, RuntimeFailure):
+                return []
+            routed = {r["name"] for r in self.rec.roles} - set(self.rec.leaving)
+            wires = tuple(
+                Wire(r.name, r.kind, r.url.rstrip("/"), r.ports.get("bootstrap"))
+                for r in self._state().roles
+                if r.name in routed and r.kind in ("prefill", "decode", "worker") and r.url
+            )
+            if not wires:
+                return []
+            done = reconcile(self.http, WiringCheck(check.role, check.list_url, wires, check.headers))
+            for line in done:
+                self.say(f"router: {line}")
+            return done
+        finally:
+            cluster.close()
+            self.http.close()
+
+    def _take_out(self, cluster: Cluster, inst: Instance) -> None:
+        from muse_launch.supervise.workers import deregister
+
+        self._leaving([*self.rec.leaving, inst.name])
+        if deregister(self.http, self._router(cluster), inst.url):
+            self.say(f"router: removed {inst.name} ({inst.url})")
+
+    def _drain(self, cluster: Cluster, inst: Instance) -> float:
+        """Wait until the pod itself counts no request in flight; the seconds waited."""
+        from muse_launch.supervise.workers import in_flight
+
+        began = time.monotonic()
+        ip = self._pod(cluster, inst.pod)
+        if ip is None or ip.status.pod_ip is None:
+            return 0.0
+        url = f"http://{ip.status.pod_ip}:{inst.port}"
+        idle_since: float | None = None
+        last: int | None = None
+        while time.monotonic() - began < self.drain_timeout:
+            count = in_flight(self.http, inst.engine, url)
+            if count is None and last is None and time.monotonic() - began > 5:
+                self.say(f"{inst.name}: it does not say what it has in flight; waited 5s")
+                break
+            last = count if count is not None else last
+            if count == 0:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since >= DRAIN_QUIET:
+                    break
+            else:
+                idle_since = None
+            time.sleep(0.1)
+        else:
+            self.say(f"{inst.name}: still {last} in flight after {self.drain_timeout:g}s; deleting it")
+        waited = time.monotonic() - began
+        self.say(f"{inst.name}: drained in {waited:.1f}s")
+        return waited
+
+    # ---- pods ----
+    def _pod(self, cluster: Cluster, name: str) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return cluster.core().read_namespaced_pod(name, self.rec.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _await_ready(self, cluster: Cluster, inst: Instance, not_uid: str | None = None) -> None:
+        from .view import pod_view
+
+        deadline = time.monotonic() + READY_TIMEOUT
+        shown = ""
+        while True:
+            pod = self._pod(cluster, inst.pod)
+            if pod is not None and pod.metadata.uid != not_uid and pod.metadata.deletion_timestamp is None:
+                view = pod_view(pod)
+                line = f"{inst.name}: {'ready' if view.ready else view.phase.lower()} pod {inst.pod}" + (
+                    f" on {view.node} ({view.ip})" if view.node and view.ip else ""
+                )
+                if line != shown:
+                    self.say(f"  {line}")
+                    shown = line
+                if view.ready:
+                    return
+                if view.crash_looping or view.unschedulable:
+                    raise RuntimeFailure(f"{inst.name}: pod {inst.pod} does not start: {view.reason}")
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"{inst.name}: pod {inst.pod} not ready after {READY_TIMEOUT:g}s")
+            time.sleep(POLL)
+
+    def _await_gone(self, cluster: Cluster, pod: str, uid: str | None = None, grace: float = 30.0) -> None:
+        deadline = time.monotonic() + grace + GONE_TIMEOUT
+        while (p := self._pod(cluster, pod)) is not None and (uid is None or p.metadata.uid == uid):
+            if time.monotonic() > deadline:
+                raise RuntimeFailure(f"pod {pod} is still there {grace + GONE_TIMEOUT:g}s after its deletion")
+            time.sleep(POLL)
+
+    # ---- the record ----
+    def _recorded(self, added: list[Instance], removed: list[str], like: str = "") -> None:
+        """The new instances in the Kubernetes record and state.json, the removed ones out of both."""
+        from muse_launch.rundir.lifecycle import RoleState
+        from muse_launch.rundir.state import read_state, write_state
+
+        rec = records.read(self.run_dir) or self.rec
+        state = read_state(self.run_dir)
+        roles = [r for r in rec.roles if r["name"] not in removed]
+        rows = [r for r in state.roles if r.name not in removed] if state is not None else []
+        for inst in added:
+            template = next(r for r in rec.roles if r["name"] == like)
+            roles.append({**template, "name": inst.name, "pod": inst.pod})
+            if state is not None:
+                row = next(r for r in state.roles if r.name == like)
+                rows.append(replace(row, name=inst.name, url=inst.url, state=RoleState.READY, generation=0))
+        rec.roles = roles
+        rec.leaving = [n for n in rec.leaving if n not in removed]
+        records.write(self.run_dir, rec)
+        self.rec = rec
+        if state is not None:
+            waves = []
+            for wave in state.stop_waves:  # a new instance stops with the one it was made like
+                names = [n for n in wave if n not in removed]
+                names += [i.name for i in added if like in wave]
+                waves.append(tuple(names))
+            write_state(self.run_dir, replace(state, roles=tuple(rows), stop_waves=tuple(waves)))
+
+    def _generation(self, name: str) -> int:
+        from muse_launch.rundir.state import read_state, write_state
+
+        state = read_state(self.run_dir)
+        if state is None:
+            return 0
+        rows, generation = [], 0
+        for r in state.roles:
+            if r.name == name:
+                generation = r.generation + 1
+                r = replace(r, generation=generation)
+            rows.append(r)
+        write_state(self.run_dir, replace(state, roles=tuple(rows)))
+        return generation
+
+    # ---- the changes ----
+    def scale(self, role: str, replicas: int) -> dict:
+        cluster = connect_record(self.rec)
+        try:
+            return self._scale(cluster, role, replicas)
+        finally:
+            cluster.close()
+            self.http.close()
+
+    def _scale(self, cluster: Cluster, role: str, replicas: int) -> dict:
+        now = self.instances(role)
+        last = now[-1]
+        owned, set_replicas = self._replicas(cluster, last)
+        first = len(now) - owned  # the file's own instances before the last one's object
+        if replicas < first + 1:
+            raise NotSupported(
+                f"{role}: the file gives it {first + 1} instances, each its own object; on Kubernetes "
+                f"`scale` goes down to {first + 1}",
+                fix=f"lower roles.{role}.replicas in the file, then `down` and `up --on k8s` it",
+            )
+        if replicas > len(now):
+            added = [self._replica(last, role, index, index - first) for index in range(len(now), replicas)]
+            started = time.monotonic()
+            set_replicas(replicas - first)
+            self.say(f"{role}: replicas {owned} -> {replicas - first} ({', '.join(i.pod for i in added)})")
+            try:
+                for inst in added:
+                    self._await_ready(cluster, inst)
+                    self._register(cluster, inst, started)
+            except BaseException:
+                self.say(f"{role}: back to {owned} replicas")
+                for inst in added:
+                    self._take_out(cluster, inst)
+                set_replicas(owned)
+                raise
+            self._recorded(added, [], last.name)
+            return {"instances": [i.name for i in now + added]}
+        leaving = now[replicas:]
+        for inst in reversed(leaving):
+            self._take_out(cluster, inst)
+            self._drain(cluster, inst)
+        set_replicas(replicas - first)
+        self.say(f"{role}: replicas {owned} -> {replicas - first}")
+        for inst in leaving:
+            self._await_gone(cluster, inst.pod, grace=inst.grace)
+        self._recorded([], [i.name for i in leaving])
+        return {"instances": [i.name for i in now[:replicas]]}
+
+    def add(self, role: str) -> str:
+        """One more instance of the role: its name."""
+        now = self.instances(role)
+        return self.scale(role, len(now) + 1)["instances"][-1]
+
+    def remove(self, instance: str) -> dict:
+        """The role's last instance only: the controllers remove a set's highest replica."""
+        role = self._role_of(instance)
+        now = self.instances(role)
+        if now[-1].name != instance:
+            raise NotSupported(
+                f"{instance}: on Kubernetes a role loses its last instance ({now[-1].name}) first, as its "
+                "controller removes the highest replica",
+                fix=f"`muse-launch scale {self.run_dir.name} {role} {len(now) - 1}`",
+            )
+        return self.scale(role, len(now) - 1)
+
+    def restart(self, instance: str) -> dict:
+        """Replace one instance's pod with a fresh one: out of the router, drained, deleted, made again by its
+        controller, ready, back in the router. The only instance of its role gets a surge replica first, so
+        that one instance serves throughout."""
+        cluster = connect_record(self.rec)
+        try:
+            role = self._role_of(instance)
+            now = self.instances(role)
+            inst = next(i for i in now if i.name == instance)
+            surge = None
+            if len(now) == 1:
+                self.say(f"{instance}: the only {role}: a surge replica serves while it restarts")
+                self._scale(cluster, role, 2)
+                surge = next(i for i in self.instances(role) if i.name != instance)
+            try:
+                self._replace(cluster, inst)
+            finally:
+                if surge is not None:
+                    self._scale(cluster, role, 1)
+            return {"generation": self._generation(instance)}
+        finally:
+            cluster.close()
+            self.http.close()
+
+    def _role_of(self, instance: str) -> str:
+        m = re.fullmatch(r"(.+)-(\d{1,4})", instance)
+        names = {r["name"] for r in self.rec.roles}
+        if instance not in names:
+            raise UsageError(f"{self.run_dir.name} has no instance {instance!r}")
+        if m and (m[1] in names or f"{m[1]}-0" in names):
+            return m[1]
+        return instance
+
+    def _replace(self, cluster: Cluster, inst: Instance) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        old = self._pod(cluster, inst.pod)
+        uid = old.metadata.uid if old is not None else None
+        started = time.monotonic()
+        self._take_out(cluster, inst)
+        self._drain(cluster, inst)
+        try:
+            cluster.core().delete_namespaced_pod(inst.pod, self.rec.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        self.say(f"{inst.name}: deleted pod {inst.pod}; its controller makes it again")
+        self._await_gone(cluster, inst.pod, uid, inst.grace)
+        self._await_ready(cluster, inst, not_uid=uid)
+        self._register(cluster, inst, started)
