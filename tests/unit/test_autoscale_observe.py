@@ -3,6 +3,7 @@ them) turned into one window per role; zero traffic is an idle window, not a mis
 
 from __future__ import annotations
 
+from muse_launch.readiness import Probe, ProbeKind
 from muse_launch.rundir.decisions import describe, recent_decisions, record_decision
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord, RunDir
@@ -36,7 +37,7 @@ def role(name: str, kind: str, of: str) -> RoleRecord:
         (),
         None,
         {},
-        None,
+        Probe(ProbeKind.HTTP, ("/health",)),
         "127.0.0.1",
         "SIGTERM",
         1.0,
