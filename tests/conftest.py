@@ -15,7 +15,7 @@ from k8s_cluster import k8s_cluster  # noqa: E402,F401  the `k8s_cluster` fixtur
 # (a SLURM cluster, vLLM on the CPU) starts once; the files of the session's Kubernetes control plane
 # (`k8s_cluster`) run on one worker, which owns that cluster; each document of test_docs.py is a unit of its
 # own (they share nothing). Not xdist's `loadgroup`: under pytest 9 it no longer regroups the tests.
-K8S_CLUSTER_FILES = ("test_k8s_up.py", "test_k8s_server.py")
+K8S_CLUSTER_FILES = ("test_k8s_up.py", "test_k8s_server.py", "test_k8s_live_changes.py")
 ON_THEIR_OWN = ("test_docs.py",)
 
 

@@ -527,9 +527,14 @@ def _stream_pod(
     from muse_launch.rundir.logfiles import LineSplitter
 
     since: int | None = None
+    uid: str | None = None
     while not done.is_set():
         ended = time.monotonic()
         try:
+            now = cluster.core().read_namespaced_pod(pod, namespace, _request_timeout=30).metadata.uid
+            if uid is not None and now != uid:  # the pod made again under its name: all of its log
+                since, tail = None, -1
+            uid = now
             options: dict[str, Any] = {"follow": True, "_preload_content": False}
             if since:
                 options["since_seconds"] = since
@@ -540,7 +545,6 @@ def _stream_pod(
             if exc.status == 404:  # deleted: a restart makes it again under its name; `down` ends this
                 if done.wait(FOLLOW_RETRY):
                     return
-                since = since or 1
                 continue
             out.put(
                 (role, f"(its log cannot be read through the API server: HTTP {exc.status} {exc.reason})")

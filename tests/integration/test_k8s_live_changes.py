@@ -60,6 +60,7 @@ def ml(k8s_cluster, tmp_path):
             env=env,
         )
 
+    run.env = env
     return run
 
 
@@ -93,6 +94,13 @@ def served(url: str) -> float:
 
     text = httpx.get(f"{url}/metrics", timeout=5).text
     return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(SGLANG.generation_tokens))
+
+
+def started(logs: Path) -> set[str]:
+    """The pids of the decode engines whose start line `logs -f` printed."""
+    import re
+
+    return set(re.findall(r"start: engine=sglang role=decode .* pid=(\d+)", logs.read_text()))
 
 
 def status(ml, name: str) -> dict:
@@ -149,9 +157,25 @@ def test_rolling_restart_of_prefill_and_decode_fails_no_request(flavour, ml, k8s
             out = ok(ml("restart", name, "prefill", "--rolling"))
             assert "prefill: 1 restarted" in out and "a surge replica serves" in out, out
             load.wait_for(4)
-            out = ok(ml("restart", name, "decode", "--rolling"))
-            assert "decode: 1 restarted" in out, out
-            load.wait_for(4)
+            logs = tmp_path / "logs-f.txt"
+            with logs.open("w") as sink:  # `logs -f` follows decode's pod across its restart
+                follower = subprocess.Popen(
+                    [sys.executable, "-m", "muse_launch", "logs", name, "decode", "-f", "-n", "10000"],
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    env=ml.env,
+                    cwd=ROOT,
+                )
+            try:
+                wait_for(lambda: started(logs), timeout=60)
+                out = ok(ml("restart", name, "decode", "--rolling"))
+                assert "decode: 1 restarted" in out, out
+                load.wait_for(4)
+                # the old pod's engine, the surge's and the new pod's (deleted, made again under its name)
+                wait_for(lambda: len(started(logs)) >= 3, timeout=60)
+            finally:
+                follower.terminate()
+                follower.wait(timeout=30)
         assert load.failures == [] and load.ok >= 12, load.failures
         after = {r["name"]: r for r in status(ml, name)["roles"]}
         assert sorted(after) == ["decode", "prefill", "router"]

@@ -47,5 +47,8 @@ def test_a_file_is_one_unit_the_k8s_files_one_and_each_document_its_own() -> Non
     assert unit_of_work("tests/integration/test_k8s_up.py::test_a") == unit_of_work(
         "tests/integration/test_k8s_server.py::test_b"
     )
+    assert unit_of_work("tests/integration/test_k8s_live_changes.py::test_c") == unit_of_work(
+        "tests/integration/test_k8s_up.py::test_a"
+    )
     one, other = (f"tests/integration/test_docs.py::test_every_command_runs_as_written[{d}]" for d in "ab")
     assert unit_of_work(one) != unit_of_work(other)
