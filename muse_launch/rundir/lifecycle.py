@@ -86,16 +86,3 @@ def deployment_state(roles: Iterable[RoleState], wired: bool = True) -> Deployme
     ):
         return DeploymentState.DEGRADED
     return DeploymentState.STARTING
-
-
-# How each state is coloured on screen (`up`'s progress, `status`, `top`).
-STATE_STYLES = {
-    RoleState.PENDING: "dim",
-    RoleState.STARTING: "yellow",
-    RoleState.READY: "green",
-    RoleState.UNHEALTHY: "bold yellow",
-    RoleState.FAILED: "bold red",
-    RoleState.RESTARTING: "magenta",
-    RoleState.STOPPING: "yellow",
-    RoleState.STOPPED: "dim",
-}
