@@ -177,7 +177,7 @@ class Rollout:
 
     # ---- the router ----
     def _router(self, cluster: Cluster) -> Any:
-        from muse_launch.engines import ENGINES
+        from muse_launch.engines import ROUTER
         from muse_launch.supervise.wiring import WiringCheck
 
         router = next((r for r in self._state().roles if r.kind == "router"), None)
@@ -185,7 +185,7 @@ class Rollout:
             raise NotSupported(f"{self.run_dir.name} has no router on Kubernetes to take its workers")
         entry = self.rec.entry
         base = service_url(cluster, self.rec.namespace, entry["service"], int(entry["port"]))
-        path = getattr(ENGINES[router.engine].FACTS, "workers_path", "/workers")
+        path = ROUTER[router.engine].FACTS.workers_path
         return WiringCheck(router.name, base + path, ())
 
     def _register(self, cluster: Cluster, inst: Instance, started: float) -> None:
