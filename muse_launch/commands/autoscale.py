@@ -25,7 +25,7 @@ def autoscale(
     fewest GPUs; each decision is printed and appended to decisions.jsonl in the run directory."""
     import threading
 
-    from muse_launch.backend import backend_of
+    from muse_launch.backends import backend_of
     from muse_launch.errors import UsageError
     from muse_launch.rundir.state import read_state, resolve_name
     from muse_launch.supervise.autoscaler import Autoscaler, Setup, loop
