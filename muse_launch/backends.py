@@ -13,9 +13,9 @@ if TYPE_CHECKING:
 
 
 def backends() -> dict[str, Backend]:
-    from muse_launch.k8s.seam import K8sBackend
-    from muse_launch.local.backend import LocalBackend
-    from muse_launch.slurm.backend import SlurmBackend
+    from muse_launch.k8s.k8s_backend import K8sBackend
+    from muse_launch.local.local_backend import LocalBackend
+    from muse_launch.slurm.slurm_backend import SlurmBackend
 
     return {b.name: b for b in (LocalBackend(), SlurmBackend(), K8sBackend())}
 

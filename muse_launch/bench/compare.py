@@ -11,8 +11,8 @@ from pathlib import Path
 
 from muse_launch.errors import UsageError
 
-from .record import printable, read_summary, write_json
 from .report import _html_table, _text_table, columns, has_goodput, html_page, pareto_chart, row
+from .run_record import printable, read_summary, write_json
 
 
 def labels(runs: list[Path], summaries: list[dict]) -> list[str]:

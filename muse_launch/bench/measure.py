@@ -253,7 +253,7 @@ def saturation_warning(points: list[dict]) -> str | None:
 
 def run_bench(target: Target, plan: BenchPlan, out: Path, echo: Callable[[str], None]) -> dict:
     """Every point, then the summary written with the record (record.py); the summary."""
-    from .record import refuse_existing, write_run
+    from .run_record import refuse_existing, write_run
 
     refuse_existing(out)
     aiperf = ap.find_aiperf()

@@ -23,7 +23,7 @@ from pathlib import Path
 from muse_launch.errors import UsageError
 
 from .measure import BenchPlan
-from .record import SUMMARY, write_json
+from .run_record import SUMMARY, write_json
 
 SWEEP = "sweep.json"
 
@@ -284,8 +284,8 @@ def variant_text(opts: SweepOptions, combo: tuple[str, ...]) -> str:
 
 def pick_variant(opts: SweepOptions, results: list[dict], echo: Callable[[str], None]) -> int:
     """Write --pick OUT.yaml: the valid variant with the most goodput per GPU; 1 where none meets the SLO."""
-    from .record import read_summary
     from .report import slo_text
+    from .run_record import read_summary
 
     assert opts.pick is not None
     if opts.plan.slo is None:

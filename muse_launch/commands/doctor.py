@@ -10,7 +10,7 @@ from typing import Any
 
 from muse_launch.host.gpus import GpuReader, GpuView, gib
 from muse_launch.host.versions import installed_versions
-from muse_launch.local.gpus import Owners, gpu_needs, gpu_problems, one_host
+from muse_launch.local.gpu_runtime import Owners, gpu_needs, gpu_problems, one_host
 from muse_launch.proc.ports import can_bind, port_holder
 from muse_launch.rundir.state import recorded_role, running_deployments
 from muse_launch.topology.hardware import PROFILES

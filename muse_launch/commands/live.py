@@ -12,7 +12,7 @@ from muse_launch.commands.run import _deployment, _names
 
 def _instances(record, role: str) -> list[str]:
     """The instances of `role` in the record, in replica order (`decode` or `decode-0` first)."""
-    from muse_launch.supervise.changes import index_of
+    from muse_launch.supervise.change_executor import index_of
 
     found = [(index_of(r.name, role), r.name) for r in record.roles]
     return [name for index, name in sorted((i, n) for i, n in found if i is not None)]

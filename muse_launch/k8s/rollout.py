@@ -28,10 +28,10 @@ import httpx
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir
 
-from . import record as records
-from .backend import POLL, connect_record, service_url
+from . import deployment_record as records
 from .client import Cluster
-from .record import K8sRecord
+from .cluster_ops import POLL, connect_record, service_url
+from .deployment_record import K8sRecord
 
 Say = Callable[[str], None]
 READY_TIMEOUT = 300.0  # a new pod: scheduled, started, its probes passed, listed healthy by the router
@@ -78,7 +78,7 @@ class Rollout:
 
     def instances(self, role: str) -> list[Instance]:
         """The role's instances in replica order, as the record and state.json hold them."""
-        from muse_launch.supervise.changes import index_of
+        from muse_launch.supervise.change_executor import index_of
 
         state = {r.name: r for r in self._state().roles}
         found = []

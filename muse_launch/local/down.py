@@ -14,7 +14,7 @@ from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
 from muse_launch.backend_types import DownReport
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import GPU_RELEASE_SECONDS, GpuReader
-from muse_launch.local.gpus import await_gpu_release, deployment_holders
+from muse_launch.local.gpu_runtime import await_gpu_release, deployment_holders
 from muse_launch.proc import cgroups
 from muse_launch.proc.cgroups import BEST_EFFORT_NOTE
 from muse_launch.proc.identity import catches, holds_open

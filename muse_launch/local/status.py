@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from muse_launch.backend_types import DeploymentView, OwnerOf, RoleView
 from muse_launch.host.gpus import GpuReader, gib
-from muse_launch.local.gpus import role_gpu_memory
+from muse_launch.local.gpu_runtime import role_gpu_memory
 from muse_launch.proc.identity import is_suspended
 from muse_launch.proc.listeners import HostView, ListenerOwner
 from muse_launch.proc.process import Marker

@@ -23,7 +23,7 @@ from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.files import open_fresh
 from muse_launch.host.versions import engine_versions, recorded_versions
 from muse_launch.local.down import refuse_leftovers
-from muse_launch.local.gpus import GpuPreflight
+from muse_launch.local.gpu_runtime import GpuPreflight
 from muse_launch.local.output import BackgroundWriter, LogWriter
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.plan.start_policy import choose
@@ -45,9 +45,9 @@ from muse_launch.rundir.state import (
     running_deployments,
     write_state,
 )
-from muse_launch.supervise.changes import Placement
+from muse_launch.supervise.change_executor import Placement
 from muse_launch.supervise.host import SupervisorHost
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 from muse_launch.supervise.seams import LocalProcesses
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 

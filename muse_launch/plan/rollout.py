@@ -1,6 +1,7 @@
 """The decisions of a change to a running deployment, as a pure planner: a rollout's state in, its next step
 out (after the LWS DisaggregatedSet planner's ComputeNextStep). Nothing here starts, waits or asks over
-HTTP: supervise/changes.py performs each step and hands the outcome back (`after`, `failing`), so a whole
+HTTP: supervise/change_executor.py performs each step and hands the outcome back (`after`, `failing`), so a
+whole
 rollout replays in a unit test without processes.
 
 - scale up: every new instance placed before any starts (the executor refuses where there is no room), then

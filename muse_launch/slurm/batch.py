@@ -6,7 +6,7 @@ fail-fast, restart) with each role instance a job step on its node.
 
 Talks to `up`, `status` and `down` through the run directory: state.json (as on one host),
 slurm/placement.json, slurm/heartbeat, slurm/down-request (`down` asks), slurm/changes/ (`scale` and
-`restart`, slurm/control.py) and slurm/done (the supervisor finished: it stopped what it started).
+`restart`, slurm/request_files.py) and slurm/done (the supervisor finished: it stopped what it started).
 """
 
 from __future__ import annotations
@@ -34,17 +34,17 @@ from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import SLURM, DeploymentRecord, RunDir, now_iso
 from muse_launch.signals import reset_inherited
 from muse_launch.supervise.autoscaler import Setup
-from muse_launch.supervise.changes import Placement
+from muse_launch.supervise.change_executor import Placement
 from muse_launch.supervise.host import SupervisorHost
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 
 from . import cluster
-from .changes import allocated_gpus, slurm_placement
-from .control import FileDesk
+from .change_placement import allocated_gpus, slurm_placement
 from .files import HEARTBEAT_SECONDS, SlurmFiles
 from .placement import AllocatedNode, on_nodes, placement, shape
 from .processes import SlurmProcesses, cpu_shares, shared_gpus
+from .request_files import FileDesk
 
 REQUEST_POLL = 0.2
 
@@ -204,7 +204,7 @@ def _placed(args: argparse.Namespace, files: SlurmFiles, job_id: str):
 @contextmanager
 def _served(desk: FileDesk, gpus_per_node: int) -> Iterator[None]:
     """Once ready: `scale` and `restart` reach this supervisor through request files that the watcher hands
-    to its control socket on this host (slurm/control.py, supervise/control.py)."""
+    to its control socket on this host (slurm/request_files.py, supervise/control_socket.py)."""
     print(
         f"muse-launch: `scale` and `restart` are served; a new instance gets its step where its node has "
         f"free GPUs (of {gpus_per_node} a node) and free ports",

@@ -1,7 +1,7 @@
 """A SLURM deployment's files, under its run directory (which the nodes must share, as they share
 the venv): the batch script as submitted, the checked topology, the job, the placement the batch
 host chose, its heartbeat, the two words `down` and the supervisor exchange, and the requests and
-answers of `scale` and `restart` (slurm/control.py)."""
+answers of `scale` and `restart` (slurm/request_files.py)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class SlurmFiles:
 
     @property
     def changes(self) -> Path:
-        """`scale` and `restart`'s requests and the supervisor's answers (slurm/control.py)."""
+        """`scale` and `restart`'s requests and the supervisor's answers (slurm/request_files.py)."""
         return self.dir / "changes"
 
     def exists(self) -> bool:

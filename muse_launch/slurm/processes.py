@@ -86,7 +86,7 @@ def cpu_shares(
 ) -> dict[str, int]:
     """The node's CPUs split among the GPU roles on it (the others overlap them): evenly, or, where the
     allocation's GPUs per node are known, by each one's share of them, so that free GPUs keep their CPUs for
-    an instance added while it runs (slurm/changes.py)."""
+    an instance added while it runs (slurm/change_placement.py)."""
     on_node: dict[str, int] = {}
     for spec in specs:
         if spec.gpus:
@@ -103,7 +103,9 @@ class SlurmProcesses:
     job_id: str
     run_dir: RunDir
     marker: Marker
-    placement: dict[str, AllocatedNode]  # an instance added while it runs is placed in (slurm/changes.py)
+    placement: dict[
+        str, AllocatedNode
+    ]  # an instance added while it runs is placed in (slurm/change_placement.py)
     cpus: dict[str, int]
     shared: Mapping[str, int] = field(default_factory=dict)  # instance -> its node's GPUs, where roles share
     step_ids: dict[str, str] = field(default_factory=dict)

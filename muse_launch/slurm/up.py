@@ -20,7 +20,7 @@ from muse_launch.render_progress import LiveProgress, PlainProgress
 from muse_launch.rundir.lifecycle import DeploymentState, RoleState
 from muse_launch.rundir.logs import LogFollower, RolePrinter, last_lines
 from muse_launch.rundir.state import SLURM, RunDir, is_locked, read_state, write_state
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 from muse_launch.topology.model import Topology
 
 from . import cluster

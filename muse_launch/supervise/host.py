@@ -24,8 +24,8 @@ from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.logfiles import LogCaps
 from muse_launch.rundir.state import DeploymentRecord, RunDir, StateSaver
 from muse_launch.supervise.autoscaler import Setup, running
-from muse_launch.supervise.changes import Changes, Placement
-from muse_launch.supervise.control import ControlServer
+from muse_launch.supervise.change_executor import Changes, Placement
+from muse_launch.supervise.control_socket import ControlServer
 from muse_launch.supervise.seams import Processes
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 

@@ -1,4 +1,5 @@
-"""The command side of the run-time changes a supervisor makes (supervise/changes.py), written once for
+"""The command side of the run-time changes a supervisor makes (supervise/change_executor.py), written once
+for
 every backend whose supervisor takes them: this host (its control socket) and a SLURM batch host (request
 files relayed to that socket). A backend gives `_request(run_dir, op, args, say)`, its way to the
 supervisor; the Backend's `change` and `held` are these.

@@ -160,7 +160,9 @@ class Supervisor:
         self.on_change = on_change
         self.ports_taken = ports_taken
         self.probes = probes or probe_pool(plan)
-        self.redactions = [redact]  # the first file's, then each adopted file's (supervise/changes.py)
+        self.redactions = [
+            redact
+        ]  # the first file's, then each adopted file's (supervise/change_executor.py)
         self.tend = tend
         self.runs = {s.name: RoleRun(s) for s in plan.specs}
         self.start_after = {
@@ -350,7 +352,7 @@ class Supervisor:
 
     def call(self, step: Callable[[], object], timeout: float = 60.0) -> object:
         """Run `step` in the supervisor's loop, the one thread that changes its roles; returns its result.
-        Called from a change's thread (supervise/changes.py)."""
+        Called from a change's thread (supervise/change_executor.py)."""
         done: Future = Future()
         self.calls.put((step, done))
         self.wakeup.set()

@@ -1,4 +1,5 @@
-"""A stand-in for the supervisor's side of the control socket (supervise/control.py's Handler), written as a
+"""A stand-in for the supervisor's side of the control socket (supervise/control_socket.py's Handler),
+written as a
 function of a request's op and args: the typed change it is handed goes back to its wire form
 (change.py `to_wire`), so that a test says what it expects as the client sent it."""
 

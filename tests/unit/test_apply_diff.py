@@ -33,7 +33,7 @@ from muse_launch.plan.start_policy import choose
 from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import RunDir, read_state, write_state
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 EPD = "topologies/epd-b300.yaml"
 FAST = "rehearse={ready_after: 0.3}"
@@ -382,7 +382,7 @@ def home(tmp_path, monkeypatch):
     def no_start(*args, **kwargs):
         raise AssertionError("up started a deployment")
 
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.bring_up", no_start)
+    monkeypatch.setattr("muse_launch.local.local_backend.LocalBackend.bring_up", no_start)
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     return tmp_path / "home"
 
@@ -461,7 +461,7 @@ def _lease(monkeypatch) -> list[bool]:
         finally:
             ended.append(lease.commit)
 
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.held", held)
+    monkeypatch.setattr("muse_launch.local.local_backend.LocalBackend.held", held)
     return ended
 
 
@@ -471,7 +471,7 @@ def test_up_of_a_running_deployment_says_cleanly_what_the_backend_cannot_do(home
             f"restarting {change.instance} alone is not supported on this host yet", fix="down, then up"
         )
 
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.change", changes_of(restart=refuse))
+    monkeypatch.setattr("muse_launch.local.local_backend.LocalBackend.change", changes_of(restart=refuse))
     ended = _lease(monkeypatch)
     _write_running()
     state = (home / "epd-b300" / "state.json").read_bytes()
@@ -520,7 +520,7 @@ def test_a_deployment_still_starting_is_not_changed(home, monkeypatch):
     write_state(RunDir.of(record.name), _supervised(starting))
     called = []
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.change", lambda self, *a, **k: called.append(a)
+        "muse_launch.local.local_backend.LocalBackend.change", lambda self, *a, **k: called.append(a)
     )
     ran = muse(
         "up", EPD, "--rehearse", "--set", FAST, "--set", SMALL, "--set", "roles.decode.mem_fraction=0.7"
@@ -566,7 +566,7 @@ def test_what_a_backend_says_goes_out_with_the_files_secrets_hidden(tmp_path):
 def test_a_deployment_no_supervisor_watches_is_left_to_up(home, monkeypatch):
     started = []
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.bring_up",
+        "muse_launch.local.local_backend.LocalBackend.bring_up",
         lambda self, *a: started.append(a[0].plan.name) or 0,
     )
     record, _ = running()
@@ -597,10 +597,12 @@ def test_a_failed_instance_of_an_unchanged_role_is_started_again():
 
 def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_old_one(home, monkeypatch):
     calls = []
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.change", lambda self, *a: calls.append(a))
+    monkeypatch.setattr(
+        "muse_launch.local.local_backend.LocalBackend.change", lambda self, *a: calls.append(a)
+    )
     # a backend that cannot
     only_changes = frozenset({Capability.CHANGES})
-    monkeypatch.setattr("muse_launch.local.backend.LocalBackend.capabilities", only_changes)
+    monkeypatch.setattr("muse_launch.local.local_backend.LocalBackend.capabilities", only_changes)
     _write_running()
     edits = ("roles.decode.mem_fraction=0.7", "roles.encoder.replicas=2", "roles.encoder.tp=1")
     ran = muse(
@@ -617,7 +619,7 @@ def test_a_new_launch_is_refused_before_anything_where_the_backend_restarts_the_
 def test_replicas_alone_are_applied_through_the_backend(home, monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.change",
+        "muse_launch.local.local_backend.LocalBackend.change",
         changes_of(
             add=lambda change: calls.append(change.role) or {"instance": "decode-1"},
             adopt=lambda change: calls.append("adopt"),
@@ -662,7 +664,7 @@ def test_up_of_a_running_deployment_hands_its_supervisor_the_env_values_it_read(
     read, not the one it was started with, so `up` hands it those values (and no other variable)."""
     seen = {}
     monkeypatch.setattr(
-        "muse_launch.local.backend.LocalBackend.change",
+        "muse_launch.local.local_backend.LocalBackend.change",
         changes_of(adopt=lambda change: seen.update(change.environ)),
     )
     _lease(monkeypatch)
@@ -748,7 +750,7 @@ def test_the_supervisor_refuses_a_file_that_changed_after_up_printed_its_differe
     """`up` prints the difference of the bytes it read; the supervisor reads the path again. Edited in
     between, it would apply a difference nobody saw: refused, nothing changed."""
     from muse_launch.errors import RuntimeFailure as Failure
-    from muse_launch.supervise.changes import Changes, Placement
+    from muse_launch.supervise.change_executor import Changes, Placement
 
     def never(*_):
         raise AssertionError("nothing is planned from a file refused")

@@ -14,7 +14,7 @@ from muse_launch.errors import UsageError
 from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.rundir.state import RunDir, StateDamaged, read_state, write_state
 from muse_launch.slurm.files import SlurmFiles
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 PLAN = Plan(
     "demo",
@@ -124,7 +124,7 @@ def test_run_time_changes_need_the_supervisor_and_say_so_without_one(home, name,
 def test_claiming_a_name_asks_every_other_backend_to_release_it(home, monkeypatch):
     released = []
     monkeypatch.setattr(
-        "muse_launch.slurm.backend.SlurmBackend.release", lambda self, run_dir: released.append(1)
+        "muse_launch.slurm.slurm_backend.SlurmBackend.release", lambda self, run_dir: released.append(1)
     )
     claim_for("local")(RunDir.of("demo"))
     assert released == [1]

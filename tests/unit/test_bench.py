@@ -156,7 +156,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-from muse_launch.bench.record import read_summary, refuse_existing  # noqa: E402
+from muse_launch.bench.run_record import read_summary, refuse_existing  # noqa: E402
 from muse_launch.bench.sweep import SweepOptions, done_before, set_aside, sweep_key  # noqa: E402
 
 
@@ -306,8 +306,8 @@ def test_a_resumed_sweep_runs_an_invalid_combination_again(tmp_path):
 # --- distributions, goodput, the verdict and its reasons (issue 34) ---
 
 from muse_launch.bench.measure import goodput, parse_slo  # noqa: E402
-from muse_launch.bench.record import verdict_of  # noqa: E402
 from muse_launch.bench.report import table_lines, write_report  # noqa: E402
+from muse_launch.bench.run_record import verdict_of  # noqa: E402
 
 
 def test_slo_parses_units_and_refuses_nonsense():

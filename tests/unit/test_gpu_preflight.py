@@ -12,7 +12,7 @@ import pytest
 
 from muse_launch.errors import RuntimeFailure
 from muse_launch.host.gpus import Gpu, GpuHolder, GpuView
-from muse_launch.local.gpus import (
+from muse_launch.local.gpu_runtime import (
     GpuNeed,
     Owners,
     await_gpu_release,
@@ -143,7 +143,7 @@ def test_a_role_without_a_budget_on_a_held_gpu_cannot_be_told_to_fit():
 
 def test_a_holder_that_leaves_room_is_a_note(monkeypatch):
     monkeypatch.setattr(
-        "muse_launch.local.gpus.command_of", lambda pid: None
+        "muse_launch.local.gpu_runtime.command_of", lambda pid: None
     )  # pid 9 is no process visible here
     problems, notes = problems_of(b300s(holders={5: [GpuHolder(9, 2 * GIB, None)]}))
     assert problems == []

@@ -412,7 +412,7 @@ def test_a_state_naming_another_directory_is_damaged_not_followed(
     """A state.json read back names its deployment `../x`: `ls` lists the others and reports it damaged."""
     from muse_launch.plan.spec import LaunchSpec, Plan
     from muse_launch.rundir.state import deployments, write_state
-    from muse_launch.supervise.record import planned_record
+    from muse_launch.supervise.planned_record import planned_record
 
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path / "home"))
     plan = Plan(

@@ -13,7 +13,7 @@ from cli_run import muse
 
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.rundir.state import RunDir, write_state
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 PLAN = Plan(
     "demo",

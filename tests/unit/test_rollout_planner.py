@@ -1,6 +1,6 @@
 """Whole rollouts replayed through the pure planner (plan/rollout.py), without processes: each step the
 planner gives is taken as performed (or as failed, where the replay says so), until it says Complete or
-Blocked. What the executor (supervise/changes.py) does is the steps in this order."""
+Blocked. What the executor (supervise/change_executor.py) does is the steps in this order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The supervisor's control socket (supervise/control.py), the routers' worker API helpers
+"""The supervisor's control socket (supervise/control_socket.py), the routers' worker API helpers
 (supervise/workers.py) and
 the fields a change adds to state.json: hostile input on both ends is refused, changes are serialized."""
 
@@ -16,7 +16,7 @@ from wire_handler import WireHandler
 from muse_launch.engines import router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir, record_from_json
-from muse_launch.supervise.control import SOCKET_NAME, ControlServer, parse_request, request
+from muse_launch.supervise.control_socket import SOCKET_NAME, ControlServer, parse_request, request
 from muse_launch.supervise.workers import load_in, running_in
 
 
@@ -240,7 +240,7 @@ def test_a_router_list_gives_ids_that_are_safe_in_a_url():
 
 def _state(change: dict | None = None, **role_fields) -> dict:
     from muse_launch.plan.spec import LaunchSpec, Plan
-    from muse_launch.supervise.record import planned_record
+    from muse_launch.supervise.planned_record import planned_record
 
     spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
     data = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str).to_json()
@@ -274,7 +274,7 @@ def test_a_deployment_with_a_change_in_progress_shows_as_changing_in_ls_and_stat
     from muse_launch.render_status import status_table
     from muse_launch.rundir.lifecycle import RoleState
     from muse_launch.rundir.state import Change
-    from muse_launch.supervise.record import planned_record
+    from muse_launch.supervise.planned_record import planned_record
 
     spec = LaunchSpec("decode", "decode", "decode", "sglang", ("sglang", "serve"), (), ports={"http": 30002})
     record = planned_record(Plan("demo", (spec,), (("decode",),)), "demo.yaml", str)

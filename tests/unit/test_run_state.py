@@ -20,7 +20,7 @@ from muse_launch.rundir.lifecycle import (
     transition,
 )
 from muse_launch.rundir.state import DeploymentLock, RunDir, read_state, resolve_name, write_state
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 
 def test_transitions_are_guarded():

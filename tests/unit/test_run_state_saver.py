@@ -9,7 +9,7 @@ from test_run_state import PLAN
 
 from muse_launch.rundir import state as state_mod
 from muse_launch.rundir.state import RunDir, StateSaver
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 
 def test_failed_writes_warn_once_and_are_retried(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind, RestartPol
 from muse_launch.proc.process import ProcessRef, StopReport, StopTarget
 from muse_launch.rundir.lifecycle import DeploymentState, RoleState
 from muse_launch.rundir.state import DeploymentRecord, RunDir
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 from muse_launch.supervise.supervisor import Outcome, Supervisor
 
 
@@ -550,9 +550,9 @@ def test_a_role_stopped_by_sigstop_is_unhealthy_until_it_continues(tmp_path):
 
 
 def test_an_instance_admitted_while_supervising_starts_serves_and_retires_out_of_the_record(tmp_path):
-    """A change's steps (supervise/changes.py) run in the loop: admit starts an instance watched like the
-    others;
-    retire stops it by its stop signal and, once it is gone, takes it out of the plan, record and waves."""
+    """A change's steps (supervise/change_executor.py) run in the loop: admit starts an instance watched
+    like the others; retire stops it by its stop signal and, once it is gone, takes it out of the plan,
+    record and waves."""
     plan = Plan("one", (spec("base", 1),), (("base",),))
     clock = FakeClock()
     processes = FakeProcesses(clock, {"base-1": [Script(1.0, stop_after=0.5)]})

@@ -1,4 +1,5 @@
-"""Where `scale` puts a new instance in a running SLURM job (slurm/changes.py): the next replica on its role's
+"""Where `scale` puts a new instance in a running SLURM job (slurm/change_placement.py): the next replica
+on its role's
 node with its role's GPU count and stepped ports, refused naming the node and what it lacks where the
 allocation has no room; CPUs shared by GPU share so free GPUs keep theirs."""
 
@@ -14,7 +15,7 @@ from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.spec import Plan
 from muse_launch.proc.process import Marker
 from muse_launch.rundir.state import RunDir
-from muse_launch.slurm.changes import slurm_placement
+from muse_launch.slurm.change_placement import slurm_placement
 from muse_launch.slurm.files import SlurmFiles
 from muse_launch.slurm.placement import AllocatedNode, allocated_plan, placement
 from muse_launch.slurm.processes import SlurmProcesses, cpu_shares

@@ -1,5 +1,6 @@
 """`scale` and `restart` on SLURM reach the batch host's supervisor through request and answer files in the
-shared run directory (slurm/control.py), relayed to its control socket: the answer comes back line by line,
+shared run directory (slurm/request_files.py), relayed to its control socket: the answer comes back line by
+line,
 a refusal keeps its kind, a hostile request file is never read through, and a supervisor that stops beating
 is said to be gone."""
 
@@ -16,9 +17,9 @@ from wire_handler import WireHandler
 from muse_launch.change import adopt
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import RunDir
-from muse_launch.slurm.control import FileDesk, request
 from muse_launch.slurm.files import SlurmFiles
-from muse_launch.supervise.control import ControlServer
+from muse_launch.slurm.request_files import FileDesk, request
+from muse_launch.supervise.control_socket import ControlServer
 
 
 @pytest.fixture
@@ -138,8 +139,8 @@ def test_a_supervisor_that_stops_beating_mid_change_is_said_gone(files):
 def test_an_edited_file_goes_to_the_batch_host_as_a_copy_and_its_secrets_as_digests(files, tmp_path):
     """`up FILE --on slurm` of a running job: the request names a copy in the run directory (the batch host
     may not see the user's path) and carries each `${env:...}` value as a salted digest, never the value."""
-    from muse_launch.slurm.backend import SlurmBackend
-    from muse_launch.supervise.changes import env_digest
+    from muse_launch.slurm.slurm_backend import SlurmBackend
+    from muse_launch.supervise.change_executor import env_digest
 
     seen = {}
 
@@ -170,7 +171,7 @@ def test_an_edited_file_goes_to_the_batch_host_as_a_copy_and_its_secrets_as_dige
 )
 def test_a_job_whose_nodes_are_not_recorded_is_not_diffed(files, placed):
     from muse_launch.core import load_plan
-    from muse_launch.slurm.backend import SlurmBackend
+    from muse_launch.slurm.slurm_backend import SlurmBackend
 
     if placed is not None:
         files.write_json(files.placement, placed)
@@ -181,7 +182,7 @@ def test_a_job_whose_nodes_are_not_recorded_is_not_diffed(files, placed):
 
 def test_the_edited_file_is_moved_onto_the_jobs_nodes(files):
     from muse_launch.core import load_plan
-    from muse_launch.slurm.backend import SlurmBackend
+    from muse_launch.slurm.slurm_backend import SlurmBackend
 
     nodes = [{"name": "n0", "address": "10.9.0.1"}, {"name": "n1", "address": "10.9.0.2"}]
     files.write_json(files.placement, {"nodes": nodes})

@@ -20,7 +20,7 @@ from muse_launch.plan.spec import LaunchSpec, Plan, Probe, ProbeKind
 from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import RunDir, write_state
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 
 
 class FakeRouter(ThreadingHTTPServer):

@@ -67,8 +67,8 @@ def test_status_of_a_role_that_trickles_its_headers_ends_within_the_probe_budget
     from muse_launch.proc.identity import ProcessRef
     from muse_launch.rundir.lifecycle import RoleState
     from muse_launch.rundir.state import RunDir, write_state
+    from muse_launch.supervise.planned_record import planned_record
     from muse_launch.supervise.probe import HTTP_TIMEOUT
-    from muse_launch.supervise.record import planned_record
 
     monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
     port = int(trickler.rsplit(":", 1)[1].split("/")[0])

@@ -1,4 +1,5 @@
-"""Changes of a running deployment on this host, made by its supervisor one at a time (supervise/control.py
+"""Changes of a running deployment on this host, made by its supervisor one at a time
+(supervise/control_socket.py
 brings them): an instance added, one taken out, one replaced. What a change does to the roles runs in the
 supervisor's loop (`Supervisor.call`); the waiting (ready, wired, drained) and the routers' worker API are
 here, in the change's own thread, so the loop goes on watching every other role meanwhile.
@@ -65,7 +66,7 @@ from muse_launch.plan.rollout import (
 )
 from muse_launch.plan.spec import LaunchSpec, Plan
 from muse_launch.rundir.lifecycle import RoleState
-from muse_launch.supervise.record import planned_record
+from muse_launch.supervise.planned_record import planned_record
 from muse_launch.supervise.wiring import Wire, WiringCheck, wiring_checks
 from muse_launch.supervise.workers import adds_workers, deregister, in_flight, register
 

@@ -3,12 +3,14 @@ so it reaches the supervisor through files in the shared run directory, not a so
 
     slurm/changes/ID.request   the command's request, written atomically: {"op": ..., "args": {...}}
     slurm/changes/ID.answer    the supervisor's answer so far, rewritten atomically line by line: the lines
-                               of the control socket's protocol (supervise/control.py), `{"say": ...}` as the
+                               of the control socket's protocol (supervise/control_socket.py), `{"say":
+                               ...}` as the
                                change goes, then `{"ok": true, "result": ...}` or `{"ok": false, ...}`
 
 The batch host's watcher takes each request (a regular file of its own user, no link followed, bounded,
 parsed by the control protocol's own checks), removes it, and hands it to the supervisor's control socket
-on the batch host (supervise/control.py: one change at a time, the others answered that one is in progress).
+on the batch host (supervise/control_socket.py: one change at a time, the others answered that one is in
+progress).
 The
 command reads the answer back the same way (bounded, no link followed, each line's type checked) until its
 last line, the supervisor's heartbeat stops, or the job signs off.

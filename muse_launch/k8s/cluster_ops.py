@@ -1,7 +1,8 @@
 """A deployment on Kubernetes: `up` exports the topology, server-side applies it and waits for the objects'
 own readiness; `status`, `logs`, `smoke` and `down` read the cluster through the record `up` left.
 
-The Backend the commands talk to (muse_launch/backend.py) is k8s/seam.py's K8sBackend, which calls this."""
+The Backend the commands talk to (muse_launch/backend.py) is k8s/k8s_backend.py's K8sBackend, which calls
+this."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Any
 from muse_launch.errors import RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir
 
-from . import record as records
+from . import deployment_record as records
 from .client import Cluster, connect
-from .record import K8sRecord
+from .deployment_record import K8sRecord
 from .view import ClusterView, log_tail, observe
 
 FLAVOURS = ("lws", "rbg")
@@ -38,7 +39,7 @@ class K8sOptions:
     python: str = "python3"  # what a rehearsed pod runs the simulated engine with (on the node)
 
 
-class KubernetesBackend:
+class ClusterOps:
     name = "k8s"
 
     def __init__(self, say: Callable[[str], None]):
@@ -48,7 +49,7 @@ class KubernetesBackend:
     def up(self, file: Path, options: K8sOptions, redact: Callable[[str], str]) -> int:
         from muse_launch.export.api import build
         from muse_launch.rundir.state import K8S, write_state
-        from muse_launch.supervise.record import planned_record
+        from muse_launch.supervise.planned_record import planned_record
 
         if options.flavour not in FLAVOURS:
             raise UsageError(f"--to {options.flavour}: one of {', '.join(FLAVOURS)}")

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # each method imports what it runs: `down` of nothing loads n
     from muse_launch.core import LoadedPlan, UpRequest
     from muse_launch.plan.spec import LaunchSpec, Plan
     from muse_launch.rundir.logs import RolePrinter
-    from muse_launch.supervise.changes import Placement
+    from muse_launch.supervise.change_executor import Placement
 
 
 class LocalBackend(SupervisedChanges):
@@ -29,7 +29,7 @@ class LocalBackend(SupervisedChanges):
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Callable[[str], None]) -> dict:
         """Over the control socket, which only the deployment's own user may open (an adopted file's
         `${env:...}` values go in clear over it)."""
-        from muse_launch.supervise.control import request
+        from muse_launch.supervise.control_socket import request
 
         return request(run_dir, op, args, say)
 
@@ -40,7 +40,7 @@ class LocalBackend(SupervisedChanges):
         self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
     ) -> int:
         from muse_launch.host.gpus import read_gpu_view
-        from muse_launch.local.gpus import SKIP_FLAG, preflight_for
+        from muse_launch.local.gpu_runtime import SKIP_FLAG, preflight_for
         from muse_launch.local.up import UpOptions, bring_up, refuse_multi_node
         from muse_launch.supervise.autoscaler import Setup
 
@@ -118,14 +118,14 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
     """How the supervisor places a new instance: the file's plan with N replicas of a role (rehearsed as
     `up` was), and `up`'s port and GPU pre-flight for it."""
     from muse_launch.host.versions import engine_versions
-    from muse_launch.local.gpus import SKIP_FLAG, Owners, preflight_for
+    from muse_launch.local.gpu_runtime import SKIP_FLAG, Owners, preflight_for
     from muse_launch.local.up import busy_fix
     from muse_launch.plan.compose import compose
     from muse_launch.plan.placement import Room
     from muse_launch.proc.ports import busy_ports, can_bind
     from muse_launch.rundir.lifecycle import LOCAL, RoleState
     from muse_launch.rundir.state import recorded_role, running_deployments
-    from muse_launch.supervise.changes import Placement
+    from muse_launch.supervise.change_executor import Placement
     from muse_launch.topology.hardware import PROFILES
 
     topology = loaded.loaded.topology
@@ -145,7 +145,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
 
     def preflight(part: Plan, say: Callable[[str], None], reserved: Sequence[LaunchSpec] = ()) -> None:
         """`reserved` (instances placed, not started) need nothing here: their GPUs and ports are held in
-        the supervisor's room already (supervise/changes.py)."""
+        the supervisor's room already (supervise/change_executor.py)."""
         if busy := busy_ports(part, loaded.redact, recorded_role):
             raise RuntimeFailure(
                 "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(part, busy)

@@ -1,6 +1,7 @@
 """Kubernetes as a backend (muse_launch/backend.py): `up --on k8s` exports the topology and applies it to a
-cluster (k8s/backend.py); `down`, `status`, `logs` and `smoke` read the cluster through the record `up`
-left in the run directory (k8s/record.py). Nothing here imports the kubernetes client: a deployment on
+cluster (k8s/cluster_ops.py); `down`, `status`, `logs` and `smoke` read the cluster through the record `up`
+left in the run directory (k8s/deployment_record.py). Nothing here imports the kubernetes client: a
+deployment on
 this host or on SLURM never loads it."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInsta
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
-from . import record as records
+from . import deployment_record as records
 
 if TYPE_CHECKING:
     import httpx
@@ -45,7 +46,7 @@ class K8sBackend(Backend):
     def bring_up(
         self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
     ) -> int:
-        from .backend import K8sOptions, KubernetesBackend
+        from .cluster_ops import ClusterOps, K8sOptions
 
         flags = request.flags
         chosen: dict[str, str] = {}
@@ -66,7 +67,7 @@ class K8sBackend(Backend):
         def say(text: str) -> None:
             console.print(text, highlight=False, markup=False, soft_wrap=True)
 
-        return KubernetesBackend(say).up(loaded.source, options, loaded.redact)
+        return ClusterOps(say).up(loaded.source, options, loaded.redact)
 
     def release(self, run_dir: RunDir) -> None:
         """Another backend takes the name only once the Kubernetes deployment of it is down."""
@@ -78,19 +79,19 @@ class K8sBackend(Backend):
             )
 
     def stop(self, run_dir: RunDir, grace: float | None) -> DownReport:
-        from .backend import KubernetesBackend
+        from .cluster_ops import ClusterOps
 
-        return KubernetesBackend(_say).down(run_dir, grace)
+        return ClusterOps(_say).down(run_dir, grace)
 
     def observe(self, record: DeploymentRecord) -> DeploymentRecord:
         """The record with the cluster's view: each role's state, and its URL at its pod (the router's: at
         its Service's endpoint). As recorded when the cluster does not answer (`ls` lists it still)."""
         from muse_launch.rundir.lifecycle import RoleState
 
-        from .backend import KubernetesBackend
+        from .cluster_ops import ClusterOps
 
         run_dir = RunDir.of(record.name)
-        backend = KubernetesBackend(_say)
+        backend = ClusterOps(_say)
         try:
             rec, view = backend.status(run_dir)
             urls = backend.role_urls(run_dir)
@@ -109,12 +110,12 @@ class K8sBackend(Backend):
         return replace(record, roles=tuple(roles), supervisor=None)
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
-        from .backend import KubernetesBackend
+        from .cluster_ops import ClusterOps
         from .rollout import Rollout
 
         if self.owns(run_dir):  # a router pod made again gets every worker back
             Rollout(run_dir, lambda text: None).reconcile()
-        rec, view = KubernetesBackend(_say).status(run_dir)
+        rec, view = ClusterOps(_say).status(run_dir)
         roles = []
         for r in view.roles:
             pod = r.pod
@@ -158,7 +159,7 @@ class K8sBackend(Backend):
     ) -> None:
         """The last lines of each role's pod, read through the API server (pods/log); with `follow`, the
         new ones as they come until the deployment is taken down."""
-        from .backend import KubernetesBackend
+        from .cluster_ops import ClusterOps
 
         if follow:
 
@@ -166,9 +167,9 @@ class K8sBackend(Backend):
                 printer.line(role, text)
                 printer.flush()
 
-            KubernetesBackend(_say).follow_logs(run_dir, roles, lines, line)
+            ClusterOps(_say).follow_logs(run_dir, roles, lines, line)
             return
-        for role, text in KubernetesBackend(_say).logs(run_dir, roles, lines):
+        for role, text in ClusterOps(_say).logs(run_dir, roles, lines):
             for one in text:
                 printer.line(role, one)
         printer.flush()

@@ -1,4 +1,5 @@
-"""Where a new instance goes in a running SLURM job (supervise/changes.py's Placement, on the batch host).
+"""Where a new instance goes in a running SLURM job (supervise/change_executor.py's Placement, on the batch
+host).
 
 The file's plan with one more replica (its ports stepped as on one host), moved onto the allocation as `up`
 moved it. Each replica of a role keeps the GPU count of the file's instances (SLURM picks the devices: only
@@ -18,7 +19,7 @@ from muse_launch.errors import RuntimeFailure
 from muse_launch.plan.build import PlanError
 from muse_launch.plan.compose import compose
 from muse_launch.plan.spec import LaunchSpec, Plan
-from muse_launch.supervise.changes import Placement
+from muse_launch.supervise.change_executor import Placement
 from muse_launch.topology.model import Topology
 
 from .files import SlurmFiles

@@ -34,7 +34,7 @@ class SlurmBackend(SupervisedChanges):
 
     def _request(self, run_dir: RunDir, op: str, args: dict, say: Say) -> dict:
         """Through request and answer files in the run directory, relayed by the batch host's watcher."""
-        from muse_launch.slurm.control import request
+        from muse_launch.slurm.request_files import request
 
         return request(SlurmFiles(run_dir), op, args, say)
 
@@ -145,7 +145,7 @@ class SlurmBackend(SupervisedChanges):
         from pathlib import Path
 
         from muse_launch.files import replace_file
-        from muse_launch.supervise.changes import env_digest
+        from muse_launch.supervise.change_executor import env_digest
         from muse_launch.topology.load import read_regular_file
 
         record = read_state(run_dir)

@@ -70,7 +70,8 @@ ERROR_KINDS = {"usage": UsageError, "not_supported": NotSupported, "failure": Ru
 
 
 class Handler(Protocol):
-    """The supervisor's side: makes one typed change, or settles a lease's outcome (supervise/changes.py)."""
+    """The supervisor's side: makes one typed change, or settles a lease's outcome
+    (supervise/change_executor.py)."""
 
     def handle(self, change: Change, leased: bool, say: Callable[[str], None]) -> dict[str, Any]: ...
 
