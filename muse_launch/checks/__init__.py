@@ -14,7 +14,7 @@ from ..plan.build import PlanError, build_plan
 from ..plan.spec import Plan
 from ..topology.load import LoadedTopology
 from ..topology.model import Topology
-from . import addresses, autoscale, engine_rules, gpus, hardware, pairs, ports  # noqa: F401  registers the plan rules
+from . import addresses, autoscale, engine_rules, gpu_fit, hardware, pairs, ports  # noqa: F401  registers the plan rules
 from .findings import (
     PLACEMENT_CHECKS,
     PLAN_CHECKS,

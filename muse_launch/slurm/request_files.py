@@ -30,7 +30,7 @@ from typing import Any
 
 from muse_launch.errors import RuntimeFailure, UserError
 from muse_launch.files import PlantedLink, read_nofollow
-from muse_launch.supervise import control
+from muse_launch.supervise import control_socket as control
 
 from .files import SlurmFiles
 

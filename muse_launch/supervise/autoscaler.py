@@ -198,7 +198,7 @@ class Autoscaler:
 
 def scale_by_request(run_dir: RunDir) -> Act:
     """Act as `scale` does: a request on the deployment's control socket."""
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     def act(role: str, replicas: int, why: str) -> int:
         result = control.request(run_dir, *to_wire(ScaleRole(role, replicas, why)), lambda s: None)

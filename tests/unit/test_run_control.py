@@ -81,7 +81,7 @@ def test_a_change_asked_for_the_moment_the_last_one_answered_is_served(run_dir, 
     """A rolling restart asks for the next instance as soon as the last one's answer arrives: the lock is
     free before the answer goes out, however late the serving thread runs after sending it (CI: a rolling
     restart was refused 'another change is in progress' between its two instances)."""
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     real_sender = control._sender
 
@@ -346,7 +346,7 @@ def test_running_out_of_file_descriptors_does_not_end_the_accept_loop(run_dir):
 
 def test_a_supervisor_that_never_takes_the_request_is_given_up_on_in_seconds(run_dir, monkeypatch):
     """Connected, never accepted (an accept loop that is gone): the client's wait is bounded."""
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     monkeypatch.setattr(control, "TAKEN_TIMEOUT", 0.5)
     deaf = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -371,7 +371,7 @@ def test_a_supervisor_that_never_takes_the_request_is_given_up_on_in_seconds(run
 
 
 def test_a_supervisor_that_goes_silent_mid_change_is_given_up_on(run_dir, monkeypatch):
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     monkeypatch.setattr(control, "SILENCE_TIMEOUT", 0.5)
     stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -398,7 +398,7 @@ def test_a_supervisor_that_goes_silent_mid_change_is_given_up_on(run_dir, monkey
 
 
 def test_a_long_change_is_not_given_up_on_while_the_supervisor_beats(run_dir, monkeypatch):
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     monkeypatch.setattr(control, "SILENCE_TIMEOUT", 0.6)
     monkeypatch.setattr(control, "BEAT", 0.1)
@@ -415,7 +415,7 @@ def test_a_long_change_is_not_given_up_on_while_the_supervisor_beats(run_dir, mo
 
 
 def test_a_request_trickled_a_byte_at_a_time_is_dropped_at_its_whole_request_deadline(run_dir, monkeypatch):
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     monkeypatch.setattr(control, "REQUEST_READ_TIMEOUT", 1.0)
     server = ControlServer(run_dir, WireHandler(lambda op, args, say: {}))
@@ -508,7 +508,7 @@ def test_a_lease_keeps_every_other_change_out_between_its_requests_and_its_end_i
 
 
 def test_a_lease_whose_client_went_away_ends_by_itself_uncommitted(run_dir, monkeypatch):
-    from muse_launch.supervise import control
+    from muse_launch.supervise import control_socket as control
 
     monkeypatch.setattr(control, "LEASE_IDLE", 0.3)
     calls: list[tuple[str, dict]] = []
