@@ -154,6 +154,7 @@ def test_last_lines_of_a_file_without_newlines_reads_a_bounded_end(tmp_path):
 
 def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
     from muse_launch.proc.listeners import ListenerOwner, listening_inodes
+    from muse_launch.proc.process import describe
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -164,10 +165,9 @@ def test_a_listener_is_the_roles_only_when_it_or_a_descendant_holds_it():
             someone = ListenerOwner(other.pid, "prefill", {"MUSE_LAUNCH_ROLE": "no-such-role"})
             seen = someone.check(port, "127.0.0.1")
             other.kill()
-        assert seen == (
-            f"port {port} answers, but the listener is pid {os.getpid()} "
-            f"({' '.join(psutil.Process().cmdline())[:100]}), not role prefill"
-        )
+        # as `describe` shows any process: its command line fitted to a width, wherever the repo is cloned
+        me = describe(psutil.Process())
+        assert seen == f"port {port} answers, but the listener is {me}, not role prefill"
         assert ListenerOwner(os.getpid(), "me", {}).check(free := _free_port(), "127.0.0.1") is None, (
             free
         )  # none: can't tell
