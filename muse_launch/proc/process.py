@@ -240,6 +240,9 @@ class _Stopping:
     killed_at: float | None = None
     killed: list[str] = field(default_factory=list)
     resuming: tuple[float, int | None] | None = None  # (since, pgid): SIGCONT sent, the stop signal not yet
+    # (when, pgid): the stop signal sent to a resumed process, sent once more if it is still there after
+    # RESEND_SECONDS: on a loaded host its main thread may still not have been the one to take it
+    resent: tuple[float, int | None] | None = None
 
 
 def role_processes(target: StopTarget, marker: Marker) -> tuple[list[ProcessRef], int | None]:
@@ -326,7 +329,8 @@ def _stop_signal(processes: list[ProcessRef], pgid: int | None, sig: signal.Sign
         _signal(processes, pgid, signal.SIGCONT)
 
 
-RESUME_SECONDS = 1.0  # how long a stopped process may take to run again before its stop signal goes anyway
+RESUME_SECONDS = 3.0  # how long a stopped process may take to run again before its stop signal goes anyway
+RESEND_SECONDS = 1.0  # a resumed process still there this long after its stop signal gets it once more
 
 
 class GroupStop:
@@ -371,8 +375,11 @@ class GroupStop:
                 ):
                     continue
                 _stop_signal(entry.processes, pgid, signal.Signals[entry.target.signal])
-                entry.resuming = None
+                entry.resuming, entry.resent = None, (now, pgid)
             entry.processes = [p for p in entry.processes if p.is_running()]
+            if entry.resent is not None and entry.processes and now - entry.resent[0] >= RESEND_SECONDS:
+                _stop_signal(entry.processes, entry.resent[1], signal.Signals[entry.target.signal])
+                entry.resent = (float("inf"), None)  # once: a handler that takes its time is not hurried
             if not entry.processes:
                 # Look again: a process may have forked while shutting down; its cgroup lists every one left.
                 target = entry.target
