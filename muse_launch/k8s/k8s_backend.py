@@ -110,11 +110,18 @@ class K8sBackend(Backend):
         return replace(record, roles=tuple(roles), supervisor=None)
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
+        import httpx
+
+        from muse_launch.errors import UserError
+
         from .cluster_ops import ClusterOps
         from .rollout import Rollout
 
         if self.owns(run_dir):  # a router pod made again gets every worker back
-            Rollout(run_dir, lambda text: None).reconcile()
+            try:
+                Rollout(run_dir, lambda text: None).reconcile()
+            except (UserError, httpx.HTTPError):
+                pass  # `status` shows what is there; the next change tries again
         rec, view = ClusterOps(_say).status(run_dir)
         roles = []
         for r in view.roles:

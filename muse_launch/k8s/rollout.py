@@ -215,6 +215,7 @@ class Rollout:
         """Make the router list every instance the record holds (less those leaving): a router pod made again
         knows only its command-line workers. What it did, one line each; nothing where the router's pod is
         not ready yet."""
+        from muse_launch.engines import ROUTER
         from muse_launch.supervise.wiring import Wire, WiringCheck
         from muse_launch.supervise.workers import reconcile
 
@@ -223,6 +224,9 @@ class Rollout:
             try:
                 check = self._router(cluster)
             except (NotSupported, RuntimeFailure):
+                return []
+            router = next(r for r in self._state().roles if r.kind == "router")
+            if not ROUTER[router.engine].FACTS.adds_workers:  # vllm-router: its workers are its command line
                 return []
             routed = {r["name"] for r in self.rec.roles} - set(self.rec.leaving)
             wires = tuple(
