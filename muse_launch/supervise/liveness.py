@@ -21,7 +21,7 @@ from muse_launch.supervise.probe import base_url
 from muse_launch.supervise.workers import running_in
 
 LIVENESS_INTERVAL = 0.25  # how often a ready worker is asked: its removal from the routers comes within this
-LIVENESS_TIMEOUT = 3.0  # an answer slower than this is no sign of life (it counts from the last one)
+LIVENESS_TIMEOUT = 5.0  # an answer slower than this is no sign of life (it counts from the last one)
 
 
 @dataclass(frozen=True)

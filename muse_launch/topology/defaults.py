@@ -8,8 +8,8 @@ RESET_AFTER = 300.0  # seconds of health after which a role's restart count star
 # engine's HTTP front answers /metrics during a long prefill (its scheduler is another process).
 # Long enough that a healthy worker on a loaded host (its /metrics answered in seconds) is not taken out;
 # SIGSTOP is seen at once, whatever these say.
-UNRESPONSIVE_AFTER = 5.0
-HUNG_AFTER = 10.0
+UNRESPONSIVE_AFTER = 10.0
+HUNG_AFTER = 60.0
 # ...or it answers, holds running requests, and its token counters have not moved this long: a stuck
 # collective or KV transfer. Long enough for the longest prefill chunk of a real model.
 STALLED_AFTER = 120.0
