@@ -40,7 +40,7 @@ class LocalBackend(SupervisedChanges):
         self, loaded: LoadedPlan, request: UpRequest, console: Console, claim: Callable[[RunDir], None]
     ) -> int:
         from muse_launch.host.gpus import read_gpu_view
-        from muse_launch.local.gpu_runtime import SKIP_FLAG, preflight_for
+        from muse_launch.local.gpu_runtime import preflight_for
         from muse_launch.local.up import UpOptions, bring_up, refuse_multi_node
         from muse_launch.supervise.autoscaler import Setup
 
@@ -57,13 +57,7 @@ class LocalBackend(SupervisedChanges):
             placement=None if only else placement(loaded, request, read_gpu_view),
             autoscale=None if only else Setup.of(loaded.loaded.topology),
         )
-        skipped = (
-            SKIP_FLAG
-            if request.flags.get(SKIP_FLAG)
-            else "a rehearsal runs no GPU engine"
-            if request.rehearse
-            else None
-        )
+        skipped = gpu_check_skipped(request)
         gpus = preflight_for(loaded.plan, loaded.loaded.topology, read_gpu_view, skipped)
         return bring_up(loaded.plan, loaded.source, loaded.redact, options, console, gpus, claim=claim)
 
@@ -150,13 +144,7 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
             raise RuntimeFailure(
                 "ports are busy:\n  " + "\n  ".join(map(str, busy)), fix=busy_fix(part, busy)
             )
-        skipped = (
-            SKIP_FLAG
-            if request.flags.get(SKIP_FLAG)
-            else "a rehearsal runs no GPU engine"
-            if request.rehearse
-            else None
-        )
+        skipped = gpu_check_skipped(request)
         preflight_for(part, topology, read_gpus, skipped).require(part, running_deployments, say)
 
     def room(own: str) -> Room:
@@ -207,3 +195,13 @@ def placement(loaded: LoadedPlan, request: UpRequest, read_gpus) -> Placement:
         redact=loaded.redact,
         sha256=loaded.loaded.sha256,
     )
+
+
+def gpu_check_skipped(request: UpRequest) -> str | None:
+    """Why `up` reads no GPU of this host: --skip-gpu-check, or a rehearsal (no GPU engine runs); None: it
+    reads them."""
+    from muse_launch.local.gpu_runtime import SKIP_FLAG
+
+    if request.flags.get(SKIP_FLAG):
+        return SKIP_FLAG
+    return "a rehearsal runs no GPU engine" if request.rehearse else None
