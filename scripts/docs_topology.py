@@ -9,7 +9,6 @@ tests/unit/test_docs_topology.py runs the check, so the reference never drifts f
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -104,10 +103,10 @@ NOTES: dict[str, dict[str, str]] = {
 
 
 def schema() -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-m", "muse_launch", "schema"], capture_output=True, text=True, check=True, cwd=REPO
-    )
-    return json.loads(done.stdout)
+    """What `muse-launch schema` prints, read from the same function."""
+    from muse_launch.commands.file import schema_document
+
+    return json.loads(json.dumps(schema_document()))
 
 
 def type_of(node: dict[str, Any]) -> str:

@@ -155,16 +155,21 @@ def _sbatch_script(plan, topology, rehearse: bool, sets: list[str]) -> str:
     return sbatch_script(plan, topology, rehearse, sets)
 
 
-def schema() -> None:
-    """Print the JSON Schema of the topology file, for editors."""
-    import json
-
+def schema_document() -> dict:
+    """The JSON Schema of the topology file, as `schema` prints it."""
     from muse_launch.topology.model import Topology
 
     out = Topology.model_json_schema()
     out["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     out["title"] = "muse-launch topology"
-    typer.echo(json.dumps(out, indent=2))
+    return out
+
+
+def schema() -> None:
+    """Print the JSON Schema of the topology file, for editors."""
+    import json
+
+    typer.echo(json.dumps(schema_document(), indent=2))
 
 
 def init(

@@ -4,7 +4,6 @@ layers import downwards only (topology <- plan <- checks); a rehearsal is a re-c
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +20,11 @@ from muse_launch.topology import model
 from muse_launch.topology.load import load_topology
 
 REPO = Path(__file__).resolve().parents[2]
+
+
 PACKAGE = REPO / "muse_launch"
+
+
 FLAG = re.compile(r"""["'](--[a-z][a-z0-9-]{2,})["']""")
 
 
@@ -92,43 +95,6 @@ def test_engine_flags_are_written_in_their_engine_module_only():
     ]
     repeated = {str(p.relative_to(REPO)): sorted(_literal_flags(p) & engine_flags) for p in readers}
     assert {p: f for p, f in repeated.items() if f} == {}
-
-
-@pytest.mark.parametrize(
-    "layer,forbidden",
-    [
-        *(
-            (
-                f"muse_launch.topology.{m}",
-                (
-                    "muse_launch.plan",
-                    "muse_launch.checks",
-                    "muse_launch.rundir",
-                    "muse_launch.supervise",
-                    "muse_launch.local",
-                ),
-            )
-            for m in ("model", "load", "hardware", "defaults")
-        ),
-        (
-            "muse_launch.plan.build",
-            ("muse_launch.checks", "muse_launch.rundir", "muse_launch.supervise", "muse_launch.local"),
-        ),
-        # the simulated engine imports these facts: no schema, no pydantic (the topology's plain defaults are
-        # fine)
-        (
-            "muse_launch.engines",
-            ("muse_launch.checks", "muse_launch.topology.model", "muse_launch.topology.load", "pydantic"),
-        ),
-    ],
-)
-def test_layers_import_downwards_only(layer: str, forbidden: tuple[str, ...]):
-    code = (
-        f"import sys, importlib; importlib.import_module({layer!r}); "
-        f"print(sorted(m for m in sys.modules if m.startswith({forbidden!r})))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
-    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_relocate_moves_addresses_urls_and_host_ports_only():

@@ -3,9 +3,7 @@ their logic over a fake GPU view, with real processes where a holder must be tol
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,24 +14,28 @@ from muse_launch.local.gpu_runtime import (
     GpuNeed,
     Owners,
     await_gpu_release,
-    deployment_holders,
     gpu_needs,
     gpu_problems,
     one_host,
     preflight_for,
-    role_gpu_memory,
 )
 from muse_launch.plan.build import build_plan
 from muse_launch.plan.spec import Plan, Probe, ProbeKind
-from muse_launch.proc.process import Marker, ProcessRef
+from muse_launch.proc.process import ProcessRef
 from muse_launch.rundir.lifecycle import RoleState
 from muse_launch.rundir.state import DeploymentRecord, RoleRecord
 from muse_launch.topology.hardware import PROFILES
 from muse_launch.topology.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 EPD = ROOT / "topologies" / "epd-b300.yaml"
+
+
 GIB = 1 << 30
+
+
 H200 = int(139.8 * GIB)
 
 
@@ -152,10 +154,6 @@ def test_a_holder_that_leaves_room_is_a_note(monkeypatch):
     ]
 
 
-def sleeper(**env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={**os.environ, **env})
-
-
 def record_with(
     proc: subprocess.Popen | None, name: str = "gpu-test", gpus: tuple[int, ...] = (0, 1)
 ) -> DeploymentRecord:
@@ -174,36 +172,6 @@ def record_with(
         ref,
     )
     return DeploymentRecord(name, "gpu-test.yaml", (("prefill",),), (role,))
-
-
-def test_a_holder_of_ours_is_named_with_its_deployment_and_role():
-    marked = sleeper(**Marker("other", "/tmp/other").env("decode"))
-    try:
-        view = b300s(holders={4: [GpuHolder(marked.pid, 250 * GIB)]})
-        [problem], _ = problems_of(view)
-        assert f"held by pid {marked.pid} (role decode of other, {sys.executable} -c" in problem.text
-        assert problem.fix.startswith("run `muse-launch down other`, or lower roles.decode.mem_fraction to ")
-    finally:
-        marked.kill()
-        marked.wait()
-
-
-def test_a_roles_gpu_memory_is_found_through_its_leader_when_the_marker_is_gone():
-    leader = sleeper()  # no marker: like an engine that rewrote its title; found as the role's leader
-    try:
-        record = record_with(leader)
-        view = h200s(
-            2,
-            {
-                0: [GpuHolder(leader.pid, 60 * GIB)],
-                1: [GpuHolder(leader.pid, 50 * GIB), GpuHolder(1, 3 * GIB)],
-            },
-        )
-        assert role_gpu_memory(record, view) == {"prefill": {0: 60 * GIB, 1: 50 * GIB}}
-        assert deployment_holders(record, view) == {leader.pid: "prefill"}
-    finally:
-        leader.kill()
-        leader.wait()
 
 
 def test_down_waits_until_the_deployments_gpu_memory_is_released():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,13 +14,9 @@ from cli_run import muse
 
 from muse_launch.plan.build import PlanError, build_plan
 from muse_launch.proc import cgroups
-from muse_launch.render_text import comment, plan_docker, plan_shell
 from muse_launch.rundir.state import RunDir
 from muse_launch.sim.config import ArgvError
-from muse_launch.slurm.files import SlurmFiles
-from muse_launch.slurm.script import render_script
 from muse_launch.topology.grammar import UnsafeName
-from muse_launch.topology.load import parse_topology
 from muse_launch.topology.model import Topology
 
 SHELL_FORMATS = ("shell", "docker", "sbatch")
@@ -69,9 +64,6 @@ def key_line(path: Path, *keys: str) -> int:
         key_node, node = next((k, v) for k, v in node.value if k.value == key)
         line = key_node.start_mark.line + 1
     return line
-
-
-# ---- 1. command injection through rendered scripts --------------------------------------------------
 
 
 def _with_host(data: dict, value: str) -> dict:
@@ -162,74 +154,6 @@ def test_a_value_that_would_run_in_a_script_is_refused(tmp_path: Path, case: str
     assert not (tmp_path / "F").exists()
 
 
-def _run_stubbed(tmp_path: Path, script: str) -> None:
-    """`script` through `bash -n`, then run with no program reachable but the payload `touch`."""
-    stubs = tmp_path / "stubs"
-    stubs.mkdir(exist_ok=True)
-    (stubs / "touch").write_text(f"#!/bin/sh\n: > {tmp_path}/RAN\n")
-    (stubs / "touch").chmod(0o755)
-    (tmp_path / "shim.sh").write_text("command_not_found_handle() { return 0; }\n")
-    path = tmp_path / "script.sh"
-    path.write_text(script)
-    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, script
-    subprocess.run(
-        ["/bin/bash", str(path)],
-        env={"PATH": str(stubs), "BASH_ENV": str(tmp_path / "shim.sh")},
-        cwd=tmp_path,
-        capture_output=True,
-        timeout=30,
-    )
-    assert not (tmp_path / "RAN").exists(), f"the payload ran:\n{script}"
-
-
-@pytest.mark.faults("18.1 values that would run as commands in plan --format shell|docker|sbatch: refused")
-def test_the_renderers_quote_what_the_loader_would_refuse(tmp_path: Path) -> None:
-    """The second line: a plan changed past the loader (hosts, nodes, names with newlines and `$(...)`),
-    rendered as shell, docker and sbatch, runs no payload; every comment stays one line."""
-    data = base(nodes=["n0", "n1"])
-    data["roles"]["app"].pop("ready")
-    topology = parse_topology(yaml.safe_dump(data), Path("t.yaml")).topology
-    plan = build_plan(topology)
-    evil = "x\ntouch F\n$(touch F)`touch F`"
-    specs = tuple(
-        replace(
-            s,
-            name=s.name + evil,
-            host=s.host + evil,
-            node=(s.node or "") + evil,
-            env={**s.env, "V": evil},
-            args=(*s.args, evil),
-        )
-        for s in plan.specs
-    )
-    plan = replace(plan, specs=specs, waves=(tuple(s.name for s in specs),))
-    redact = lambda s: s  # noqa: E731
-    for text in (plan_shell(plan, redact, topology), plan_docker(plan, redact, topology)):
-        _run_stubbed(tmp_path, text)
-    assert "\n" not in comment("a\nb\rc\x00d\u2028e") and comment("a\nb").startswith("# ")
-    files = SlurmFiles(RunDir(tmp_path / "home" / "hostile"))
-    files.dir.mkdir(parents=True)
-    files.done.touch()  # the supervisor finished: the script ends instead of waiting for `down`
-    _run_stubbed(tmp_path, render_script(topology, files, "/bin/true", False, []))
-
-
-def test_a_hostile_value_where_any_text_is_fine_renders_quoted(tmp_path: Path) -> None:
-    """Env values and args may hold anything a process can receive: kept, and quoted in every script."""
-    evil = "it's $(touch F)\n`touch F`; touch F"
-    data = base(env={"V": evil})
-    data["roles"]["app"]["command"] = ["sleep", evil]
-    path = write(tmp_path, data)
-    for fmt in SHELL_FORMATS:
-        result = cli(tmp_path, "plan", path, "--format", fmt)
-        assert result.returncode == 0, result.stderr
-        _run_stubbed(tmp_path, result.stdout)
-    plan = json.loads(cli(tmp_path, "plan", path, "--format", "json").stdout)
-    assert plan["roles"][0]["env"]["V"] == evil and plan["roles"][0]["argv"][-1] == evil
-
-
-# ---- 2. names become paths ------------------------------------------------------------------------
-
-
 @pytest.mark.faults("18.2 names that climb out of the run directory or the cgroup tree")
 @pytest.mark.parametrize("name", ["../../../../../x", "..", "a/b", "x\n"])
 def test_a_node_name_that_is_a_path_is_refused(tmp_path: Path, name: str) -> None:
@@ -256,9 +180,6 @@ def test_paths_built_from_names_stay_inside(
     with pytest.raises(UnsafeName):
         cgroups.create_role_cgroup("d", str(run_dir.path), name)
     assert not (tmp_path / "cg").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
-
-
-# ---- 3. generated names collide -------------------------------------------------------------------
 
 
 @pytest.mark.faults("18.3 generated names that collide (replicas, nodes, containers)")
@@ -303,8 +224,6 @@ def test_build_plan_never_lets_one_instance_replace_another() -> None:
     with pytest.raises(PlanError, match="'w-1' is also w's"):
         build_plan(Topology.model_validate(data))
 
-
-# ---- 8. YAML 1.1 conversions ----------------------------------------------------------------------
 
 YAML11 = """version: 1
 name: yaml11

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 import textwrap
 from pathlib import Path
 
@@ -19,6 +18,8 @@ from muse_launch.plan.spec import Plan
 from muse_launch.topology.load import load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 EPD = ROOT / "topologies" / "epd-b300.yaml"
 
 
@@ -28,12 +29,6 @@ def plan_of(text: str) -> Plan:
 
 def cli(*args: str) -> Ran:
     return muse(*args)
-
-
-def write(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "t.yaml"
-    path.write_text(textwrap.dedent(text))
-    return path
 
 
 def shell_blocks(text: str) -> dict[str, str]:
@@ -55,9 +50,6 @@ def argv_of(plan: Plan, name: str) -> list[str]:
     return list(plan.spec(name).argv)
 
 
-# ---- order -------------------------------------------------------------------------------------
-
-
 def test_epd_starts_in_three_waves() -> None:
     plan = build_plan(load_topology(EPD, environ={}).topology)
     assert plan.waves == (("encoder",), ("prefill", "decode"), ("router",))
@@ -65,8 +57,6 @@ def test_epd_starts_in_three_waves() -> None:
     assert plan.spec("router").depends_on == ("prefill", "decode")
     assert plan.stop_waves()[0] == ("router",)
 
-
-# ---- replicas ----------------------------------------------------------------------------------
 
 REPLICAS = """
     version: 1
@@ -108,8 +98,6 @@ def test_a_reference_to_a_replicated_role_means_all_replicas() -> None:
     ]
     assert plan.waves == (("prefill-0", "prefill-1", "decode-0", "decode-1"), ("router",))
 
-
-# ---- multi-node --------------------------------------------------------------------------------
 
 NODES = """
     version: 1
@@ -187,9 +175,6 @@ def test_vllm_data_parallel_across_nodes() -> None:
     )
 
 
-# ---- programs, placeholders, devices -----------------------------------------------------------
-
-
 def test_launcher_replaces_the_program() -> None:
     plan = plan_of("""
         version: 1
@@ -257,9 +242,6 @@ def test_visible_devices_variable_per_vendor(hardware: str, variable: str | None
     """)
     devices = {k: v for k, v in plan.spec("worker").env.items() if k.endswith("VISIBLE_DEVICES")}
     assert devices == ({variable: "0,1"} if variable else {})
-
-
-# ---- vLLM prefill/decode wiring ----------------------------------------------------------------
 
 
 def vllm_pd(backend: str, extra: str = "", decode_extra: str = "", router: str = "vllm-router") -> str:
@@ -382,9 +364,6 @@ def test_vllm_host_and_port_come_last() -> None:
     assert plan.spec("prefill").args[0] == "M"  # `vllm serve MODEL`: positional
 
 
-# ---- plan formats ------------------------------------------------------------------------------
-
-
 def test_plan_json_shape() -> None:
     run = cli("plan", str(EPD), "--format", "json")
     assert run.returncode == 0, run.stderr
@@ -439,55 +418,6 @@ def test_plan_shell_shows_the_four_cookbook_commands() -> None:
             for flag, value in RECOVERY_DEFAULTS:
                 got.pop((flag, (f"{float(value)}",)), None)
         assert got == flag_pairs(section.argv[2:]), name
-
-
-ODD_ARGS = [
-    "--chat-template",
-    "a template with spaces",
-    "--json",
-    '{"a": "b c", "d": [1, 2]}',
-    "--quote",
-    'it\'s "quoted"',
-    "--dollar",
-    "$HOME `id` $(id) \\n",
-    "--glob",
-    "*.py",
-]
-
-
-def test_plan_shell_quoting_round_trips(tmp_path: Path) -> None:
-    path = write(
-        tmp_path,
-        f"""
-        version: 1
-        name: quoting
-        hardware: b300
-        model: M
-        env: {{GREETING: "hello 'world' $USER"}}
-        roles:
-          worker:
-            kind: worker
-            gpus: [0]
-            port: 30000
-            args: {json.dumps(ODD_ARGS)}
-    """,
-    )
-    run = cli("plan", str(path), "--format", "shell")
-    assert run.returncode == 0, run.stderr
-    command = shell_blocks(run.stdout)["worker"]
-    plan = build_plan(load_topology(path, environ={}).topology)
-    spec = plan.spec("worker")
-    expected = [f"{k}={v}" for k, v in spec.env.items()] + list(spec.argv)
-    assert shell_words(command) == expected
-    echoed = subprocess.run(
-        ["bash", "-c", "printf '%s\\n' " + command],
-        capture_output=True,
-        text=True,
-        env={"USER": "someone", "HOME": "/home/x", "PATH": "/usr/bin:/bin"},
-        cwd=tmp_path,
-    )
-    assert echoed.returncode == 0, echoed.stderr
-    assert echoed.stdout.splitlines() == [line for word in expected for line in word.split("\n")]
 
 
 def test_plan_docker_uses_the_cookbook_images_and_gpu_flags() -> None:

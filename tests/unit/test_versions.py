@@ -4,14 +4,12 @@ release there; the version findings of the engine check; routers' option lists f
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from functools import partial
 from pathlib import Path
 
 from muse_launch.checks.findings import Severity
 from muse_launch.checks.locate import locate
-from muse_launch.checks.router_options import RouterOptions
 from muse_launch.checks.versions import version_findings
 from muse_launch.host import versions
 from muse_launch.host.versions import Installed, Program, older, resolve_program, version_key
@@ -19,6 +17,8 @@ from muse_launch.plan.build import build_plan
 from muse_launch.topology.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 BIN = Path(sys.executable).parent
 
 
@@ -111,20 +111,3 @@ def test_vllm_older_than_the_recipe_minimum_for_muse_spark() -> None:
         and f.path == ("model",)
         for f in findings
     )
-
-
-def test_router_options_from_its_help() -> None:
-    printed = subprocess.run(
-        [str(BIN / "sglang-router"), "launch", "--help"], capture_output=True, text=True, timeout=60
-    )
-    options = RouterOptions.from_help(printed.stdout)
-    assert options.options["--policy"] == ("random", "round_robin", "cache_aware", "power_of_two", "manual")
-    assert options.options["--dp-aware"] is None and options.options["--port"] == ()
-    assert "--help" in options.options and "-h" in options.options
-    problems = options.problems(
-        ["--pd-disaggregation", "--policy", "fastest", "--prometheus-prot", "29000", "--port=8000"]
-    )
-    assert [(p[1], p[3]) for p in problems] == [
-        ("--policy", None),
-        ("--prometheus-prot", "--prometheus-port"),
-    ]

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from muse_launch.render_text import assignment, quote
+
+pytestmark = pytest.mark.integration  # starts processes
 
 HOSTILE = ["x\x1b[31mRED\x07\rOVER", "a'b\\c", "tab\there", "\u009b2J", "line\u2028sep", "$(reboot)", "", "-"]
 

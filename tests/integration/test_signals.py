@@ -7,8 +7,12 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from muse_launch import signals
 from muse_launch.topology.model import STOP_SIGNALS
+
+pytestmark = pytest.mark.integration  # starts processes
 
 IGNORED = (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP)
 BLOCKED = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}

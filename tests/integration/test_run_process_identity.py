@@ -16,6 +16,8 @@ from muse_launch.proc import cgroups, identity
 from muse_launch.proc.identity import ProcessRef, signal_if, start_ticks
 from muse_launch.proc.process import Marker, StopTarget, role_processes
 
+pytestmark = pytest.mark.integration  # starts processes
+
 
 @pytest.fixture
 def sleeper():
