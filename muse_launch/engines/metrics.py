@@ -23,8 +23,10 @@ class EngineMetrics:
     generation_tokens: str  # counter: tokens generated
     ttft: str  # histogram (seconds): time to first token; samples NAME_sum, NAME_count, NAME_bucket
     needs_flag: str | None = None  # the flag without which the engine serves no /metrics
-    # Where it says its load without /metrics: SGLang's GET /get_load, a list with one entry per DP rank,
-    # `num_reqs` (running, until the last token) and `num_waiting_reqs`.
+    # Where its scheduler says its load itself: SGLang 0.5.23's GET /v1/loads, `{"loads": [...]}` with one
+    # entry per DP rank, `num_running_reqs` (until the last token) and `num_waiting_reqs`. Asked of the
+    # scheduler at each call: answered at once when idle, no answer while the scheduler hangs. Its /metrics
+    # gauges are set only when a batch runs: an idle prefill keeps its last batch's running count.
     load_path: str | None = None
 
 
@@ -36,7 +38,7 @@ SGLANG = EngineMetrics(
     generation_tokens="sglang:generation_tokens_total",
     ttft="sglang:time_to_first_token_seconds",
     needs_flag="--enable-metrics",
-    load_path="/get_load",
+    load_path="/v1/loads",
 )
 VLLM = EngineMetrics(
     running="vllm:num_requests_running",

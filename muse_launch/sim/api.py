@@ -73,6 +73,8 @@ class Api:
         r.add_get("/v1/models", self.h_models)
         r.add_get("/version", self.h_version)
         r.add_get("/get_load", self.h_load)
+        if c.engine == "sglang":
+            r.add_get("/v1/loads", self.h_loads)
         metrics.install(app, self.engine)  # GET /metrics, and the counters behind it
         r.add_post("/flush_cache", _flush_cache)
         gen = Generation(self)
@@ -86,7 +88,12 @@ class Api:
 
     # ----------------------------------------------------------- info endpoints
     async def h_health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.engine.is_ready() else 503, text="")
+        c = self.cfg
+        if not self.engine.is_ready():
+            return web.Response(status=503, text="")
+        if c.engine == "sglang" and c.node_rank == 0 and request.path in ("/health", "/health_generate"):
+            await self.engine.batch.health_generation()  # SGLang's runs a one-token generation
+        return web.Response(status=200, text="")
 
     def server_info(self) -> dict[str, Any]:
         c, e = self.cfg, self.engine
@@ -212,6 +219,12 @@ class Api:
     async def h_version(self, request: web.Request) -> web.Response:
         v = VLLM_VERSION if self.cfg.engine == "vllm" else SGLANG_VERSION
         return web.json_response({"version": v})
+
+    async def h_loads(self, request: web.Request) -> web.Response:
+        """SGLang 0.5.23's /v1/loads: the scheduler's own count, one entry per DP rank."""
+        c = self.engine.batch.counters
+        entry = {"dp_rank": 0, "num_running_reqs": c.running, "num_waiting_reqs": c.queued}
+        return web.json_response({"loads": [entry]})
 
     async def h_load(self, request: web.Request) -> web.Response:
         c = self.engine.batch.counters

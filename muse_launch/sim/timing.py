@@ -45,7 +45,7 @@ class Rates:
 
 @dataclass
 class Counters:
-    """What the engine reports about its load: read by /metrics, /get_load and /server_info."""
+    """What the engine reports about its load: read by /metrics, /v1/loads, /get_load and /server_info."""
 
     running: int = 0  # admitted, until the last token is written
     queued: int = 0  # waiting for room in the running batch
@@ -104,6 +104,18 @@ class Batch:
         if seconds > 0:
             await asyncio.sleep(seconds)
         self.on_step(time.monotonic() - started)
+
+    async def health_generation(self) -> None:
+        """SGLang's /health: a one-token generation through the scheduler, not counted in the metrics. It
+        waits behind a prefill in progress and takes one decode step; it needs no room in the batch (SGLang
+        answers as soon as the scheduler gives any output)."""
+        if self._prefill is None:
+            self._prefill = asyncio.Lock()
+        async with self._prefill:
+            pass
+        seconds = self.rates.step_s(self.counters.running)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
 
     def emitted(self, tokens: int = 1) -> None:
         self.counters.generation_tokens_total += max(tokens, 0)

@@ -6,6 +6,8 @@ long prefill. Its `/metrics` is answered by the HTTP front (vLLM's API server, S
 another process than the scheduler, so it answers during the longest prefill: no answer at all is a hang
 (SIGSTOP, a dead event loop). A scheduler stuck in a collective or a KV transfer leaves the front
 answering; its counters tell: requests running, and no prompt or generated token counted for a while.
+Where the gauges say requests are held, the scheduler's own load (SGLang's /v1/loads) is asked too: the gauges
+are set only when a batch runs, so an idle SGLang prefill keeps its last batch's running count.
 A router is watched the same way, on its /health: hung, it is stopped and restarted (its workers are given
 to it again by the wiring).
 """
@@ -18,7 +20,7 @@ import httpx
 
 from muse_launch.engines.metrics import ENGINE_METRICS, METRICS_PATH
 from muse_launch.supervise.probe import base_url
-from muse_launch.supervise.workers import running_in
+from muse_launch.supervise.workers import loaded_in_flight, running_in
 
 LIVENESS_INTERVAL = 0.25  # how often a ready worker is asked: its removal from the routers comes within this
 LIVENESS_TIMEOUT = 5.0  # an answer slower than this is no sign of life (it counts from the last one)
@@ -51,7 +53,13 @@ def look(client: httpx.Client, engine: str, host: str, port: int, path: str = ME
     prompt = running_in(text, metrics.prompt_tokens)
     generated = running_in(text, metrics.generation_tokens)
     progress = None if prompt is None and generated is None else float((prompt or 0) + (generated or 0))
-    return Sign(True, None if running is None else running + (queued or 0), progress)
+    held = None if running is None else running + (queued or 0)
+    if held and metrics.load_path:
+        # The gauges are set when a batch runs: an idle SGLang prefill keeps its last batch's count. Its
+        # scheduler's own load answers at once when idle and not at all while it hangs (the gauges stand).
+        loaded = loaded_in_flight(client, base_url(host, port), metrics.load_path, LIVENESS_TIMEOUT)
+        held = held if loaded is None else loaded
+    return Sign(True, held, progress)
 
 
 @dataclass

@@ -119,36 +119,52 @@ def running_in(text: str, metric: str) -> int | None:
 
 def in_flight(client: httpx.Client, engine: str, url: str) -> int | None:
     """Requests the worker itself counts as in flight (running until their last token, or waiting); None
-    where it does not say: its /metrics (SGLang serves them only with --enable-metrics), else its load
-    endpoint (SGLang's /get_load)."""
+    where it does not say. The larger of its /metrics gauges (SGLang serves them only with --enable-metrics)
+    and its scheduler's own load endpoint (SGLang's /v1/loads): each alone can be behind the other."""
     metrics = ENGINE_METRICS.get(engine)
     if metrics is None:
         return None
+    counts = [gauged_in_flight(client, url, metrics.running, metrics.queued)]
+    if metrics.load_path:
+        counts.append(loaded_in_flight(client, url, metrics.load_path))
+    known = [c for c in counts if c is not None]
+    return max(known) if known else None
+
+
+def gauged_in_flight(client: httpx.Client, url: str, running: str, queued: str) -> int | None:
+    """Running plus waiting by the worker's /metrics gauges; None where it serves none."""
     try:
         answer = client.get(url.rstrip("/") + METRICS_PATH, timeout=HTTP_TIMEOUT)
-        if answer.status_code == 200 and len(answer.content) <= 8 << 20:
-            running = running_in(answer.text, metrics.running)
-            waiting = running_in(answer.text, metrics.queued)
-            if running is not None:
-                return running + (waiting or 0)
-        if metrics.load_path:
-            answer = client.get(url.rstrip("/") + metrics.load_path, timeout=HTTP_TIMEOUT)
-            return load_in(load_answer(answer.content)) if answer.status_code == 200 else None
+    except httpx.HTTPError:
+        return None
+    if answer.status_code != 200 or len(answer.content) > 8 << 20:
+        return None
+    count = running_in(answer.text, running)
+    return None if count is None else count + (running_in(answer.text, queued) or 0)
+
+
+def loaded_in_flight(client: httpx.Client, url: str, path: str, timeout: float = HTTP_TIMEOUT) -> int | None:
+    """Running plus waiting by the worker's load endpoint; None where it does not answer in `timeout`."""
+    try:
+        answer = client.get(url.rstrip("/") + path, timeout=timeout)
+        return load_in(load_answer(answer.content)) if answer.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
-    return None
 
 
 def load_in(answer: object) -> int | None:
-    """`num_reqs` plus `num_waiting_reqs` over SGLang's /get_load entries; None for anything else."""
+    """Running plus waiting over a load answer's entries: SGLang 0.5.23's /v1/loads (`{"loads": [...]}`,
+    `num_running_reqs`) or an older /get_load entry (`num_reqs`); None for anything else."""
+    if isinstance(answer, dict) and isinstance(answer.get("loads"), list):
+        answer = answer["loads"]
     entries = answer if isinstance(answer, list) else [answer]
     total, seen = 0, False
     for entry in entries[:1024]:
         if not isinstance(entry, dict):
             return None
-        for key in ("num_reqs", "num_waiting_reqs"):
+        for key in ("num_running_reqs", "num_reqs", "num_waiting_reqs"):
             value = entry.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30:
                 total += value
-                seen = seen or key == "num_reqs"
+                seen = seen or key != "num_waiting_reqs"
     return total if seen else None

@@ -8,7 +8,11 @@ ${MUSE_LAUNCH_SGLANG_VENV:-$HOME/.cache/muse-launch/sglang-cpu-venv}/bin/python.
 made once per session by scripts/make_tiny_vl_model.py.
 
 Bring-ups are few (minutes each on 2 cores): one single server for the reference answers, one EPD and one
-PD deployment, each shared by the checks of its module-scoped fixture.
+PD deployment, each shared by the checks of its module-scoped fixture. The PD deployment then takes, in this
+order and each under a steady streaming load, a scale of decode 1 -> 2, a killed (SIGKILL) and a hung
+(SIGSTOP) decode, a rolling restart of both decodes and a scale back to 1; then a short `bench`, and `down`.
+The model has random weights: a streamed answer may decode to no text, so the load counts an HTTP error, a cut
+stream, an error event or a missing finish as a failure, never an empty text.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ import base64
 import io
 import json
 import os
+import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,11 @@ import httpx
 import pytest
 import yaml
 from harness import port_open
+from steady_load import SteadyLoad
 from test_vllm_cpu import Run, wait_for
+
+from muse_launch.engines.metrics import SGLANG
+from muse_launch.engines.router import REMOVAL_SETTLE_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.sglang_cpu, pytest.mark.timeout(1500)]
 
@@ -266,6 +276,162 @@ def test_pd_up_is_wired_and_answers_as_a_single_server(pd, single_answers):
     smoke = run.cli("smoke", run.name, "--timeout", "300", timeout=600)
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     assert chat(router_ready(status), False) == single_answers["text"]
+
+
+CLIENTS = 4  # streaming chats in a closed loop: two per decode once there are two
+CHANGE_TIMEOUT = 900.0  # a new SGLang decode starts in 15-40 s idle, minutes on a loaded 2-core machine
+
+
+def change(run: Run, *args: Any) -> str:
+    result = run.cli(*args, timeout=CHANGE_TIMEOUT)
+    assert result.returncode == 0, f"{args} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+    run.record(run.status())  # its new processes too: down must leave none of them
+    return result.stdout
+
+
+def pd_load(status: dict[str, Any]) -> SteadyLoad:
+    return SteadyLoad(router_ready(status), "tiny", concurrency=CLIENTS, max_tokens=8, need_content=False)
+
+
+def roles_of(run: Run) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in run.status()["roles"]}
+
+
+def generated(url: str) -> float:
+    """Tokens the worker generated so far, by its own counter (--enable-metrics)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    lines = text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(SGLANG.generation_tokens))
+
+
+def listed_urls(router: str) -> set[str] | None:
+    try:
+        answer = httpx.get(f"{router}/workers", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return {w["url"] for w in answer["workers"] if w.get("is_healthy", True)}
+
+
+class OutWatch:
+    """When `url` first leaves the router's healthy worker list (polled every 20 ms from a thread)."""
+
+    def __init__(self, router: str, url: str):
+        self.router, self.url = router, url
+        self.out_at: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set() and self.out_at is None:
+            urls = listed_urls(self.router)
+            if urls is not None and self.url not in urls:
+                self.out_at = time.monotonic()
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_pd_scale_decode_1_to_2_under_load_fails_no_request(pd):
+    run, status = pd
+    with pd_load(status) as load:
+        load.wait_for(4, timeout=300)
+        out = change(run, "scale", run.name, "decode", "2")
+        assert "decode: 1 -> 2 instances" in out and "registered decode-1 (decode)" in out, out
+        new_url = roles_of(run)["decode-1"]["url"]
+        assert new_url in (listed_urls(role_url(status, "router")) or set())
+        wait_for(lambda: generated(new_url) > 0, 300, "the new decode to serve")  # it takes traffic
+        load.wait_for(4, timeout=300)
+    assert load.failures == [] and load.ok >= 8, load.failures
+
+
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+def test_pd_a_decode_killed_or_hung_under_load_fails_only_requests_it_held(pd, fault):
+    """The checks of test_run_failover.py on the real engine: no request that began after the decode was out
+    of the router fails, no more fail than were in flight, it serves again, and (test_pd_down_leaves_nothing)
+    nothing is left after down."""
+    run, status = pd
+    router = role_url(status, "router")
+    victim = roles_of(run)["decode-1"]
+    assert victim["state"] == "ready", victim
+    restarts = victim["restarts"]
+    with pd_load(status) as load:
+        load.wait_for(4, timeout=300)
+        watch = OutWatch(router, victim["url"])
+        faulted_at = time.monotonic()
+        os.kill(victim["pid"], signal.Signals[fault])
+        try:
+            wait_for(lambda: watch.out_at is not None, 60, f"the {fault}ed decode to leave the router")
+            # Restarted (a hung one: stopped first), ready, and back in the router.
+            wait_for(lambda: roles_of(run)["decode-1"]["restarts"] > restarts, 300, "the decode's restart")
+            back = "the decode back in the router"
+            wait_for(lambda: victim["url"] in (listed_urls(router) or set()), 600, back)
+            before = generated(victim["url"])
+            load.wait_for(4, timeout=300)
+            wait_for(lambda: generated(victim["url"]) > before, 300, "the restarted decode to serve")
+        finally:
+            watch.stop()
+            if fault == "SIGSTOP":
+                try:
+                    os.kill(victim["pid"], signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+    assert watch.out_at is not None
+    late = [b - faulted_at for b in load.failed_began if b > watch.out_at + REMOVAL_SETTLE_S]
+    out_after = watch.out_at - faulted_at
+    assert late == [], (f"out of the router {out_after:.2f}s after the {fault}", late, load.failures)
+    assert len(load.failures) <= CLIENTS, load.failures
+    now = roles_of(run)["decode-1"]
+    assert now["state"] == "ready" and now["pid"] != victim["pid"], now
+    run.record(run.status())
+
+
+def test_pd_rolling_restart_of_decode_under_load_fails_no_request(pd):
+    run, status = pd
+    before = {name: role["pid"] for name, role in roles_of(run).items()}
+    with pd_load(status) as load:
+        load.wait_for(4, timeout=300)
+        out = change(run, "restart", run.name, "decode", "--rolling")
+        assert "decode: 2 restarted" in out, out
+        load.wait_for(4, timeout=300)
+    assert load.failures == [] and load.ok >= 8, load.failures
+    roles = roles_of(run)
+    for name in ("decode", "decode-1"):
+        assert roles[name]["state"] == "ready" and roles[name]["pid"] != before[name], roles[name]
+    assert roles["prefill"]["pid"] == before["prefill"] and roles["router"]["pid"] == before["router"]
+    workers = listed_urls(role_url(status, "router")) or set()
+    assert {roles[n]["url"] for n in ("prefill", "decode", "decode-1")} <= workers, workers
+
+
+def test_pd_scale_decode_2_to_1_under_load_fails_no_request(pd):
+    run, status = pd
+    gone = roles_of(run)["decode-1"]["url"]
+    with pd_load(status) as load:
+        load.wait_for(4, timeout=300)
+        out = change(run, "scale", run.name, "decode", "1")
+        assert "router: removed decode-1" in out and "decode-1: drained in" in out, out
+        assert gone not in (listed_urls(role_url(status, "router")) or {gone})
+        assert sorted(roles_of(run)) == ["decode", "prefill", "router"]
+        load.wait_for(4, timeout=300)
+    assert load.failures == [] and load.ok >= 8, load.failures
+
+
+def test_pd_bench_is_valid_against_the_real_engine(pd, tmp_path):
+    """A short `bench`: every request served, the output length asked for (ignore_eos), and the client's
+    token count matching SGLang's own counters: a valid run, not a simulated one."""
+    run, _ = pd
+    out = tmp_path / "bench"
+    point = ["--concurrency", "2", "--isl", "32", "--osl", "8", "--requests", "4", "--duration", "300"]
+    result = run.cli("bench", run.name, *point, "--out", out, timeout=CHANGE_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["valid"] and not summary["simulated"], (summary.get("reasons"), result.stdout)
+    assert "SIMULATED" not in result.stdout
+    for p in summary["points"]:
+        assert p["requests_ok"] == 4 and p["requests_failed"] == 0, p
+    assert summary["versions"].get("sglang"), summary["versions"]
 
 
 def test_pd_down_leaves_nothing(pd):

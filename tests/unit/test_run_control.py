@@ -217,6 +217,11 @@ def test_the_workers_in_flight_count_is_read_from_its_own_gauge_and_nonsense_is_
     assert running_in(text, "sglang:num_running_reqs") == 3
     assert running_in("nothing here", "sglang:num_running_reqs") is None
     assert load_in([{"dp_rank": 0, "num_reqs": 2, "num_waiting_reqs": 1}, {"num_reqs": 1}]) == 4
+    # SGLang 0.5.23's /v1/loads
+    loads = {"loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1}, {"num_running_reqs": 0}]}
+    assert load_in(loads) == 3
+    assert load_in({"loads": [{"num_running_reqs": 0, "num_waiting_reqs": 0}]}) == 0
+    assert load_in({"loads": [{"num_waiting_reqs": 3}]}) is None
     for hostile in ({"num_reqs": "2"}, [1], [{"num_reqs": True}], "x"):
         assert load_in(hostile) is None
 

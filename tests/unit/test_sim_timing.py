@@ -123,6 +123,26 @@ def test_in_flight_until_the_last_token(tmp_path):
     assert f'sglang:generation_tokens_total{{model_name="{M}"}} 40' in m_after
 
 
+def test_v1_loads_counts_as_sglang_0_5_23_does_and_health_generates_uncounted(tmp_path):
+    """/v1/loads ({"loads": [...]}, num_running_reqs) counts a streamed request until its last chunk; /health
+    runs a one-token generation (it waits behind a prefill) that no metric counts."""
+
+    async def fn(c, eng):
+        resp = await c.post("/v1/chat/completions", json=chat(max_tokens=20, ignore_eos=True, stream=True))
+        await resp.content.readline()
+        during = (await (await c.get("/v1/loads")).json())["loads"][0]
+        await resp.read()
+        after = (await (await c.get("/v1/loads")).json())["loads"][0]
+        health = (await c.get("/health")).status
+        metrics = await (await c.get("/metrics")).text()
+        return during, after, health, metrics
+
+    rates = Rates(itl_s=0.01, itl_per_running_s=0.0)
+    during, after, health, metrics = serve("sglang", SGL, tmp_path, fn, rates)
+    assert during["num_running_reqs"] == 1 and after["num_running_reqs"] == 0 and health == 200
+    assert f'sglang:generation_tokens_total{{model_name="{M}"}} 20' in metrics
+
+
 def test_queued_beyond_max_running(tmp_path):
     async def fn(c, eng):
         first = await c.post("/v1/chat/completions", json=chat(max_tokens=30, ignore_eos=True, stream=True))
