@@ -119,16 +119,16 @@ def running_in(text: str, metric: str) -> int | None:
 
 def in_flight(client: httpx.Client, engine: str, url: str) -> int | None:
     """Requests the worker itself counts as in flight (running until their last token, or waiting); None
-    where it does not say. The larger of its /metrics gauges (SGLang serves them only with --enable-metrics)
-    and its scheduler's own load endpoint (SGLang's /v1/loads): each alone can be behind the other."""
+    where it does not say. Its scheduler's own load endpoint where it has one and it answers (SGLang's
+    /v1/loads, asked of the scheduler at each call), else its /metrics gauges (SGLang serves them only with
+    --enable-metrics, and sets them only when a batch runs: an idle prefill keeps its last batch's count, so
+    a drain that trusted them would wait out its bound)."""
     metrics = ENGINE_METRICS.get(engine)
     if metrics is None:
         return None
-    counts = [gauged_in_flight(client, url, metrics.running, metrics.queued)]
-    if metrics.load_path:
-        counts.append(loaded_in_flight(client, url, metrics.load_path))
-    known = [c for c in counts if c is not None]
-    return max(known) if known else None
+    if metrics.load_path and (loaded := loaded_in_flight(client, url, metrics.load_path)) is not None:
+        return loaded
+    return gauged_in_flight(client, url, metrics.running, metrics.queued)
 
 
 def gauged_in_flight(client: httpx.Client, url: str, running: str, queued: str) -> int | None:
@@ -158,13 +158,19 @@ def load_in(answer: object) -> int | None:
     if isinstance(answer, dict) and isinstance(answer.get("loads"), list):
         answer = answer["loads"]
     entries = answer if isinstance(answer, list) else [answer]
+
+    def count(value: object) -> int | None:
+        return (
+            value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30 else None
+        )
+
     total, seen = 0, False
     for entry in entries[:1024]:
         if not isinstance(entry, dict):
             return None
-        for key in ("num_running_reqs", "num_reqs", "num_waiting_reqs"):
-            value = entry.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 30:
-                total += value
-                seen = seen or key != "num_waiting_reqs"
+        running = count(entry.get("num_running_reqs"))
+        running = count(entry.get("num_reqs")) if running is None else running  # one or the other, not both
+        if running is not None:
+            total, seen = total + running, True
+        total += count(entry.get("num_waiting_reqs")) or 0
     return total if seen else None

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 from wire_handler import WireHandler
 
@@ -17,7 +18,7 @@ from muse_launch.engines import router
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir, record_from_json
 from muse_launch.supervise.control_socket import SOCKET_NAME, ControlServer, parse_request, request
-from muse_launch.supervise.workers import load_in, running_in
+from muse_launch.supervise.workers import in_flight, load_in, running_in
 
 
 @pytest.fixture
@@ -224,6 +225,28 @@ def test_the_workers_in_flight_count_is_read_from_its_own_gauge_and_nonsense_is_
     assert load_in({"loads": [{"num_waiting_reqs": 3}]}) is None
     for hostile in ({"num_reqs": "2"}, [1], [{"num_reqs": True}], "x"):
         assert load_in(hostile) is None
+    assert load_in({"loads": [{"num_running_reqs": 2, "num_reqs": 2}]}) == 2  # one count, not two
+
+
+def _sglang_answering(metrics_running: int, loads: object | None) -> httpx.Client:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text=f'sglang:num_running_reqs{{engine="0"}} {metrics_running}\n')
+        if request.url.path == "/v1/loads" and loads is not None:
+            return httpx.Response(200, json=loads)
+        return httpx.Response(404)
+
+    return httpx.Client(transport=httpx.MockTransport(answer))
+
+
+def test_a_drain_counts_the_schedulers_load_over_a_stale_gauge():
+    # an idle SGLang prefill keeps its last batch's running gauge; its scheduler says 0
+    idle = {"loads": [{"dp_rank": 0, "num_running_reqs": 0, "num_waiting_reqs": 0}]}
+    assert in_flight(_sglang_answering(3, idle), "sglang", "http://w") == 0
+    busy = {"loads": [{"dp_rank": 0, "num_running_reqs": 2, "num_waiting_reqs": 1}]}
+    assert in_flight(_sglang_answering(0, busy), "sglang", "http://w") == 3
+    # no load endpoint answering (an older release, a hung scheduler): the gauges
+    assert in_flight(_sglang_answering(3, None), "sglang", "http://w") == 3
 
 
 def test_a_router_list_gives_ids_that_are_safe_in_a_url():
