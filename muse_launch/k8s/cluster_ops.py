@@ -176,6 +176,7 @@ class ClusterOps:
             roles,
             entry,
             options.rehearse,
+            images=dict(options.images),
         )
 
     def _apply(self, cluster: Cluster, rec: K8sRecord, files: Any) -> None:

@@ -32,6 +32,9 @@ class K8sRecord:
     down_at: float | None = None
     # Instances a change is taking out of the router (drained, then deleted): `reconcile` leaves them out.
     leaving: list[str] = field(default_factory=list)
+    images: dict[str, str] = field(default_factory=dict)  # `--image` as `up` had it: an edited file keeps it
+    # The file `up FILE` of an edited file adopted: {"file", "sets"}; its relaunched pods run its launch.
+    adopted: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from muse_launch.backend import Backend
 from muse_launch.backend_types import Capability, DeploymentView, DownReport, RoleView, Say
-from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
+from muse_launch.change import AddInstance, Adopt, Change, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
@@ -33,7 +33,9 @@ def _say(text: str) -> None:
 
 class K8sBackend(Backend):
     name = K8S
-    capabilities = frozenset({Capability.CHANGES})  # an edited file is not adopted while it runs
+    # an edited file is adopted (its objects' rollout held by a partition) and each changed pod relaunched in
+    # muse-launch's order; a role the file adds is not placed while it runs
+    capabilities = frozenset({Capability.CHANGES, Capability.RELAUNCH})
     flags = ("--to", "--context", "--namespace", "--image")
 
     def owns(self, run_dir: RunDir) -> bool:
@@ -193,8 +195,12 @@ class K8sBackend(Backend):
                 return Rollout(run_dir, say, drain).scale(role, replicas)
             case RemoveInstance(instance=instance, drain_timeout=drain):
                 return Rollout(run_dir, say, drain).remove(instance)
+            case RestartInstance(instance=instance, drain_timeout=drain, relaunch=True):
+                return Rollout(run_dir, say, drain).relaunch(instance)
             case RestartInstance(instance=instance, drain_timeout=drain):
                 return Rollout(run_dir, say, drain).restart(instance)
+            case Adopt(file=file, sets=sets):
+                return Rollout(run_dir, say).adopt(file, sets)
         name = run_dir.name
         raise NotSupported(
             f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",

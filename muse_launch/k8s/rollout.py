@@ -463,7 +463,9 @@ class Rollout:
             return m[1]
         return instance
 
-    def _replace(self, cluster: Cluster, inst: Instance) -> None:
+    def _replace(self, cluster: Cluster, inst: Instance, relaunch: bool = False) -> None:
+        """`relaunch`: made again by the adopted file's template (its object's partition lowered to it)."""
+        from kubernetes.client import V1DeleteOptions, V1Preconditions
         from kubernetes.client.exceptions import ApiException
 
         old = self._pod(cluster, inst.pod)
@@ -471,12 +473,160 @@ class Rollout:
         started = time.monotonic()
         self._take_out(cluster, inst)
         self._drain(cluster, inst)
-        try:
-            cluster.core().delete_namespaced_pod(inst.pod, self.rec.namespace, _request_timeout=30)
+        if relaunch:
+            self._partition(cluster, inst, int(inst.pod.rsplit("-", 1)[1]))
+        try:  # its controller may have deleted it already: never the pod made again in its place
+            body = V1DeleteOptions(preconditions=V1Preconditions(uid=uid)) if uid else None
+            cluster.core().delete_namespaced_pod(inst.pod, self.rec.namespace, body=body, _request_timeout=30)
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
         self.say(f"{inst.name}: deleted pod {inst.pod}; its controller makes it again")
         self._await_gone(cluster, inst.pod, uid, inst.grace)
         self._await_ready(cluster, inst, not_uid=uid)
         self._register(cluster, inst, started)
+
+    # ---- an edited file ----
+    def adopt(self, file: str, sets: tuple[str, ...] = ()) -> dict:
+        """`up FILE` of an edited file: the objects take the file's templates with each one's partition at its
+        replicas now, so that no controller replaces a pod on its own; each instance the file changes is then
+        relaunched in turn (`relaunch`). Replicas stay as they run (a `scale` is kept)."""
+        from muse_launch.errors import UsageError as Usage
+
+        from .apply import apply, describe
+
+        done = self._export(file, sets)
+        if done.export.plan.name != self.run_dir.name:
+            raise Usage(f"{file} names another deployment than {self.run_dir.name}")
+        cluster = connect_record(self.rec)
+        try:
+            for f in done.files:
+                for obj in f.objects:
+                    if obj["kind"] == "Kustomization":
+                        continue
+                    apply(cluster, self._held(cluster, obj), namespace=self.rec.namespace)
+                    self.say(f"  applied {describe(obj)}")
+        finally:
+            cluster.close()
+            self.http.close()
+        rec = records.read(self.run_dir) or self.rec
+        rec.adopted = {"file": file, "sets": list(sets)}
+        records.write(self.run_dir, rec)
+        self.rec = rec
+        self.say(f"{self.run_dir.name}: later changes planned from {file}")
+        return {"file": file}
+
+    def _export(self, file: str, sets: tuple[str, ...]) -> Any:
+        from muse_launch.export.api import build
+
+        python = "python3" if self.rec.rehearse else None
+        done = build(file, self.rec.flavour, self.rec.namespace, self.rec.images, sets, python)
+        if done.problems:
+            raise RuntimeFailure(
+                f"{file}: the exported manifests fail validation:\n" + "\n".join(map(str, done.problems))
+            )
+        return done
+
+    def _held(self, cluster: Cluster, obj: dict) -> dict:
+        """The object with the replicas it runs and its rollout held at them (partition = replicas)."""
+        import copy
+
+        from kubernetes.client.exceptions import ApiException
+
+        if obj["kind"] not in ("LeaderWorkerSet", "RoleBasedGroup"):
+            return obj
+        res = cluster.resource(obj["apiVersion"], obj["kind"])
+        try:
+            live = res.get(name=obj["metadata"]["name"], namespace=self.rec.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                return obj
+            raise
+        live = live.to_dict()
+        doc = copy.deepcopy(obj)
+        held = {"partition": 0, "maxSurge": 0, "maxUnavailable": 1}
+        if obj["kind"] == "LeaderWorkerSet":
+            n = int(live["spec"].get("replicas", 1))
+            doc["spec"]["replicas"] = n
+            doc["spec"]["rolloutStrategy"] = {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {**held, "partition": n},
+            }
+            return doc
+        running = {r["name"]: r for r in live["spec"].get("roles", [])}
+        for role in doc["spec"]["roles"]:
+            n = int(running.get(role["name"], role).get("replicas", 1))
+            role["replicas"] = n
+            strategy = role.setdefault("rolloutStrategy", {})
+            strategy["type"] = "RollingUpdate"
+            strategy["rollingUpdate"] = {**strategy.get("rollingUpdate", {}), **held, "partition": n}
+        return doc
+
+    def _partition(self, cluster: Cluster, inst: Instance, index: int) -> None:
+        """Let the controller make the instance's pod (and any higher replica) by the object's template."""
+        api, kind, name, _ = self._workload(inst)
+        res = cluster.resource(api, kind)
+        if kind == "LeaderWorkerSet":
+            body: Any = {"spec": {"rolloutStrategy": {"rollingUpdateConfiguration": {"partition": index}}}}
+            kind_of = "application/merge-patch+json"
+        else:
+            component = next(r["component"] for r in self.rec.roles if r["name"] == inst.name)
+            live = res.get(name=name, namespace=self.rec.namespace, _request_timeout=30).to_dict()
+            i = next(i for i, r in enumerate(live["spec"]["roles"]) if r["name"] == component)
+            body = [
+                {"op": "test", "path": f"/spec/roles/{i}/name", "value": component},
+                {
+                    "op": "add",
+                    "path": f"/spec/roles/{i}/rolloutStrategy/rollingUpdate/partition",
+                    "value": index,
+                },
+            ]
+            kind_of = "application/json-patch+json"
+        ns = self.rec.namespace
+        res.patch(name=name, namespace=ns, body=body, content_type=kind_of, _request_timeout=30)
+
+    def relaunch(self, instance: str) -> dict:
+        """One instance made again with the launch the adopted file gives it, in muse-launch's order: out of
+        the router, drained, its pod replaced by the new template, ready, back in the router. The only
+        instance of its role gets a surge replica (already of the new template) first."""
+        if not self.rec.adopted:
+            return self.restart(instance)
+        cluster = connect_record(self.rec)
+        try:
+            role = self._role_of(instance)
+            now = self.instances(role)
+            inst = next(i for i in now if i.name == instance)
+            surge = len(now) == 1
+            if surge:
+                self.say(f"{instance}: the only {role}: a surge replica of the new launch serves meanwhile")
+                self._scale(cluster, role, 2)
+            try:
+                self._replace(cluster, inst, relaunch=True)
+            finally:
+                if surge:
+                    self._scale(cluster, role, 1)
+            self._relaunched(instance)
+            return {"generation": self._generation(instance)}
+        finally:
+            cluster.close()
+            self.http.close()
+
+    def _relaunched(self, instance: str) -> None:
+        """state.json holds the launch the adopted file gives the instance now (the next `up` compares it)."""
+        from muse_launch.rundir.state import K8S, read_state, write_state
+        from muse_launch.supervise.planned_record import planned_record
+
+        state = read_state(self.run_dir)
+        if state is None:
+            return
+        file, sets = self.rec.adopted["file"], tuple(self.rec.adopted.get("sets", ()))
+        export = self._export(file, sets).export
+        made = planned_record(export.plan, file, export.loaded.redact, backend=K8S)
+        fresh = {r.name: r for r in made.roles}
+        rows = []
+        for r in state.roles:
+            new = fresh.get(r.name)
+            if r.name == instance and new is not None:
+                r = replace(r, argv=new.argv, env=new.env, launch_sha256=new.launch_sha256)
+            rows.append(r)
+        write_state(self.run_dir, replace(state, roles=tuple(rows), source=file))

@@ -232,3 +232,63 @@ def test_a_router_pod_deleted_after_a_scale_up_comes_back_with_every_worker(
         assert load.failures == [], load.failures
     finally:
         down_clean(ml, k8s_cluster, name, instance)
+
+
+def pod_commands(k8s_cluster, instance: str) -> dict[str, list[str]]:
+    """Each pod's container command and args, as the cluster holds them."""
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        pods = (
+            cluster.core()
+            .list_namespaced_pod("default", label_selector=f"app.kubernetes.io/instance={instance}")
+            .items
+        )
+        return {
+            p.metadata.name: [*(p.spec.containers[0].command or ()), *(p.spec.containers[0].args or ())]
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+        }
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_up_of_an_edited_mem_fraction_relaunches_pod_by_pod_failing_no_request(
+    flavour, ml, k8s_cluster, tmp_path
+):
+    name = f"live-edit-{flavour}"
+    instance = name if flavour == "lws" else f"{name}-rbg"
+    path = topology(tmp_path, name)
+    ok(ml("up", path, "--on", "k8s", "--rehearse", "--to", flavour, *IMAGE, "-d"))
+    try:
+        before = {r["name"]: r for r in status(ml, name)["roles"]}
+        router_url = f"http://{before['router']['ip']}:8100"
+        data = json.loads(path.read_text())
+        for role in ("prefill", "decode"):
+            data["roles"][role]["mem_fraction"] = 0.71
+        path.write_text(json.dumps(data))  # the file edited in place
+        with SteadyLoad(router_url, MODEL) as load:
+            load.wait_for(4)
+            out = ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE))
+            assert "applied (2 steps)" in out, out
+            assert "router: removed prefill" in out and "router: removed decode" in out, out
+            load.wait_for(4)
+        assert load.failures == [] and load.ok >= 8, load.failures
+        commands = pod_commands(k8s_cluster, instance)
+        workers = [p for p in commands if p.endswith(("-prefill-0", "-decode-0"))]
+        assert len(workers) == 2, commands
+        for pod in workers:
+            assert "--mem-fraction-static" in commands[pod], commands[pod]
+            assert commands[pod][commands[pod].index("--mem-fraction-static") + 1] == "0.71", commands[pod]
+        after = {r["name"]: r for r in status(ml, name)["roles"]}
+        assert sorted(after) == ["decode", "prefill", "router"], after
+        for role in ("prefill", "decode"):
+            assert after[role]["state"] == "ready" and after[role]["ip"] != before[role]["ip"], after
+        workers = listed(router_url)
+        assert len(workers) == 2 and all(w["is_healthy"] for w in workers.values()), workers
+        again = ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE))  # nothing left to change
+        assert "changes nothing of it" in again, again
+    finally:
+        down_clean(ml, k8s_cluster, name, instance)
