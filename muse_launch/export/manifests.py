@@ -26,9 +26,6 @@ SHM_SIZE = "32Gi"  # as `plan --format docker` gives each container (--shm-size 
 STARTUP_PERIOD = 10  # seconds between start-up probes; the plan's timeout sets how many may fail
 READY_PERIOD = 5
 SINGLE_POD_KINDS = ("router", "command")  # nothing addresses them by pod: a Deployment (LWS flavour)
-# The longest a worker pod being deleted waits for its own requests in flight (its preStop hook), before the
-# SIGTERM and the plan's own stop grace: `scale` and `restart --drain-timeout`'s default.
-DRAIN_SECONDS = 120
 ROUTED_KINDS = ("prefill", "decode", "worker")
 # The preStop hook: until the engine's own gauges of running and waiting requests read 0 twice (or the drain's
 # time is over), read at the pod's address, else at loopback. Python: every SGLang and vLLM image has it.
@@ -186,7 +183,7 @@ def drain_hook(group: Group, pod: PodCommand) -> list[str] | None:
     if metrics is None or port is None or group.kind not in ROUTED_KINDS:
         return None
     gauges = f"{metrics.running},{metrics.queued}"
-    return ["python3", "-c", DRAIN_HOOK, str(port), gauges, str(DRAIN_SECONDS)]
+    return ["python3", "-c", DRAIN_HOOK, str(port), gauges, f"{pod.spec.stop.drain:g}"]
 
 
 def probes(pod: PodCommand) -> dict[str, Any]:
@@ -218,8 +215,8 @@ def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> d
     if group.engine in WORKER_ENGINES:
         out["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
     # the preStop drain counts in the grace period: the engine's own stop grace comes after it
-    drain = DRAIN_SECONDS if drain_hook(group, pod) is not None else 0
-    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace) + drain
+    drain = pod.spec.stop.drain if drain_hook(group, pod) is not None else 0
+    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace + drain)
     return out
 
 

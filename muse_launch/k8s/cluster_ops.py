@@ -73,7 +73,9 @@ class ClusterOps:
             self._require_secret(cluster, export)
             rec = self._record(cluster, export, done.files, options)
             started = time.monotonic()
-            write_state(run_dir, planned_record(export.plan, str(file), redact, backend=K8S))
+            # a router's key as written (`${env:NAME}`): a registration sends it, never written out itself
+            sources = export.loaded.secret_sources
+            write_state(run_dir, planned_record(export.plan, str(file), redact, backend=K8S, sources=sources))
             records.write(run_dir, rec)
             self._apply(cluster, rec, done.files)
             # as long as the slowest role's probe may take, and a margin for scheduling and image pulls

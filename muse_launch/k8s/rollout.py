@@ -16,6 +16,8 @@ lowered, or the pod deleted for the controller to make it again).
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ import httpx
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir
+from muse_launch.topology.defaults import DRAIN
 
 from . import deployment_record as records
 from .client import Cluster
@@ -57,7 +60,7 @@ class Rollout:
     def __init__(self, run_dir: RunDir, say: Say = print, drain_timeout: float | None = None):
         self.run_dir = run_dir
         self.say = say
-        self.drain_timeout = 120.0 if drain_timeout is None else drain_timeout
+        self.drain_timeout = DRAIN if drain_timeout is None else drain_timeout
         rec = records.read(run_dir)
         if rec is None or rec.down_at is not None:
             raise RuntimeFailure(
@@ -186,7 +189,38 @@ class Rollout:
         entry = self.rec.entry
         base = service_url(cluster, self.rec.namespace, entry["service"], int(entry["port"]))
         path = ROUTER[router.engine].FACTS.workers_path
-        return WiringCheck(router.name, base + path, ())
+        return WiringCheck(router.name, base + path, (), self._router_headers(cluster, router))
+
+    def _router_headers(self, cluster: Cluster, router: Any) -> dict[str, str]:
+        """The router's API key where the file gives it one (`${env:NAME}`): from this environment, as `up`
+        read it, else from the Secret its pod reads it from. Never said: a missing one names the variable."""
+        from kubernetes.client.exceptions import ApiException
+
+        from muse_launch.smoke import front_headers
+        from muse_launch.topology.load import ENV_REF
+
+        if router.api_key is None:
+            return {}
+        environ = dict(os.environ)
+        secret = f"{self.run_dir.name}-secrets"
+        for name in ENV_REF.findall(router.api_key):
+            if name in environ:
+                continue
+            try:
+                found = cluster.core().read_namespaced_secret(secret, self.rec.namespace, _request_timeout=30)
+                value = (found.data or {}).get(name)
+            except ApiException:
+                value = None
+            if value is not None:
+                environ[name] = base64.b64decode(value).decode()
+        headers, problem = front_headers(router, environ)
+        if problem:
+            raise RuntimeFailure(
+                f"{router.name} takes workers only with its API key: {problem}",
+                fix=f"export the variable as for `up`, or give Secret {secret} in namespace "
+                f"{self.rec.namespace} its key",
+            )
+        return headers
 
     def _register(self, cluster: Cluster, inst: Instance, started: float) -> None:
         from muse_launch.supervise.wiring import Wire, WiringCheck
