@@ -71,7 +71,7 @@ class ClusterOps:
         try:
             self._refuse_if_running(cluster, run_dir)
             self._require_secret(cluster, export)
-            rec = self._record(cluster, export, done.files, options)
+            rec = self._record(cluster, export, done.files, options, file)
             started = time.monotonic()
             # a router's key as written (`${env:NAME}`): a registration sends it, never written out itself
             sources = export.loaded.secret_sources
@@ -140,7 +140,9 @@ class ClusterOps:
                 fix=f"kubectl -n {names.namespace} create secret generic {names.secret} {literal}",
             )
 
-    def _record(self, cluster: Cluster, export: Any, files: Any, options: K8sOptions) -> K8sRecord:
+    def _record(
+        self, cluster: Cluster, export: Any, files: Any, options: K8sOptions, file: Path
+    ) -> K8sRecord:
         from muse_launch.export.manifests import SINGLE_POD_KINDS
         from muse_launch.export.names import LWS, dns_label
 
@@ -179,6 +181,7 @@ class ClusterOps:
             entry,
             options.rehearse,
             images=dict(options.images),
+            adopted={"file": str(file), "sets": list(options.sets)},
         )
 
     def _apply(self, cluster: Cluster, rec: K8sRecord, files: Any) -> None:
