@@ -647,6 +647,7 @@ class Rollout:
 
     def _relaunched(self, instance: str) -> None:
         """state.json holds the launch the adopted file gives the instance now (the next `up` compares it)."""
+        from muse_launch.plan.diff import launch_digest
         from muse_launch.rundir.state import K8S, read_state, write_state
         from muse_launch.supervise.planned_record import planned_record
 
@@ -661,6 +662,8 @@ class Rollout:
         for r in state.roles:
             new = fresh.get(r.name)
             if r.name == instance and new is not None:
-                r = replace(r, argv=new.argv, env=new.env, launch_sha256=new.launch_sha256)
+                spec = next(s for s in export.plan.specs if s.name == instance)
+                digest = launch_digest(state.masks.salt, spec) if state.masks.salt else new.launch_sha256
+                r = replace(r, argv=new.argv, env=new.env, launch_sha256=digest)
             rows.append(r)
         write_state(self.run_dir, replace(state, roles=tuple(rows), source=file))

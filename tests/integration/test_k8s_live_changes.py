@@ -292,3 +292,75 @@ def test_up_of_an_edited_mem_fraction_relaunches_pod_by_pod_failing_no_request(
         assert "changes nothing of it" in again, again
     finally:
         down_clean(ml, k8s_cluster, name, instance)
+
+
+def may(k8s_cluster, user: str, verb: str, resource: str, group: str = "", name: str = "") -> bool:
+    """Whether the API server lets `user` do it in the default namespace (a SubjectAccessReview)."""
+    from kubernetes import client
+
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        attrs = client.V1ResourceAttributes(
+            namespace="default", verb=verb, resource=resource, group=group, name=name or None
+        )
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(user=user, resource_attributes=attrs)
+        )
+        answer = client.AuthorizationV1Api(cluster.api).create_subject_access_review(review)
+        return bool(answer.status.allowed)
+    finally:
+        cluster.close()
+
+
+def test_the_autoscaler_acts_on_kubernetes_through_scale_with_the_rbac_export_writes(
+    ml, k8s_cluster, tmp_path
+):
+    name = "live-auto-lws"
+    path = topology(tmp_path, name)
+    data = json.loads(path.read_text())
+    data["rehearse"]["max_running"] = 1  # 4 chats queue behind one running request: decode must grow
+    data["autoscale"] = {
+        "mode": "act",
+        "targets": {"ttft": 5, "itl": 0.05, "percentile": 90},
+        "interval": 1,
+        "cooldown": 0,
+        "roles": {"decode": {"min": 1, "max": 2}},
+    }
+    path.write_text(json.dumps(data))
+    ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE, "-d"))
+    try:
+        sa = f"system:serviceaccount:default:{name}-autoscaler"
+        lws = ("leaderworkersets", "leaderworkerset.x-k8s.io", f"{name}-decode")
+        assert may(k8s_cluster, sa, "patch", *lws) and may(k8s_cluster, sa, "list", "pods")
+        assert not may(k8s_cluster, sa, "delete", *lws) and not may(k8s_cluster, sa, "delete", "pods")
+        assert not may(k8s_cluster, sa, "get", "secrets")
+        roles = {r["name"]: r for r in status(ml, name)["roles"]}
+        router_url = f"http://{roles['router']['ip']}:8100"
+        said = tmp_path / "autoscale.txt"
+        with said.open("w") as sink:
+            auto = subprocess.Popen(
+                [sys.executable, "-m", "muse_launch", "autoscale", name],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=ml.env,
+                cwd=ROOT,
+            )
+        try:
+            with SteadyLoad(router_url, MODEL) as load:
+                load.wait_for(4)
+                wait_for(lambda: "decode 1 -> 2" in said.read_text() and "done" in said.read_text(), 240)
+                assert "decode-1" in {r["name"] for r in status(ml, name)["roles"]}, said.read_text()
+                load.wait_for(4)
+            assert load.failures == [], load.failures
+            # no load: the idle role goes back to its min, drained, through the same change
+            wait_for(lambda: "decode 2 -> 1" in said.read_text(), 240)
+            wait_for(lambda: "decode-1" not in {r["name"] for r in status(ml, name)["roles"]}, 120)
+        finally:
+            auto.terminate()
+            auto.wait(timeout=30)
+        text = said.read_text()
+        assert "acting every 1s" in text and "Traceback" not in text, text
+    finally:
+        down_clean(ml, k8s_cluster, name, name)
