@@ -22,6 +22,12 @@ def autoscale(
     ),
     interval: float | None = typer.Option(None, "--interval", min=0.2, help="seconds between decisions"),
     steps: int | None = typer.Option(None, "--steps", min=1, help="decide this many times, then exit"),
+    kubeconfig: str | None = typer.Option(
+        None,
+        "--kubeconfig",
+        help="Kubernetes: the credentials it reads and acts with, e.g. its ServiceAccount's token (default: "
+        "those `up` recorded)",
+    ),
 ) -> None:
     """Decide every interval, for each scaled role, the next change that keeps the latency targets with the
     fewest GPUs; each decision is printed and appended to decisions.jsonl in the run directory."""
@@ -55,6 +61,12 @@ def autoscale(
                 "`autoscale: {mode: act}` in the file",
             )
         act = acting_through(backend, run_dir)
+    if kubeconfig is not None:
+        if backend.name != K8S:
+            raise UsageError(f"--kubeconfig: {run_dir.name} does not run on Kubernetes")
+        from muse_launch.k8s.cluster_ops import ACTING_AS
+
+        ACTING_AS["kubeconfig"] = kubeconfig
 
     def current():
         now = read_state(run_dir)

@@ -479,7 +479,14 @@ class ClusterOps:
         }
 
 
+# Credentials this process acts with instead of those `up` recorded (`autoscale --kubeconfig`: a
+# ServiceAccount's token, bound to the least the autoscaler needs).
+ACTING_AS: dict[str, str] = {}
+
+
 def connect_record(rec: K8sRecord) -> Cluster:
+    if kubeconfig := ACTING_AS.get("kubeconfig"):
+        return connect(None, kubeconfig)
     return connect(rec.context or None, rec.kubeconfig or None)
 
 

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from muse_launch.backend import Backend
 from muse_launch.backend_types import Capability, DeploymentView, DownReport, RoleView, Say
@@ -124,7 +125,10 @@ class K8sBackend(Backend):
             state = RoleState.READY if states.get(role.name) == "ready" else RoleState.STARTING
             # a ready router lists its workers (its command line, or muse-launch registered them)
             wiring = tuple((k, w, w) for k, _, w in role.wiring) if state is RoleState.READY else role.wiring
-            roles.append(replace(role, url=url, state=state, process=None, wiring=wiring))
+            # its metrics (`top`, the autoscaler) are read at its pod's address
+            host = urlsplit(url).hostname if url else None
+            where = {"probe_host": host} if host else {}
+            roles.append(replace(role, url=url, state=state, process=None, wiring=wiring, **where))
         return replace(record, roles=tuple(roles), supervisor=None)
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:

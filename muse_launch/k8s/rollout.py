@@ -84,12 +84,28 @@ class Rollout:
         from muse_launch.supervise.change_executor import index_of
 
         state = {r.name: r for r in self._state().roles}
+        name = self.run_dir.name
+        spanning = sorted(
+            e["name"]
+            for e in self.rec.roles
+            if "@" in e["name"] and index_of(e["name"].split("@", 1)[0], role) is not None
+        )
+        if spanning:
+            raise NotSupported(
+                f"{role} spans nodes ({', '.join(spanning)}): on Kubernetes each of its instances is one "
+                "LeaderWorkerSet group, a leader pod and its worker pods started and stopped together, which "
+                "`scale` and `restart --rolling` do not change pod by pod",
+                fix=f"edit roles.{role} in the file (replicas, or its launch), then "
+                f"`muse-launch down {name}` and `up --on k8s` the file again",
+            )
         found = []
         for entry in self.rec.roles:
             index = index_of(entry["name"], role)
             if index is None:
                 continue
             planned = state.get(entry["name"])
+            if planned is not None:
+                self._refuse_kind(role, planned.kind)
             if planned is None or not entry.get("pod") or not planned.url:
                 raise NotSupported(f"{entry['name']}: not an instance muse-launch can change on Kubernetes")
             found.append(
@@ -111,12 +127,23 @@ class Rollout:
             names = sorted({r["name"] for r in self.rec.roles})
             raise UsageError(f"{self.run_dir.name} has no role {role!r}; its instances: {', '.join(names)}")
         out = [i for _, i in sorted(found, key=lambda f: f[0])]
-        if out[0].kind not in ("prefill", "decode", "worker"):
-            raise NotSupported(
-                f"{role} is a {out[0].kind}: on Kubernetes muse-launch changes the routed workers "
-                "(prefill, decode, worker)"
-            )
         return out
+
+    def _refuse_kind(self, role: str, kind: str) -> None:
+        if kind in ("prefill", "decode", "worker"):
+            return
+        why = (
+            "it is listed on its language workers' command lines, so a new or replaced one would need each "
+            "of them relaunched"
+            if kind == "encoder"
+            else "it is the deployment's entry, not behind a router that could serve while it is replaced"
+        )
+        raise NotSupported(
+            f"{role} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}: on Kubernetes `scale` and "
+            f"`restart --rolling` change the router's workers (prefill, decode, worker); {why}",
+            fix=f"edit roles.{role} in the file, then `muse-launch down {self.run_dir.name}` and "
+            "`up --on k8s` it again",
+        )
 
     def _workload(self, last: Instance) -> tuple[str, str, str, int | None]:
         """(apiVersion, kind, name, index of the role in a RoleBasedGroup) that owns the last instance."""

@@ -314,6 +314,27 @@ def may(k8s_cluster, user: str, verb: str, resource: str, group: str = "", name:
         cluster.close()
 
 
+def token_kubeconfig(k8s_cluster, account: str, path: Path) -> Path:
+    """A kubeconfig of the cluster's with a token of the ServiceAccount (a TokenRequest) as its user."""
+    import yaml
+    from kubernetes import client
+
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+        made = cluster.core().create_namespaced_service_account_token(account, "default", request)
+        token = made.status.token
+    finally:
+        cluster.close()
+    config = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def test_the_autoscaler_acts_on_kubernetes_through_scale_with_the_rbac_export_writes(
     ml, k8s_cluster, tmp_path
 ):
@@ -338,10 +359,11 @@ def test_the_autoscaler_acts_on_kubernetes_through_scale_with_the_rbac_export_wr
         assert not may(k8s_cluster, sa, "get", "secrets")
         roles = {r["name"]: r for r in status(ml, name)["roles"]}
         router_url = f"http://{roles['router']['ip']}:8100"
+        as_sa = token_kubeconfig(k8s_cluster, f"{name}-autoscaler", tmp_path / "autoscaler.kubeconfig")
         said = tmp_path / "autoscale.txt"
-        with said.open("w") as sink:
+        with said.open("w") as sink:  # as its ServiceAccount: the RBAC export wrote is enough
             auto = subprocess.Popen(
-                [sys.executable, "-m", "muse_launch", "autoscale", name],
+                [sys.executable, "-m", "muse_launch", "autoscale", name, "--kubeconfig", as_sa],
                 stdout=sink,
                 stderr=subprocess.STDOUT,
                 env=ml.env,

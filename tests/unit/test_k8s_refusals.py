@@ -1,0 +1,54 @@
+"""What `scale` and `restart --rolling` refuse on Kubernetes says why and what to do instead: an encoder, a
+router, a role spanning nodes (k8s/rollout.py), read from a run directory as `up --on k8s` leaves it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from muse_launch.errors import NotSupported
+from muse_launch.export import build
+from muse_launch.k8s import deployment_record as records
+from muse_launch.k8s.cluster_ops import ClusterOps, K8sOptions
+from muse_launch.k8s.rollout import Rollout
+from muse_launch.rundir.state import K8S, RunDir, write_state
+from muse_launch.supervise.planned_record import planned_record
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def deployed(file: str, flavour: str) -> RunDir:
+    done = build(ROOT / file, flavour)
+    export = done.export
+    run_dir = RunDir.of(export.plan.name)
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    write_state(run_dir, planned_record(export.plan, file, export.loaded.redact, backend=K8S))
+    cluster = SimpleNamespace(kubeconfig="/nowhere", context="c", server="https://127.0.0.1:6443")
+    options = K8sOptions(flavour=flavour)
+    records.write(run_dir, ClusterOps(print)._record(cluster, export, done.files, options, ROOT / file))
+    return run_dir
+
+
+@pytest.mark.parametrize("flavour", ["lws", "rbg"])
+def test_an_encoder_and_a_router_are_refused_with_why_and_what_to_do(flavour, tmp_path, monkeypatch):
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    run_dir = deployed("topologies/epd-b300.yaml", flavour)
+    with pytest.raises(NotSupported) as refused:
+        Rollout(run_dir).instances("encoder")
+    assert "language workers' command lines" in str(refused.value), refused.value
+    assert "`muse-launch down epd-b300` and `up --on k8s`" in refused.value.fix
+    with pytest.raises(NotSupported) as refused:
+        Rollout(run_dir).instances("router")
+    assert "is a router" in str(refused.value) and refused.value.fix, refused.value
+    assert [i.name for i in Rollout(run_dir).instances("decode")] == ["decode"]
+
+
+def test_a_role_spanning_nodes_is_refused_with_why_and_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    run_dir = deployed("topologies/h200-bf16-2node.yaml", "lws")
+    with pytest.raises(NotSupported) as refused:
+        Rollout(run_dir).instances("server")
+    assert "spans nodes (server@node0, server@node1)" in str(refused.value), refused.value
+    assert "LeaderWorkerSet group" in str(refused.value) and "roles.server" in refused.value.fix
