@@ -559,6 +559,7 @@ class Rollout:
         done = self._export(file, sets)
         if done.export.plan.name != self.run_dir.name:
             raise Usage(f"{file} names another deployment than {self.run_dir.name}")
+        self._refuse_other_launches(done.export.plan)
         cluster = connect_record(self.rec)
         try:
             for f in done.files:
@@ -576,6 +577,32 @@ class Rollout:
         self.rec = rec
         self.say(f"{self.run_dir.name}: later changes planned from {file}")
         return {"file": file}
+
+    def _refuse_other_launches(self, plan: Any) -> None:
+        """Before anything is applied: only the router's workers are relaunched pod by pod; a new launch of
+        a router or an encoder (whose controller would replace it at once) is refused, nothing changed."""
+        from muse_launch.plan.diff import launch_digest
+
+        state = self._state()
+        if not state.masks.salt:
+            return
+        running = {r.name: r for r in state.roles}
+        other = [
+            s.name
+            for s in plan.specs
+            if s.kind not in ("prefill", "decode", "worker")
+            and s.name in running
+            and running[s.name].launch_sha256 not in (None, launch_digest(state.masks.salt, s))
+        ]
+        if other:
+            name = self.run_dir.name
+            raise NotSupported(
+                f"{name}: a new launch of {', '.join(other)} is not made while it runs on Kubernetes (only "
+                "the router's workers are relaunched pod by pod, each out of the router first); nothing "
+                "was changed",
+                fix=f"`muse-launch down {name}`, then `up --on k8s` the file again; or edit only the "
+                "prefill, decode and worker roles",
+            )
 
     def _export(self, file: str, sets: tuple[str, ...]) -> Any:
         from muse_launch.export.api import build

@@ -52,3 +52,22 @@ def test_a_role_spanning_nodes_is_refused_with_why_and_what_to_do(tmp_path, monk
         Rollout(run_dir).instances("server")
     assert "spans nodes (server@node0, server@node1)" in str(refused.value), refused.value
     assert "LeaderWorkerSet group" in str(refused.value) and "roles.server" in refused.value.fix
+
+
+def test_an_edited_file_that_relaunches_an_encoder_is_refused_before_anything_is_applied(
+    tmp_path, monkeypatch
+):
+    import yaml
+
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    run_dir = deployed("topologies/epd-b300.yaml", "lws")
+    data = yaml.safe_load((ROOT / "topologies/epd-b300.yaml").read_text())
+    encoder = next(n for n, r in data["roles"].items() if r["kind"] == "encoder")
+    data["roles"][encoder]["mem_fraction"] = 0.1
+    edited = tmp_path / "epd-b300.yaml"
+    edited.write_text(yaml.safe_dump(data))
+    with pytest.raises(NotSupported) as refused:  # no cluster is reached: it is refused first
+        Rollout(run_dir).adopt(str(edited))
+    assert f"a new launch of {encoder} is not made" in str(refused.value), refused.value
+    assert "nothing was changed" in str(refused.value) and "down epd-b300" in refused.value.fix
+    assert records.read(run_dir).adopted["file"].endswith("topologies/epd-b300.yaml")
