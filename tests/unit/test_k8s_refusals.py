@@ -71,3 +71,54 @@ def test_an_edited_file_that_relaunches_an_encoder_is_refused_before_anything_is
     assert f"a new launch of {encoder} is not made" in str(refused.value), refused.value
     assert "nothing was changed" in str(refused.value) and "down epd-b300" in refused.value.fix
     assert records.read(run_dir).adopted["file"].endswith("topologies/epd-b300.yaml")
+
+
+def test_the_router_key_is_sent_from_the_environment_or_its_secret_and_never_said(tmp_path, monkeypatch):
+    import base64
+
+    from muse_launch.errors import RuntimeFailure
+    from muse_launch.rundir.state import read_state
+
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    monkeypatch.setenv("ROUTER_KEY", "from-env-secret")
+    keyed = tmp_path / "keyed.yaml"
+    keyed.write_text(
+        "version: 1\nname: keyed\nhardware: cpu\nmodel: Qwen/Qwen3-0.6B\nengine: sglang\nhost: 127.0.0.1\n"
+        "roles:\n  prefill: {kind: prefill, port: 31001, bootstrap_port: 31002}\n"
+        "  decode: {kind: decode, port: 31003}\n"
+        "  router: {kind: router, port: 8100, prefill: [prefill], decode: [decode], "
+        'args: ["--api-key", "${env:ROUTER_KEY}"]}\n'
+    )
+    done = build(keyed, "lws", images={"": "example.org/muse:1"})
+    export = done.export
+    run_dir = RunDir.of("keyed")
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    sources = export.loaded.secret_sources
+    made = planned_record(export.plan, str(keyed), export.loaded.redact, backend=K8S, sources=sources)
+    write_state(run_dir, made)
+    cluster = SimpleNamespace(kubeconfig="/nowhere", context="c", server="https://127.0.0.1:6443")
+    records.write(run_dir, ClusterOps(print)._record(cluster, export, done.files, K8sOptions(), keyed))
+    router = next(r for r in read_state(run_dir).roles if r.kind == "router")
+    assert router.api_key == "${env:ROUTER_KEY}"  # the reference, never the value
+    assert "from-env-secret" not in run_dir.state_file.read_text()
+
+    class Core:
+        def __init__(self, data):
+            self.data = data
+
+        def read_namespaced_secret(self, name, namespace, **_):
+            assert name == "keyed-secrets"
+            return SimpleNamespace(data=self.data)
+
+    def cluster_with(data):
+        return SimpleNamespace(core=lambda: Core(data))
+
+    rollout = Rollout(run_dir)
+    assert "from-env-secret" in str(rollout._router_headers(cluster_with({}), router))
+    monkeypatch.delenv("ROUTER_KEY")
+    value = base64.b64encode(b"from-the-secret").decode()
+    assert "from-the-secret" in str(rollout._router_headers(cluster_with({"ROUTER_KEY": value}), router))
+    with pytest.raises(RuntimeFailure) as missing:
+        rollout._router_headers(cluster_with({}), router)
+    said = f"{missing.value} {missing.value.fix}"
+    assert "ROUTER_KEY" in said and "from-the-secret" not in said and "from-env-secret" not in said
