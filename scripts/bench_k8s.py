@@ -56,6 +56,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--changes", action="store_true", help="time scale up and down under load instead")
     ap.add_argument("--cluster", type=Path, help="a control plane already started in this namespace")
+    ap.add_argument("--sides", default="one host,k8s lws,k8s rbg", help="--changes: where, comma-separated")
     ap.add_argument("files", nargs="*", default=FILES)
     a = ap.parse_args()
     if a.changes:
@@ -75,6 +76,8 @@ def main() -> int:
                 "k8s rbg": ["--on", "k8s", "--to", "rbg"],
             }
             for side, extra in sides.items():
+            if side not in a.sides.split(","):
+                continue
                 ups, downs = [], []
                 for _ in range(a.runs):
                     ups.append(timed(muse("up", path, "--rehearse", "-d", *extra), env, f"up {path} {side}"))
