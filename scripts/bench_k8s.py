@@ -76,8 +76,6 @@ def main() -> int:
                 "k8s rbg": ["--on", "k8s", "--to", "rbg"],
             }
             for side, extra in sides.items():
-            if side not in a.sides.split(","):
-                continue
                 ups, downs = [], []
                 for _ in range(a.runs):
                     ups.append(timed(muse("up", path, "--rehearse", "-d", *extra), env, f"up {path} {side}"))
@@ -222,6 +220,8 @@ def changes(a: argparse.Namespace) -> int:
             "k8s rbg": ["--on", "k8s", "--to", "rbg"],
         }
         for side, extra in sides.items():
+            if side not in a.sides.split(","):
+                continue
             runs = [one_change(extra, env, path) for _ in range(a.runs)]
             rows.append((side, *(statistics.median(r[i] for r in runs) for i in range(4))))
     finally:
