@@ -10,8 +10,9 @@ moves both sides alike. Run it as root in a network namespace of its own:
 
 `--changes` times a live change instead, on one host and on both flavours, under the live-change tests' steady
 load (4 streaming chats through the router): the seconds from `scale decode 2` to the first token the new
-instance generates, and `scale decode 1`'s drain wait beside the longest request the load saw. `--cluster DIR`
-uses a control plane already started by `scripts/k8s_local.sh start DIR` in this namespace.
+instance generates, and `scale decode 1`'s drain wait beside the longest request the load saw; then the
+seconds of `up` of the file edited (prefill's and decode's mem_fraction), relaunched instance by instance.
+`--cluster DIR` uses a control plane already started by `scripts/k8s_local.sh start DIR` in this namespace.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--changes", action="store_true", help="time scale up and down under load instead")
     ap.add_argument("--cluster", type=Path, help="a control plane already started in this namespace")
+    ap.add_argument("--sides", default="one host,k8s lws,k8s rbg", help="--changes: where, comma-separated")
     ap.add_argument("files", nargs="*", default=FILES)
     a = ap.parse_args()
     if a.changes:
@@ -122,8 +124,9 @@ def generated(url: str) -> float:
     )
 
 
-def one_change(side: list[str], env: dict[str, str], path: Path) -> tuple[float, float, float]:
-    """(seconds from `scale decode 2` to the new instance's first token, drain wait, longest request)."""
+def one_change(side: list[str], env: dict[str, str], path: Path) -> tuple[float, float, float, float]:
+    """(seconds from `scale decode 2` to the new instance's first token, drain wait, longest request, seconds
+    of `up` of the file edited)."""
     import json
     import re
     import threading
@@ -177,12 +180,22 @@ def one_change(side: list[str], env: dict[str, str], path: Path) -> tuple[float,
                 muse("scale", "bench-live", "decode", "1"), capture_output=True, text=True, env=env, cwd=REPO
             )
             load.wait_for(4)
+            edited = path.parent / "edited" / path.name
+            edited.parent.mkdir(exist_ok=True)
+            data = json.loads(path.read_text())
+            for role in ("prefill", "decode"):
+                data["roles"][role]["mem_fraction"] = 0.71
+            edited.write_text(json.dumps(data))
+            edit = muse("up", str(edited), "--rehearse", *side, *image)
+            relaunch = timed(edit, env, "up of the edited file")
+            load.wait_for(4)
         drained = re.search(r"decode-1: drained in ([0-9.]+)s", done.stdout)
         assert load.failures == [], load.failures
         return (
             first[0] if first else float("nan"),
             float(drained[1]) if drained else float("nan"),
             load.longest_s,
+            relaunch,
         )
     finally:
         timed(muse("down", "bench-live"), env, "down")
@@ -207,15 +220,21 @@ def changes(a: argparse.Namespace) -> int:
             "k8s rbg": ["--on", "k8s", "--to", "rbg"],
         }
         for side, extra in sides.items():
+            if side not in a.sides.split(","):
+                continue
             runs = [one_change(extra, env, path) for _ in range(a.runs)]
-            rows.append((side, *(statistics.median(r[i] for r in runs) for i in range(3))))
+            rows.append((side, *(statistics.median(r[i] for r in runs) for i in range(4))))
     finally:
         if a.cluster is None:
             timed(["bash", "scripts/k8s_local.sh", "stop", str(cluster)], env, "k8s_local.sh stop")
-    print(f"scale decode 1 -> 2 -> 1 under 4 streaming chats; medians of {a.runs} runs; 0 failed requests")
-    print(f"{'where':<9} {'scale to first token':>21} {'drain wait':>11} {'longest request':>16}")
-    for side, first, drain, longest in rows:
-        print(f"{side:<9} {first:20.2f}s {drain:10.2f}s {longest:15.2f}s")
+    print(
+        "scale decode 1 -> 2 -> 1, then up of the file edited (prefill and decode relaunched), under 4 "
+        f"streaming chats; medians of {a.runs} runs; 0 failed requests"
+    )
+    heads = f"{'scale to first token':>21} {'drain wait':>11} {'longest request':>16} {'edited up':>10}"
+    print(f"{'where':<9} {heads}")
+    for side, first, drain, longest, relaunch in rows:
+        print(f"{side:<9} {first:20.2f}s {drain:10.2f}s {longest:15.2f}s {relaunch:9.2f}s")
     return 0
 
 

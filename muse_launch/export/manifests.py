@@ -26,9 +26,6 @@ SHM_SIZE = "32Gi"  # as `plan --format docker` gives each container (--shm-size 
 STARTUP_PERIOD = 10  # seconds between start-up probes; the plan's timeout sets how many may fail
 READY_PERIOD = 5
 SINGLE_POD_KINDS = ("router", "command")  # nothing addresses them by pod: a Deployment (LWS flavour)
-# The longest a worker pod being deleted waits for its own requests in flight (its preStop hook), before the
-# SIGTERM and the plan's own stop grace: `scale` and `restart --drain-timeout`'s default.
-DRAIN_SECONDS = 120
 ROUTED_KINDS = ("prefill", "decode", "worker")
 # The preStop hook: until the engine's own gauges of running and waiting requests read 0 twice (or the drain's
 # time is over), read at the pod's address, else at loopback. Python: every SGLang and vLLM image has it.
@@ -122,8 +119,61 @@ def render(export: ExportPlan, images: Mapping[str, str]) -> list[Manifest]:
         files = [_lws_files(export, g, image[g.role], header) for g in export.groups]
     else:
         files = [_rbg_file(export, image, header)]
+    if topology.autoscale is not None:
+        files.append(_autoscaler_rbac(export, files, header))
     files.append(_kustomization(export, [f.path for f in files]))
     return files
+
+
+AUTOSCALER_RBAC = "autoscaler-rbac.yaml"
+
+
+def _autoscaler_rbac(export: ExportPlan, files: list[Manifest], header: str) -> Manifest:
+    """The least an autoscaler acting on this deployment needs (`muse-launch autoscale NAME` run as its
+    ServiceAccount, docs/kubernetes.md): read the pods and the router's endpoints, read and scale the objects
+    that own the routed workers (their replicas: `patch`, no `delete` or `create`), read the Secret with the
+    router's key; nothing else, in this namespace only."""
+    names = export.names
+    name = f"{names.instance}-autoscaler"
+    objects = [o for f in files for o in f.objects]
+
+    def named(kind: str) -> list[str]:
+        return sorted({o["metadata"]["name"] for o in objects if o["kind"] == kind})
+
+    rules: list[dict[str, Any]] = [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]},
+    ]
+    owners = (
+        ("LeaderWorkerSet", "leaderworkerset.x-k8s.io", "leaderworkersets", ["get", "patch"]),
+        ("RoleBasedGroup", "workloads.x-k8s.io", "rolebasedgroups", ["get", "patch"]),
+        ("Deployment", "apps", "deployments", ["get"]),
+    )
+    for kind, group, resource, verbs in owners:
+        if found := named(kind):
+            rule = {"apiGroups": [group], "resources": [resource], "resourceNames": found}
+            rules.append({**rule, "verbs": verbs})
+    if export.secrets:
+        rules.append(
+            {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [names.secret], "verbs": ["get"]}
+        )
+    meta = _meta(names, name)
+    rbac = "rbac.authorization.k8s.io/v1"
+    return Manifest(
+        AUTOSCALER_RBAC,
+        (
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+            {"apiVersion": rbac, "kind": "Role", "metadata": meta, "rules": rules},
+            {
+                "apiVersion": rbac,
+                "kind": "RoleBinding",
+                "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": names.namespace}],
+            },
+        ),
+        header,
+    )
 
 
 def _labels(names: Names, role: str) -> dict[str, str]:
@@ -186,7 +236,7 @@ def drain_hook(group: Group, pod: PodCommand) -> list[str] | None:
     if metrics is None or port is None or group.kind not in ROUTED_KINDS:
         return None
     gauges = f"{metrics.running},{metrics.queued}"
-    return ["python3", "-c", DRAIN_HOOK, str(port), gauges, str(DRAIN_SECONDS)]
+    return ["python3", "-c", DRAIN_HOOK, str(port), gauges, f"{pod.spec.stop.drain:g}"]
 
 
 def probes(pod: PodCommand) -> dict[str, Any]:
@@ -218,8 +268,8 @@ def pod_spec(export: ExportPlan, group: Group, pod: PodCommand, image: str) -> d
     if group.engine in WORKER_ENGINES:
         out["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}}]
     # the preStop drain counts in the grace period: the engine's own stop grace comes after it
-    drain = DRAIN_SECONDS if drain_hook(group, pod) is not None else 0
-    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace) + drain
+    drain = pod.spec.stop.drain if drain_hook(group, pod) is not None else 0
+    out["terminationGracePeriodSeconds"] = math.ceil(pod.spec.stop.grace + drain)
     return out
 
 

@@ -71,9 +71,11 @@ class ClusterOps:
         try:
             self._refuse_if_running(cluster, run_dir)
             self._require_secret(cluster, export)
-            rec = self._record(cluster, export, done.files, options)
+            rec = self._record(cluster, export, done.files, options, file)
             started = time.monotonic()
-            write_state(run_dir, planned_record(export.plan, str(file), redact, backend=K8S))
+            # a router's key as written (`${env:NAME}`): a registration sends it, never written out itself
+            sources = export.loaded.secret_sources
+            write_state(run_dir, planned_record(export.plan, str(file), redact, backend=K8S, sources=sources))
             records.write(run_dir, rec)
             self._apply(cluster, rec, done.files)
             # as long as the slowest role's probe may take, and a margin for scheduling and image pulls
@@ -138,7 +140,9 @@ class ClusterOps:
                 fix=f"kubectl -n {names.namespace} create secret generic {names.secret} {literal}",
             )
 
-    def _record(self, cluster: Cluster, export: Any, files: Any, options: K8sOptions) -> K8sRecord:
+    def _record(
+        self, cluster: Cluster, export: Any, files: Any, options: K8sOptions, file: Path
+    ) -> K8sRecord:
         from muse_launch.export.manifests import SINGLE_POD_KINDS
         from muse_launch.export.names import LWS, dns_label
 
@@ -176,6 +180,8 @@ class ClusterOps:
             roles,
             entry,
             options.rehearse,
+            images=dict(options.images),
+            adopted={"file": str(file), "sets": list(options.sets)},
         )
 
     def _apply(self, cluster: Cluster, rec: K8sRecord, files: Any) -> None:
@@ -473,7 +479,14 @@ class ClusterOps:
         }
 
 
+# Credentials this process acts with instead of those `up` recorded (`autoscale --kubeconfig`: a
+# ServiceAccount's token, bound to the least the autoscaler needs).
+ACTING_AS: dict[str, str] = {}
+
+
 def connect_record(rec: K8sRecord) -> Cluster:
+    if kubeconfig := ACTING_AS.get("kubeconfig"):
+        return connect(None, kubeconfig)
     return connect(rec.context or None, rec.kubeconfig or None)
 
 

@@ -32,6 +32,9 @@ class K8sRecord:
     down_at: float | None = None
     # Instances a change is taking out of the router (drained, then deleted): `reconcile` leaves them out.
     leaving: list[str] = field(default_factory=list)
+    images: dict[str, str] = field(default_factory=dict)  # `--image` as `up` had it: an edited file keeps it
+    # The file it runs, as `up` or `up FILE` of an edited file took it: {"file", "sets"}.
+    adopted: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

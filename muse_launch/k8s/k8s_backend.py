@@ -10,10 +10,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 from muse_launch.backend import Backend
 from muse_launch.backend_types import Capability, DeploymentView, DownReport, RoleView, Say
-from muse_launch.change import AddInstance, Change, RemoveInstance, RestartInstance, ScaleRole
+from muse_launch.change import AddInstance, Adopt, Change, RemoveInstance, RestartInstance, ScaleRole
 from muse_launch.errors import NotSupported, RuntimeFailure
 from muse_launch.rundir.state import K8S, DeploymentRecord, RunDir
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from muse_launch.core import LoadedPlan, UpRequest
+    from muse_launch.plan.spec import Plan
     from muse_launch.rundir.logs import RolePrinter
 
 
@@ -33,7 +35,9 @@ def _say(text: str) -> None:
 
 class K8sBackend(Backend):
     name = K8S
-    capabilities = frozenset({Capability.CHANGES})  # an edited file is not adopted while it runs
+    # an edited file is adopted (its objects' rollout held by a partition) and each changed pod relaunched in
+    # muse-launch's order; a role the file adds is not placed while it runs
+    capabilities = frozenset({Capability.CHANGES, Capability.RELAUNCH, Capability.MOVES_PLAN})
     flags = ("--to", "--context", "--namespace", "--image")
 
     def owns(self, run_dir: RunDir) -> bool:
@@ -68,6 +72,19 @@ class K8sBackend(Backend):
             console.print(text, highlight=False, markup=False, soft_wrap=True)
 
         return ClusterOps(say).up(loaded.source, options, loaded.redact)
+
+    def plan_as_started(self, run_dir: RunDir, loaded: LoadedPlan, rehearse: bool) -> Plan:
+        """The file's plan as its export runs it in the pods (DNS names, a pod's wildcard bind, the node's
+        python for a rehearsal), with the flavour, namespace and --set values `up` had."""
+        from muse_launch.export.names import FLAVOURS
+        from muse_launch.export.transform import export_plan
+
+        rec = records.read(run_dir)
+        if rec is None:
+            raise RuntimeFailure(f"{run_dir.name}: its Kubernetes record is missing")
+        sets = tuple(rec.adopted.get("sets", ()))
+        python = "python3" if rehearse else None
+        return export_plan(loaded.source, FLAVOURS[rec.flavour], rec.namespace, sets, python).plan
 
     def release(self, run_dir: RunDir) -> None:
         """Another backend takes the name only once the Kubernetes deployment of it is down."""
@@ -106,7 +123,12 @@ class K8sBackend(Backend):
         for role in record.roles:
             url = entry if role.kind == "router" and entry else urls.get(role.name, role.url)
             state = RoleState.READY if states.get(role.name) == "ready" else RoleState.STARTING
-            roles.append(replace(role, url=url, state=state, process=None))
+            # a ready router lists its workers (its command line, or muse-launch registered them)
+            wiring = tuple((k, w, w) for k, _, w in role.wiring) if state is RoleState.READY else role.wiring
+            # its metrics (`top`, the autoscaler) are read at its pod's address
+            host = urlsplit(url).hostname if url else None
+            where = {"probe_host": host} if host else {}
+            roles.append(replace(role, url=url, state=state, process=None, wiring=wiring, **where))
         return replace(record, roles=tuple(roles), supervisor=None)
 
     def status(self, run_dir: RunDir, client: httpx.Client) -> DeploymentView:
@@ -193,8 +215,12 @@ class K8sBackend(Backend):
                 return Rollout(run_dir, say, drain).scale(role, replicas)
             case RemoveInstance(instance=instance, drain_timeout=drain):
                 return Rollout(run_dir, say, drain).remove(instance)
+            case RestartInstance(instance=instance, drain_timeout=drain, relaunch=True):
+                return Rollout(run_dir, say, drain).relaunch(instance)
             case RestartInstance(instance=instance, drain_timeout=drain):
                 return Rollout(run_dir, say, drain).restart(instance)
+            case Adopt(file=file, sets=sets):
+                return Rollout(run_dir, say).adopt(file, sets)
         name = run_dir.name
         raise NotSupported(
             f"changing {name} by an edited file while it runs on Kubernetes is not supported yet",

@@ -16,6 +16,8 @@ lowered, or the pod deleted for the controller to make it again).
 
 from __future__ import annotations
 
+import base64
+import os
 import re
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ import httpx
 
 from muse_launch.errors import NotSupported, RuntimeFailure, UsageError
 from muse_launch.rundir.state import RunDir
+from muse_launch.topology.defaults import DRAIN
 
 from . import deployment_record as records
 from .client import Cluster
@@ -57,7 +60,7 @@ class Rollout:
     def __init__(self, run_dir: RunDir, say: Say = print, drain_timeout: float | None = None):
         self.run_dir = run_dir
         self.say = say
-        self.drain_timeout = 120.0 if drain_timeout is None else drain_timeout
+        self.drain_timeout = DRAIN if drain_timeout is None else drain_timeout
         rec = records.read(run_dir)
         if rec is None or rec.down_at is not None:
             raise RuntimeFailure(
@@ -81,12 +84,28 @@ class Rollout:
         from muse_launch.supervise.change_executor import index_of
 
         state = {r.name: r for r in self._state().roles}
+        name = self.run_dir.name
+        spanning = sorted(
+            e["name"]
+            for e in self.rec.roles
+            if "@" in e["name"] and index_of(e["name"].split("@", 1)[0], role) is not None
+        )
+        if spanning:
+            raise NotSupported(
+                f"{role} spans nodes ({', '.join(spanning)}): on Kubernetes each of its instances is one "
+                "LeaderWorkerSet group, a leader pod and its worker pods started and stopped together, which "
+                "`scale` and `restart --rolling` do not change pod by pod",
+                fix=f"edit roles.{role} in the file (replicas, or its launch), then "
+                f"`muse-launch down {name}` and `up --on k8s` the file again",
+            )
         found = []
         for entry in self.rec.roles:
             index = index_of(entry["name"], role)
             if index is None:
                 continue
             planned = state.get(entry["name"])
+            if planned is not None:
+                self._refuse_kind(role, planned.kind)
             if planned is None or not entry.get("pod") or not planned.url:
                 raise NotSupported(f"{entry['name']}: not an instance muse-launch can change on Kubernetes")
             found.append(
@@ -108,12 +127,23 @@ class Rollout:
             names = sorted({r["name"] for r in self.rec.roles})
             raise UsageError(f"{self.run_dir.name} has no role {role!r}; its instances: {', '.join(names)}")
         out = [i for _, i in sorted(found, key=lambda f: f[0])]
-        if out[0].kind not in ("prefill", "decode", "worker"):
-            raise NotSupported(
-                f"{role} is a {out[0].kind}: on Kubernetes muse-launch changes the routed workers "
-                "(prefill, decode, worker)"
-            )
         return out
+
+    def _refuse_kind(self, role: str, kind: str) -> None:
+        if kind in ("prefill", "decode", "worker"):
+            return
+        why = (
+            "it is listed on its language workers' command lines, so a new or replaced one would need each "
+            "of them relaunched"
+            if kind == "encoder"
+            else "it is the deployment's entry, not behind a router that could serve while it is replaced"
+        )
+        raise NotSupported(
+            f"{role} is {'an' if kind[0] in 'aeiou' else 'a'} {kind}: on Kubernetes `scale` and "
+            f"`restart --rolling` change the router's workers (prefill, decode, worker); {why}",
+            fix=f"edit roles.{role} in the file, then `muse-launch down {self.run_dir.name}` and "
+            "`up --on k8s` it again",
+        )
 
     def _workload(self, last: Instance) -> tuple[str, str, str, int | None]:
         """(apiVersion, kind, name, index of the role in a RoleBasedGroup) that owns the last instance."""
@@ -186,7 +216,38 @@ class Rollout:
         entry = self.rec.entry
         base = service_url(cluster, self.rec.namespace, entry["service"], int(entry["port"]))
         path = ROUTER[router.engine].FACTS.workers_path
-        return WiringCheck(router.name, base + path, ())
+        return WiringCheck(router.name, base + path, (), self._router_headers(cluster, router))
+
+    def _router_headers(self, cluster: Cluster, router: Any) -> dict[str, str]:
+        """The router's API key where the file gives it one (`${env:NAME}`): from this environment, as `up`
+        read it, else from the Secret its pod reads it from. Never said: a missing one names the variable."""
+        from kubernetes.client.exceptions import ApiException
+
+        from muse_launch.smoke import front_headers
+        from muse_launch.topology.load import ENV_REF
+
+        if router.api_key is None:
+            return {}
+        environ = dict(os.environ)
+        secret = f"{self.run_dir.name}-secrets"
+        for name in ENV_REF.findall(router.api_key):
+            if name in environ:
+                continue
+            try:
+                found = cluster.core().read_namespaced_secret(secret, self.rec.namespace, _request_timeout=30)
+                value = (found.data or {}).get(name)
+            except ApiException:
+                value = None
+            if value is not None:
+                environ[name] = base64.b64decode(value).decode()
+        headers, problem = front_headers(router, environ)
+        if problem:
+            raise RuntimeFailure(
+                f"{router.name} takes workers only with its API key: {problem}",
+                fix=f"export the variable as for `up`, or give Secret {secret} in namespace "
+                f"{self.rec.namespace} its key",
+            )
+        return headers
 
     def _register(self, cluster: Cluster, inst: Instance, started: float) -> None:
         from muse_launch.supervise.wiring import Wire, WiringCheck
@@ -463,7 +524,9 @@ class Rollout:
             return m[1]
         return instance
 
-    def _replace(self, cluster: Cluster, inst: Instance) -> None:
+    def _replace(self, cluster: Cluster, inst: Instance, relaunch: bool = False) -> None:
+        """`relaunch`: made again by the adopted file's template (its object's partition lowered to it)."""
+        from kubernetes.client import V1DeleteOptions, V1Preconditions
         from kubernetes.client.exceptions import ApiException
 
         old = self._pod(cluster, inst.pod)
@@ -471,12 +534,190 @@ class Rollout:
         started = time.monotonic()
         self._take_out(cluster, inst)
         self._drain(cluster, inst)
-        try:
-            cluster.core().delete_namespaced_pod(inst.pod, self.rec.namespace, _request_timeout=30)
+        if relaunch:
+            self._partition(cluster, inst, int(inst.pod.rsplit("-", 1)[1]))
+        try:  # its controller may have deleted it already: never the pod made again in its place
+            body = V1DeleteOptions(preconditions=V1Preconditions(uid=uid)) if uid else None
+            cluster.core().delete_namespaced_pod(inst.pod, self.rec.namespace, body=body, _request_timeout=30)
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status not in (404, 409):
                 raise
         self.say(f"{inst.name}: deleted pod {inst.pod}; its controller makes it again")
         self._await_gone(cluster, inst.pod, uid, inst.grace)
         self._await_ready(cluster, inst, not_uid=uid)
         self._register(cluster, inst, started)
+
+    # ---- an edited file ----
+    def adopt(self, file: str, sets: tuple[str, ...] = ()) -> dict:
+        """`up FILE` of an edited file: the objects take the file's templates with each one's partition at its
+        replicas now, so that no controller replaces a pod on its own; each instance the file changes is then
+        relaunched in turn (`relaunch`). Replicas stay as they run (a `scale` is kept)."""
+        from muse_launch.errors import UsageError as Usage
+
+        from .apply import apply, describe
+
+        done = self._export(file, sets)
+        if done.export.plan.name != self.run_dir.name:
+            raise Usage(f"{file} names another deployment than {self.run_dir.name}")
+        self._refuse_other_launches(done.export.plan)
+        cluster = connect_record(self.rec)
+        try:
+            for f in done.files:
+                for obj in f.objects:
+                    if obj["kind"] == "Kustomization":
+                        continue
+                    apply(cluster, self._held(cluster, obj), namespace=self.rec.namespace)
+                    self.say(f"  applied {describe(obj)}")
+        finally:
+            cluster.close()
+            self.http.close()
+        rec = records.read(self.run_dir) or self.rec
+        rec.adopted = {"file": file, "sets": list(sets)}
+        records.write(self.run_dir, rec)
+        self.rec = rec
+        self.say(f"{self.run_dir.name}: later changes planned from {file}")
+        return {"file": file}
+
+    def _refuse_other_launches(self, plan: Any) -> None:
+        """Before anything is applied: only the router's workers are relaunched pod by pod; a new launch of
+        a router or an encoder (whose controller would replace it at once) is refused, nothing changed."""
+        from muse_launch.plan.diff import launch_digest
+
+        state = self._state()
+        if not state.masks.salt:
+            return
+        running = {r.name: r for r in state.roles}
+        other = [
+            s.name
+            for s in plan.specs
+            if s.kind not in ("prefill", "decode", "worker")
+            and s.name in running
+            and running[s.name].launch_sha256 not in (None, launch_digest(state.masks.salt, s))
+        ]
+        if other:
+            name = self.run_dir.name
+            raise NotSupported(
+                f"{name}: a new launch of {', '.join(other)} is not made while it runs on Kubernetes (only "
+                "the router's workers are relaunched pod by pod, each out of the router first); nothing "
+                "was changed",
+                fix=f"`muse-launch down {name}`, then `up --on k8s` the file again; or edit only the "
+                "prefill, decode and worker roles",
+            )
+
+    def _export(self, file: str, sets: tuple[str, ...]) -> Any:
+        from muse_launch.export.api import build
+
+        python = "python3" if self.rec.rehearse else None
+        done = build(file, self.rec.flavour, self.rec.namespace, self.rec.images, sets, python)
+        if done.problems:
+            raise RuntimeFailure(
+                f"{file}: the exported manifests fail validation:\n" + "\n".join(map(str, done.problems))
+            )
+        return done
+
+    def _held(self, cluster: Cluster, obj: dict) -> dict:
+        """The object with the replicas it runs and its rollout held at them (partition = replicas)."""
+        import copy
+
+        from kubernetes.client.exceptions import ApiException
+
+        if obj["kind"] not in ("LeaderWorkerSet", "RoleBasedGroup"):
+            return obj
+        res = cluster.resource(obj["apiVersion"], obj["kind"])
+        try:
+            live = res.get(name=obj["metadata"]["name"], namespace=self.rec.namespace, _request_timeout=30)
+        except ApiException as exc:
+            if exc.status == 404:
+                return obj
+            raise
+        live = live.to_dict()
+        doc = copy.deepcopy(obj)
+        held = {"partition": 0, "maxSurge": 0, "maxUnavailable": 1}
+        if obj["kind"] == "LeaderWorkerSet":
+            n = int(live["spec"].get("replicas", 1))
+            doc["spec"]["replicas"] = n
+            doc["spec"]["rolloutStrategy"] = {
+                "type": "RollingUpdate",
+                "rollingUpdateConfiguration": {**held, "partition": n},
+            }
+            return doc
+        running = {r["name"]: r for r in live["spec"].get("roles", [])}
+        for role in doc["spec"]["roles"]:
+            n = int(running.get(role["name"], role).get("replicas", 1))
+            role["replicas"] = n
+            strategy = role.setdefault("rolloutStrategy", {})
+            strategy["type"] = "RollingUpdate"
+            strategy["rollingUpdate"] = {**strategy.get("rollingUpdate", {}), **held, "partition": n}
+        return doc
+
+    def _partition(self, cluster: Cluster, inst: Instance, index: int) -> None:
+        """Let the controller make the instance's pod (and any higher replica) by the object's template."""
+        api, kind, name, _ = self._workload(inst)
+        res = cluster.resource(api, kind)
+        if kind == "LeaderWorkerSet":
+            body: Any = {"spec": {"rolloutStrategy": {"rollingUpdateConfiguration": {"partition": index}}}}
+            kind_of = "application/merge-patch+json"
+        else:
+            component = next(r["component"] for r in self.rec.roles if r["name"] == inst.name)
+            live = res.get(name=name, namespace=self.rec.namespace, _request_timeout=30).to_dict()
+            i = next(i for i, r in enumerate(live["spec"]["roles"]) if r["name"] == component)
+            body = [
+                {"op": "test", "path": f"/spec/roles/{i}/name", "value": component},
+                {
+                    "op": "add",
+                    "path": f"/spec/roles/{i}/rolloutStrategy/rollingUpdate/partition",
+                    "value": index,
+                },
+            ]
+            kind_of = "application/json-patch+json"
+        ns = self.rec.namespace
+        res.patch(name=name, namespace=ns, body=body, content_type=kind_of, _request_timeout=30)
+
+    def relaunch(self, instance: str) -> dict:
+        """One instance made again with the launch the adopted file gives it, in muse-launch's order: out of
+        the router, drained, its pod replaced by the new template, ready, back in the router. The only
+        instance of its role gets a surge replica (already of the new template) first."""
+        if not self.rec.adopted:
+            return self.restart(instance)
+        cluster = connect_record(self.rec)
+        try:
+            role = self._role_of(instance)
+            now = self.instances(role)
+            inst = next(i for i in now if i.name == instance)
+            surge = len(now) == 1
+            if surge:
+                self.say(f"{instance}: the only {role}: a surge replica of the new launch serves meanwhile")
+                self._scale(cluster, role, 2)
+            try:
+                self._replace(cluster, inst, relaunch=True)
+            finally:
+                if surge:
+                    self._scale(cluster, role, 1)
+            self._relaunched(instance)
+            return {"generation": self._generation(instance)}
+        finally:
+            cluster.close()
+            self.http.close()
+
+    def _relaunched(self, instance: str) -> None:
+        """state.json holds the launch the adopted file gives the instance now (the next `up` compares it)."""
+        from muse_launch.plan.diff import launch_digest
+        from muse_launch.rundir.state import K8S, read_state, write_state
+        from muse_launch.supervise.planned_record import planned_record
+
+        state = read_state(self.run_dir)
+        if state is None:
+            return
+        file, sets = self.rec.adopted["file"], tuple(self.rec.adopted.get("sets", ()))
+        export = self._export(file, sets).export
+        made = planned_record(export.plan, file, export.loaded.redact, backend=K8S)
+        fresh = {r.name: r for r in made.roles}
+        rows = []
+        for r in state.roles:
+            new = fresh.get(r.name)
+            if r.name == instance and new is not None:
+                spec = next(s for s in export.plan.specs if s.name == instance)
+                digest = launch_digest(state.masks.salt, spec) if state.masks.salt else new.launch_sha256
+                r = replace(r, argv=new.argv, env=new.env, launch_sha256=digest)
+            rows.append(r)
+        write_state(self.run_dir, replace(state, roles=tuple(rows), source=file))

@@ -72,7 +72,7 @@ def build_plan(topology: Topology) -> Plan:
                 ports=rendered.ports,
                 probe=_probe(role, rendered.probe),
                 depends_on=depends_on,
-                stop=StopPolicy(role.stop.signal, role.stop.grace),
+                stop=StopPolicy(role.stop.signal, role.stop.grace, role.stop.drain),
                 restart=RestartPolicy(
                     RestartPolicyKind(role.restart.policy),
                     role.restart.max,

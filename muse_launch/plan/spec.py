@@ -9,6 +9,7 @@ from typing import Any
 
 from muse_launch.readiness import Probe, ProbeKind
 from muse_launch.topology.defaults import (
+    DRAIN,
     HUNG_AFTER,
     LOG_KEEP_DEFAULT,
     LOG_MAX_SIZE_DEFAULT,
@@ -22,6 +23,7 @@ from muse_launch.topology.defaults import (
 class StopPolicy:
     signal: str = "SIGTERM"
     grace: float = 30.0
+    drain: float = DRAIN  # a routed worker leaving: the longest wait for its requests in flight
 
 
 class RestartPolicyKind(str, Enum):

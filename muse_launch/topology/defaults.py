@@ -21,6 +21,9 @@ METRICS_PORT_OFFSET = (
     21000  # router on 8000 -> Prometheus on 29000, the routers' own default (engines/router.py)
 )
 
+# The longest a routed worker waits for its own requests in flight when it leaves (Kubernetes: its preStop
+# hook, before the SIGTERM and the stop grace).
+DRAIN = 120.0
 MAX_GRACE = 3600.0  # seconds `down` waits for a role before SIGKILL; `.inf` would hang `down` forever
 # Signals `down` may stop a role with: ones that end a process by default. SIGSTOP, SIGCONT, SIGCHLD and
 # the handler constants SIG_DFL, SIG_IGN, SIG_BLOCK... are not signals that stop anything.

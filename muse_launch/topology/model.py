@@ -21,6 +21,7 @@ from pydantic import (
 from .. import registry
 from . import grammar
 from .defaults import (  # MAX_GRACE, STOP_SIGNALS live there: the state schema reads them, not the models
+    DRAIN,
     HUNG_AFTER,
     LOG_KEEP_DEFAULT,
     LOG_MAX_KEEP,
@@ -141,6 +142,15 @@ class ReadyProbe(Strict):
 class StopConfig(Strict):
     signal: Line = "SIGTERM"
     grace: float = Field(30.0, ge=0, le=MAX_GRACE, allow_inf_nan=False)
+    drain: float = Field(
+        DRAIN,
+        ge=0,
+        le=MAX_GRACE,
+        allow_inf_nan=False,
+        description="a routed worker (prefill, decode, worker): the longest it waits for its requests in "
+        "flight when it leaves, before its stop signal (on Kubernetes its preStop hook, and "
+        "terminationGracePeriodSeconds is this plus grace); size it to the longest request you serve",
+    )
 
     @field_validator("signal")
     @classmethod

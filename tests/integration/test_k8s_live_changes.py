@@ -232,3 +232,157 @@ def test_a_router_pod_deleted_after_a_scale_up_comes_back_with_every_worker(
         assert load.failures == [], load.failures
     finally:
         down_clean(ml, k8s_cluster, name, instance)
+
+
+def pod_commands(k8s_cluster, instance: str) -> dict[str, list[str]]:
+    """Each pod's container command and args, as the cluster holds them."""
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        pods = (
+            cluster.core()
+            .list_namespaced_pod("default", label_selector=f"app.kubernetes.io/instance={instance}")
+            .items
+        )
+        return {
+            p.metadata.name: [*(p.spec.containers[0].command or ()), *(p.spec.containers[0].args or ())]
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+        }
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_up_of_an_edited_mem_fraction_relaunches_pod_by_pod_failing_no_request(
+    flavour, ml, k8s_cluster, tmp_path
+):
+    name = f"live-edit-{flavour}"
+    instance = name if flavour == "lws" else f"{name}-rbg"
+    path = topology(tmp_path, name)
+    ok(ml("up", path, "--on", "k8s", "--rehearse", "--to", flavour, *IMAGE, "-d"))
+    try:
+        before = {r["name"]: r for r in status(ml, name)["roles"]}
+        router_url = f"http://{before['router']['ip']}:8100"
+        data = json.loads(path.read_text())
+        for role in ("prefill", "decode"):
+            data["roles"][role]["mem_fraction"] = 0.71
+        path.write_text(json.dumps(data))  # the file edited in place
+        with SteadyLoad(router_url, MODEL) as load:
+            load.wait_for(4)
+            out = ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE))
+            assert "applied (2 steps)" in out, out
+            assert "router: removed prefill" in out and "router: removed decode" in out, out
+            load.wait_for(4)
+        assert load.failures == [] and load.ok >= 8, load.failures
+        commands = pod_commands(k8s_cluster, instance)
+        workers = [p for p in commands if p.endswith(("-prefill-0", "-decode-0"))]
+        assert len(workers) == 2, commands
+        for pod in workers:
+            assert "--mem-fraction-static" in commands[pod], commands[pod]
+            assert commands[pod][commands[pod].index("--mem-fraction-static") + 1] == "0.71", commands[pod]
+        after = {r["name"]: r for r in status(ml, name)["roles"]}
+        assert sorted(after) == ["decode", "prefill", "router"], after
+        for role in ("prefill", "decode"):
+            assert after[role]["state"] == "ready" and after[role]["ip"] != before[role]["ip"], after
+        workers = listed(router_url)
+        assert len(workers) == 2 and all(w["is_healthy"] for w in workers.values()), workers
+        again = ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE))  # nothing left to change
+        assert "changes nothing of it" in again, again
+    finally:
+        down_clean(ml, k8s_cluster, name, instance)
+
+
+def may(k8s_cluster, user: str, verb: str, resource: str, group: str = "", name: str = "") -> bool:
+    """Whether the API server lets `user` do it in the default namespace (a SubjectAccessReview)."""
+    from kubernetes import client
+
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        attrs = client.V1ResourceAttributes(
+            namespace="default", verb=verb, resource=resource, group=group, name=name or None
+        )
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(user=user, resource_attributes=attrs)
+        )
+        answer = client.AuthorizationV1Api(cluster.api).create_subject_access_review(review)
+        return bool(answer.status.allowed)
+    finally:
+        cluster.close()
+
+
+def token_kubeconfig(k8s_cluster, account: str, path: Path) -> Path:
+    """A kubeconfig of the cluster's with a token of the ServiceAccount (a TokenRequest) as its user."""
+    import yaml
+    from kubernetes import client
+
+    from muse_launch.k8s.client import connect
+
+    cluster = connect(kubeconfig=str(k8s_cluster.kubeconfig))
+    try:
+        request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))
+        made = cluster.core().create_namespaced_service_account_token(account, "default", request)
+        token = made.status.token
+    finally:
+        cluster.close()
+    config = yaml.safe_load(k8s_cluster.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_autoscaler_acts_on_kubernetes_through_scale_with_the_rbac_export_writes(
+    ml, k8s_cluster, tmp_path
+):
+    name = "live-auto-lws"
+    path = topology(tmp_path, name)
+    data = json.loads(path.read_text())
+    data["rehearse"]["max_running"] = 1  # 4 chats queue behind one running request: decode must grow
+    data["autoscale"] = {
+        "mode": "act",
+        "targets": {"ttft": 5, "itl": 0.05, "percentile": 90},
+        "interval": 1,
+        "cooldown": 0,
+        "roles": {"decode": {"min": 1, "max": 2}},
+    }
+    path.write_text(json.dumps(data))
+    ok(ml("up", path, "--on", "k8s", "--rehearse", *IMAGE, "-d"))
+    try:
+        sa = f"system:serviceaccount:default:{name}-autoscaler"
+        lws = ("leaderworkersets", "leaderworkerset.x-k8s.io", f"{name}-decode")
+        assert may(k8s_cluster, sa, "patch", *lws) and may(k8s_cluster, sa, "list", "pods")
+        assert not may(k8s_cluster, sa, "delete", *lws) and not may(k8s_cluster, sa, "delete", "pods")
+        assert not may(k8s_cluster, sa, "get", "secrets")
+        roles = {r["name"]: r for r in status(ml, name)["roles"]}
+        router_url = f"http://{roles['router']['ip']}:8100"
+        as_sa = token_kubeconfig(k8s_cluster, f"{name}-autoscaler", tmp_path / "autoscaler.kubeconfig")
+        said = tmp_path / "autoscale.txt"
+        with said.open("w") as sink:  # as its ServiceAccount: the RBAC export wrote is enough
+            auto = subprocess.Popen(
+                [sys.executable, "-m", "muse_launch", "autoscale", name, "--kubeconfig", as_sa],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                env=ml.env,
+                cwd=ROOT,
+            )
+        try:
+            with SteadyLoad(router_url, MODEL) as load:
+                load.wait_for(4)
+                wait_for(lambda: "decode 1 -> 2" in said.read_text() and "done" in said.read_text(), 240)
+                assert "decode-1" in {r["name"] for r in status(ml, name)["roles"]}, said.read_text()
+                load.wait_for(4)
+            assert load.failures == [], load.failures
+            # no load: the idle role goes back to its min, drained, through the same change
+            wait_for(lambda: "decode 2 -> 1" in said.read_text(), 240)
+            wait_for(lambda: "decode-1" not in {r["name"] for r in status(ml, name)["roles"]}, 120)
+        finally:
+            auto.terminate()
+            auto.wait(timeout=30)
+        text = said.read_text()
+        assert "acting every 1s" in text and "Traceback" not in text, text
+    finally:
+        down_clean(ml, k8s_cluster, name, name)

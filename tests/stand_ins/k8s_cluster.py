@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,8 +62,13 @@ def stop(cluster: Cluster) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert not cluster.dir.exists(), f"{cluster.dir} left behind"
-    alive = [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
-    assert not alive, f"processes of the cluster still alive: {alive}"
+    # a process killed may take a moment to leave /proc on a loaded machine: its end is waited for, bounded
+    deadline = time.monotonic() + 30
+    while (alive := [p for p in pids if Path(f"/proc/{p}").exists() and _state(p) not in ("Z", "gone")]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    assert not alive, f"processes of the cluster still alive: {alive} ({[_state(p) for p in alive]})"
 
 
 def _state(pid: int) -> str:

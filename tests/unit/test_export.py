@@ -299,3 +299,29 @@ def test_lws_and_rbg_exports_of_one_file_do_not_collide(path: Path):
         for selector in _selectors(mine):
             for labels in _pod_labels(theirs):
                 assert any(labels.get(k) != v for k, v in selector.items()), (selector, labels)
+
+
+def test_the_drain_and_grace_period_are_sized_from_the_file(tmp_path: Path):
+    data = yaml.safe_load((ROOT / "topologies/epd-b300.yaml").read_text())
+    role = next(r for r in data["roles"].values() if r.get("kind") == "decode")
+    role["stop"] = {"grace": 20, "drain": 45.5}
+    path = tmp_path / "drained.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = build(path, "rbg")
+    (group,) = _objects(done, "RoleBasedGroup")
+    for r in group["spec"]["roles"]:
+        spec = (r.get("standalonePattern") or r["leaderWorkerPattern"])["template"]["spec"]
+        hook = spec["containers"][0].get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+        if r["name"] == "decode":
+            assert hook[-1] == "45.5" and spec["terminationGracePeriodSeconds"] == 66, spec
+        elif hook is not None:  # another routed worker: the default drain
+            assert hook[-1] == "120"
+
+
+def test_a_drain_out_of_bounds_is_a_schema_error(tmp_path: Path):
+    data = yaml.safe_load((ROOT / "topologies/epd-b300.yaml").read_text())
+    next(iter(data["roles"].values()))["stop"] = {"drain": -1}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = cli("export", path, "-o", tmp_path / "out")
+    assert done.returncode == 2 and "drain" in done.stderr and "Traceback" not in done.stderr, done.stderr
