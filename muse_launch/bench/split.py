@@ -57,8 +57,8 @@ def _role(topology: Topology, kind: str) -> tuple[str, Role]:
     name, role = named[0]
     if role.nodes:
         raise UsageError(
-            f"--vary split: roles.{name} spans nodes ({', '.join(role.nodes)}); a split lays roles out on one "
-            "host",
+            f"--vary split: roles.{name} spans nodes ({', '.join(role.nodes)}); a split lays roles out on "
+            "one host",
             fix="vary its replicas instead, e.g. --vary roles.decode.replicas=1,2",
         )
     if not role.gpus or len(role.gpus) % role.replicas:
@@ -97,6 +97,18 @@ def fitting(topology: Topology, per_prefill: int, per_decode: int) -> list[Split
     ]
 
 
+def describe(sets: list[str]) -> str:
+    """split_sets' answer in words: `prefill 1 x 2 GPUs (0-1), decode 3 x 2 GPUs (2-7)`."""
+    values = dict(s.split("=", 1) for s in sets)
+    parts = []
+    for key in [k for k in values if k.endswith(".replicas")]:
+        role = key.split(".")[1]
+        gpus = [int(g) for g in values[f"roles.{role}.gpus"].strip("[]").split(",")]
+        n = int(values[key])
+        parts.append(f"{role} {n} x {len(gpus) // n} GPUs ({gpus[0]}-{gpus[-1]})")
+    return ", ".join(parts)
+
+
 def split_sets(topology: Topology, split: Split) -> list[str]:
     """The `--set` assignments that lay `split` out on the host; a UsageError where it does not fit."""
     pname, prefill = _role(topology, "prefill")
@@ -114,8 +126,10 @@ def split_sets(topology: Topology, split: Split) -> list[str]:
             fix=f"--vary split={fits}" if fits else "give each role fewer GPUs per replica",
         )
     p_ports, d_ports = _ports(prefill, split.prefill), _ports(decode, split.decode)
-    if isinstance(prefill.port, list) and len(p_ports) < split.prefill or (
-        isinstance(decode.port, list) and len(d_ports) < split.decode
+    if (
+        isinstance(prefill.port, list)
+        and len(p_ports) < split.prefill
+        or (isinstance(decode.port, list) and len(d_ports) < split.decode)
     ):
         raise UsageError(
             f"--vary split={split.prefill}:{split.decode}: a role lists fewer ports than its replicas",

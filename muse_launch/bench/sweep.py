@@ -24,7 +24,7 @@ from muse_launch.errors import UsageError
 
 from .measure import BenchPlan
 from .run_record import SUMMARY, write_json
-from .split import is_split, parse_split, split_sets
+from .split import describe, is_split, parse_split, split_sets
 
 SWEEP = "sweep.json"
 
@@ -230,6 +230,9 @@ def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
         run = opts.out / slug(combo)
         mark = "done" if done_before(run, combo, opts) else "to run" if name else "does not check"
         echo(f"  {i}. {' '.join(combo)}  -> {run}  [{mark}{'' if name else ': ' + why}]")
+        if any(is_split(c) for c in combo):
+            split = [s for s in combo_sets(opts, combo) if s not in opts.sets and s not in combo]
+            echo(f"       {describe(split)}")
     if opts.dry_run:
         return 0
     opts.out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from muse_launch.bench.measure import BenchPlan
-from muse_launch.bench.split import Split, parse_split, split_sets
+from muse_launch.bench.split import Split, describe, parse_split, split_sets
 from muse_launch.bench.sweep import SweepOptions, combo_sets, variant_text
 from muse_launch.core import load_plan
 from muse_launch.errors import UsageError
@@ -19,7 +19,9 @@ def opts_for(file: Path, *vary: str, sets: tuple[str, ...] = ()) -> SweepOptions
     return SweepOptions(file, vary, sets, True, True, BenchPlan((2,), 64, 16, 8, 5.0), Path("/nonexistent"))
 
 
-@pytest.mark.parametrize("text, split", [("1:3", Split(1, 3)), (" 2P:2D ", Split(2, 2)), ("3:1", Split(3, 1))])
+@pytest.mark.parametrize(
+    "text, split", [("1:3", Split(1, 3)), (" 2P:2D ", Split(2, 2)), ("3:1", Split(3, 1))]
+)
 def test_a_split_reads_as_prefill_and_decode_replicas(text, split):
     assert parse_split(text) == split
 
@@ -85,3 +87,8 @@ def test_the_sweep_passes_a_split_as_its_sets_and_picks_the_file_with_it_written
     assert not picked.exists()
     with pytest.raises(UsageError):
         combo_sets(opts, ("split=4:4",))
+
+
+def test_a_split_reads_in_words_in_the_dry_run():
+    sets = split_sets(load_topology(EXAMPLE).topology, Split(2, 2))
+    assert describe(sets) == "prefill 2 x 2 GPUs (0-3), decode 2 x 2 GPUs (4-7)"
