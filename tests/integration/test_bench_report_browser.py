@@ -161,7 +161,9 @@ def open_report(binary: str, page: Path, tmp: Path) -> tuple[list[dict], list[di
             "width: i.naturalWidth, height: i.naturalHeight, src: i.src.slice(0, 22)})))",
             returnByValue=True,
         )["result"]["value"]
-        height = tools.call("Runtime.evaluate", expression="document.documentElement.scrollHeight", returnByValue=True)
+        height = tools.call(
+            "Runtime.evaluate", expression="document.documentElement.scrollHeight", returnByValue=True
+        )
         tools.call(
             "Emulation.setDeviceMetricsOverride",
             width=1400,
