@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -127,6 +128,7 @@ def start_browser(binary: str, profile: Path) -> tuple[subprocess.Popen, str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,  # its own process group: Debian's launcher is a script, the browser its child
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
@@ -142,8 +144,17 @@ def start_browser(binary: str, profile: Path) -> tuple[subprocess.Popen, str]:
             port = urlparse(line.split(" on ", 1)[1].strip()).port
             pages = httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
             return proc, next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
-    proc.kill()
+    stop_browser(proc)
     raise AssertionError(f"{binary} gave no DevTools address in 60 s: {''.join(said)}")
+
+
+def stop_browser(proc: subprocess.Popen) -> None:
+    """The browser and every process it started (its group, which it leads), then its launcher reaped."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
 
 
 def open_report(binary: str, page: Path, tmp: Path) -> tuple[list[dict], list[dict], bytes]:
@@ -183,8 +194,7 @@ def open_report(binary: str, page: Path, tmp: Path) -> tuple[list[dict], list[di
         tools.ws.close()
         return json.loads(images), errors, shot
     finally:
-        proc.kill()
-        proc.wait(timeout=30)
+        stop_browser(proc)
 
 
 def test_the_report_opens_in_a_real_browser_with_every_chart(deployment: Deployment, tmp_path):
