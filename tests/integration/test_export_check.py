@@ -201,3 +201,12 @@ def test_a_topology_that_fails_its_checks_is_not_exported(name: str, code: int, 
     assert done.returncode == code, done.stderr
     assert f"tests/data/bad/{name}.yaml:" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_drain_out_of_bounds_is_a_schema_error(tmp_path: Path):
+    data = yaml.safe_load((ROOT / "topologies/epd-b300.yaml").read_text())
+    next(iter(data["roles"].values()))["stop"] = {"drain": -1}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    done = cli("export", path, "-o", tmp_path / "out")
+    assert done.returncode == 2 and "drain" in done.stderr and "Traceback" not in done.stderr, done.stderr

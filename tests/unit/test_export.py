@@ -316,12 +316,3 @@ def test_the_drain_and_grace_period_are_sized_from_the_file(tmp_path: Path):
             assert hook[-1] == "45.5" and spec["terminationGracePeriodSeconds"] == 66, spec
         elif hook is not None:  # another routed worker: the default drain
             assert hook[-1] == "120"
-
-
-def test_a_drain_out_of_bounds_is_a_schema_error(tmp_path: Path):
-    data = yaml.safe_load((ROOT / "topologies/epd-b300.yaml").read_text())
-    next(iter(data["roles"].values()))["stop"] = {"drain": -1}
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(data))
-    done = cli("export", path, "-o", tmp_path / "out")
-    assert done.returncode == 2 and "drain" in done.stderr and "Traceback" not in done.stderr, done.stderr
