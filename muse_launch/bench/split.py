@@ -10,6 +10,7 @@ Pure: the topology is given, loaded; the answer is the `--set` assignments that 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from muse_launch.errors import UsageError
@@ -18,6 +19,7 @@ from muse_launch.topology.model import Role, Topology
 
 SPLIT_KEY = "split"
 EXAMPLE = "--vary split=1:3,2:2,3:1"
+_COUNT = re.compile(r"[0-9]{1,4}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ def parse_split(text: str) -> Split:
     """`2:2` (or `2P:2D`) as a Split; a UsageError saying what to write otherwise."""
     p, colon, d = text.strip().upper().partition(":")
     p, d = p.strip().removesuffix("P"), d.strip().removesuffix("D")
-    if not colon or not p.isdigit() or not d.isdigit() or int(p) < 1 or int(d) < 1:
+    if not colon or not _COUNT.fullmatch(p) or not _COUNT.fullmatch(d) or int(p) < 1 or int(d) < 1:
         raise UsageError(
             f"--vary split: {text.strip()!r} is not a split: write PREFILL:DECODE replicas, each at least 1",
             fix=EXAMPLE,

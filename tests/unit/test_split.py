@@ -26,7 +26,7 @@ def test_a_split_reads_as_prefill_and_decode_replicas(text, split):
     assert parse_split(text) == split
 
 
-@pytest.mark.parametrize("text", ["2", "0:4", "a:b", "2:-1", "1:2:3", ""])
+@pytest.mark.parametrize("text", ["2", "0:4", "a:b", "2:-1", "1:2:3", "", "²:1", "1:٣", "99999:1"])
 def test_a_split_that_is_not_one_says_what_to_write(text):
     with pytest.raises(UsageError) as err:
         parse_split(text)
