@@ -40,6 +40,7 @@ Say = Callable[[str], None]
 READY_TIMEOUT = 300.0  # a new pod: scheduled, started, its probes passed, listed healthy by the router
 GONE_TIMEOUT = 120.0  # past a pod's grace period
 DRAIN_QUIET = 0.5  # an in-flight count of 0 read twice this far apart: idle
+REVISION_LABEL = "controller-revision-hash"  # a RoleBasedGroup pod's RoleInstance revision
 
 
 @dataclass(frozen=True)
@@ -353,14 +354,23 @@ class Rollout:
                 return None
             raise
 
-    def _await_ready(self, cluster: Cluster, inst: Instance, not_uid: str | None = None) -> None:
+    def _await_ready(
+        self, cluster: Cluster, inst: Instance, not_uid: str | None = None, not_revision: str | None = None
+    ) -> None:
+        """Until the instance's pod is ready: another pod than `not_uid`, of another revision than
+        `not_revision` (a pod made again from the old template is not waited for, nor registered)."""
         from .view import pod_view
 
         deadline = time.monotonic() + READY_TIMEOUT
         shown = ""
         while True:
             pod = self._pod(cluster, inst.pod)
-            if pod is not None and pod.metadata.uid != not_uid and pod.metadata.deletion_timestamp is None:
+            if (
+                pod is not None
+                and pod.metadata.uid != not_uid
+                and pod.metadata.deletion_timestamp is None
+                and (not_revision is None or (pod.metadata.labels or {}).get(REVISION_LABEL) != not_revision)
+            ):
                 view = pod_view(pod)
                 line = f"{inst.name}: {'ready' if view.ready else view.phase.lower()} pod {inst.pod}" + (
                     f" on {view.node} ({view.ip})" if view.node and view.ip else ""
@@ -531,6 +541,12 @@ class Rollout:
 
         old = self._pod(cluster, inst.pod)
         uid = old.metadata.uid if old is not None else None
+        # A RoleBasedGroup's pod belongs to a RoleInstance that keeps its own copy of the template: a pod
+        # deleted is made again at once from the old one, ready, and only then is its RoleInstance replaced by
+        # the new template. The relaunched pod is the one whose revision is no longer the old pod's.
+        stale = None
+        if relaunch and old is not None and self._workload(inst)[1] == "RoleBasedGroup":
+            stale = (old.metadata.labels or {}).get(REVISION_LABEL)
         started = time.monotonic()
         self._take_out(cluster, inst)
         self._drain(cluster, inst)
@@ -544,7 +560,7 @@ class Rollout:
                 raise
         self.say(f"{inst.name}: deleted pod {inst.pod}; its controller makes it again")
         self._await_gone(cluster, inst.pod, uid, inst.grace)
-        self._await_ready(cluster, inst, not_uid=uid)
+        self._await_ready(cluster, inst, not_uid=uid, not_revision=stale)
         self._register(cluster, inst, started)
 
     # ---- an edited file ----

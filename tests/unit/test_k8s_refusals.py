@@ -122,3 +122,39 @@ def test_the_router_key_is_sent_from_the_environment_or_its_secret_and_never_sai
         rollout._router_headers(cluster_with({}), router)
     said = f"{missing.value} {missing.value.fix}"
     assert "ROUTER_KEY" in said and "from-the-secret" not in said and "from-env-secret" not in said
+
+
+def test_a_relaunch_waits_past_a_pod_made_again_from_the_old_template(tmp_path, monkeypatch):
+    """A RoleBasedGroup's RoleInstance makes a deleted pod again from its old template, ready, before the new
+    template replaces it: that pod is neither waited for nor registered; the one of a new revision is."""
+    import muse_launch.k8s.rollout as rollout_module
+    from muse_launch.k8s.rollout import REVISION_LABEL
+
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(tmp_path))
+    monkeypatch.setattr(rollout_module, "POLL", 0)
+    run_dir = deployed("topologies/epd-b300.yaml", "rbg")
+    rollout = Rollout(run_dir)
+    inst = rollout.instances("decode")[0]
+
+    def pod(uid: str, revision: str) -> SimpleNamespace:
+        ready = SimpleNamespace(type="Ready", status="True")
+        return SimpleNamespace(
+            metadata=SimpleNamespace(
+                name=inst.pod, uid=uid, labels={REVISION_LABEL: revision}, deletion_timestamp=None
+            ),
+            spec=SimpleNamespace(node_name="node-0"),
+            status=SimpleNamespace(
+                conditions=[ready], container_statuses=[], pod_ip="10.0.0.1", phase="Running"
+            ),
+        )
+
+    seen = iter([pod("old", "r1"), pod("made-again", "r1"), pod("made-again", "r1"), pod("new", "r2")])
+    current: list[SimpleNamespace] = []
+
+    def read(_cluster, _name):
+        current.append(next(seen))
+        return current[-1]
+
+    monkeypatch.setattr(rollout, "_pod", read)
+    rollout._await_ready(None, inst, not_uid="old", not_revision="r1")
+    assert current[-1].metadata.uid == "new" and len(current) == 4
