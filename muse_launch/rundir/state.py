@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import field, replace
@@ -681,6 +682,11 @@ def deployments(damaged: list[StateDamaged] | None = None) -> list[DeploymentRec
     home = state_home()
     records = []
     for path in sorted(home.iterdir()) if home.is_dir() else []:
+        try:
+            if stat.S_ISREG(os.lstat(path).st_mode):  # a file someone wrote in the home is no deployment
+                continue
+        except OSError:  # gone since the listing
+            continue
         try:
             record = read_state(RunDir(path))
             if record is not None and record.name != path.name:  # never a path to another directory

@@ -74,8 +74,10 @@ def test_epd_starts_in_waves_behind_the_real_router_and_stops_clean(deployment):
     assert deployment.role("prefill")["ports"] == prefill_ports
 
     roles = {r["name"]: r for r in deployment.state_file()["roles"]}
-    # prefill and decode start together, once the encoder is ready; the router once both are.
-    assert abs(seconds(roles["prefill"]["started_at"]) - seconds(roles["decode"]["started_at"])) < 0.2
+    # prefill and decode start together (in one wave: each before the other is ready, not after a fixed window
+    # that a loaded machine can stretch), once the encoder is ready; the router once both are.
+    assert seconds(roles["prefill"]["started_at"]) < seconds(roles["decode"]["ready_at"])
+    assert seconds(roles["decode"]["started_at"]) < seconds(roles["prefill"]["ready_at"])
     assert seconds(roles["prefill"]["started_at"]) >= seconds(roles["encoder"]["ready_at"])
     assert seconds(roles["router"]["started_at"]) >= max(
         seconds(roles["prefill"]["ready_at"]), seconds(roles["decode"]["ready_at"])

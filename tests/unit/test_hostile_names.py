@@ -347,3 +347,17 @@ def test_a_state_naming_another_directory_is_damaged_not_followed(
     result = cli(tmp_path, "ls")
     assert result.returncode == 0 and "state damaged" in result.stdout, result.stdout + result.stderr
     assert "names deployment '../x', not 'bad'" in result.stderr
+
+
+def test_a_file_written_in_the_home_is_no_deployment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file beside the run directories (a sweep's `--pick "$MUSE_LAUNCH_HOME/x.yaml"`) is neither listed
+    nor reported damaged; a directory without a state is not listed either."""
+    from muse_launch.rundir.state import deployments
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("MUSE_LAUNCH_HOME", str(home))
+    home.mkdir()
+    (home / "picked.yaml").write_text("name: x\n")
+    (home / "sweep-out").mkdir()
+    damaged: list = []
+    assert deployments(damaged) == [] and damaged == []
