@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
-import httpx
 import pytest
 from harness import free_ports, wait_for
+from router_watch import OutWatch, listed_urls  # noqa: E402
 from steady_load import SteadyLoad
 from test_run_live_changes import MODEL, down_clean, generated, pd_topology, up
 
@@ -22,36 +21,6 @@ from muse_launch.engines.router import REMOVAL_SETTLE_S
 pytestmark = [pytest.mark.integration, pytest.mark.rehearsal]
 
 CLIENTS = 8
-
-
-def listed_urls(router_url: str) -> set[str] | None:
-    try:
-        answer = httpx.get(f"{router_url}/workers", timeout=2).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return {w["url"] for w in answer["workers"] if w.get("is_healthy", True)}
-
-
-class OutWatch:
-    """When `url` first leaves the router's worker list (polled every 20 ms from a thread)."""
-
-    def __init__(self, router_url: str, url: str):
-        self.router_url, self.url = router_url, url
-        self.out_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set() and self.out_at is None:
-            urls = listed_urls(self.router_url)
-            if urls is not None and self.url not in urls:
-                self.out_at = time.monotonic()
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 @pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])

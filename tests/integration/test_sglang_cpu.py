@@ -23,7 +23,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import httpx
 import pytest
 import yaml
 from harness import port_open
+from router_watch import OutWatch, listed_urls  # noqa: E402
 from steady_load import SteadyLoad
 from test_vllm_cpu import Run, wait_for
 
@@ -302,36 +302,6 @@ def generated(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=30).text
     lines = text.splitlines()
     return sum(float(line.split()[-1]) for line in lines if line.startswith(SGLANG.generation_tokens))
-
-
-def listed_urls(router: str) -> set[str] | None:
-    try:
-        answer = httpx.get(f"{router}/workers", timeout=5).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    return {w["url"] for w in answer["workers"] if w.get("is_healthy", True)}
-
-
-class OutWatch:
-    """When `url` first leaves the router's healthy worker list (polled every 20 ms from a thread)."""
-
-    def __init__(self, router: str, url: str):
-        self.router, self.url = router, url
-        self.out_at: float | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set() and self.out_at is None:
-            urls = listed_urls(self.router)
-            if urls is not None and self.url not in urls:
-                self.out_at = time.monotonic()
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def test_pd_scale_decode_1_to_2_under_load_fails_no_request(pd):
